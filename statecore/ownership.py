@@ -1,0 +1,206 @@
+"""Ownership: which process incarnation owns a row, and whether that owner is still alive.
+
+An owner is a process *incarnation*: host, pid, process start time and a random token.  On the
+same host an owner is **dead** when
+
+* its pid is gone, or
+* the pid now belongs to a process with a different start time (pids are reused; containers
+  run every gateway as pid 1), or
+* the probe itself raised (a probe we cannot trust proves nothing, and a dead verdict only lets
+  a sweep *consider* the row -- every claim is still one guarded write).
+
+When the start time cannot be read (for the probed pid now, or it was never recorded), the
+answer is whether the pid exists.  Liveness is always asked through a :class:`ProcessProbe`;
+statecore never sends a signal to probe a pid (on Windows signal 0 is a console Ctrl+C).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+from typing import Protocol, runtime_checkable
+
+import attrs
+import psutil
+
+__all__ = [
+    "Incarnation",
+    "LivenessCache",
+    "ProcessProbe",
+    "PsutilProbe",
+    "owner_alive",
+]
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class ProcessProbe(Protocol):
+    """The seam through which liveness is asked.  Implementations may raise; callers treat a
+    raising probe as 'dead'."""
+
+    def pid_exists(self, pid: int) -> bool:
+        """True when a process with ``pid`` exists and can still run (not a zombie)."""
+        ...
+
+    def start_time(self, pid: int) -> int | None:
+        """The process's start time in whole epoch seconds, or None when it cannot be read."""
+        ...
+
+
+class PsutilProbe:
+    """The default probe, on ``psutil`` (~65 µs per live pid).  Never sends a signal.
+
+    A zombie (exited, not yet reaped) counts as gone: it can never write again.
+    """
+
+    __slots__ = ()
+
+    def pid_exists(self, pid: int) -> bool:
+        """True when ``pid`` names a live, non-zombie process."""
+        if not _valid_pid(pid):
+            return False
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+        except psutil.AccessDenied:
+            # Exists, but belongs to someone we may not inspect.
+            return True
+
+    def start_time(self, pid: int) -> int | None:
+        """Whole epoch seconds the process started at; None if gone, a zombie or unreadable."""
+        if not _valid_pid(pid):
+            return None
+        try:
+            proc = psutil.Process(pid)
+            with proc.oneshot():
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    return None
+                return int(proc.create_time())
+        except (psutil.Error, OSError, ValueError):
+            return None
+
+    def __repr__(self) -> str:
+        return "PsutilProbe()"
+
+
+def owner_alive(pid: int | None, started_at: int | None, probe: ProcessProbe) -> bool:
+    """Apply the liveness rule to a recorded (pid, start time) on this host.
+
+    Returns False for no pid, a gone pid, a reused pid (start time differs) or a probe that
+    raised; when either start time is unknown, the probe's ``pid_exists`` answer.  Never raises.
+    """
+    if pid is None or not _valid_pid(pid):
+        return False
+    try:
+        current = probe.start_time(pid)
+        if current is None or started_at is None:
+            return bool(probe.pid_exists(pid))
+        return current == started_at
+    except Exception:  # a probe that raises proves nothing about a live owner
+        log.warning("liveness probe raised for pid %s; treating the owner as dead", pid)
+        return False
+
+
+class LivenessCache:
+    """Answers :func:`owner_alive` once per distinct owner for the life of one sweep.
+
+    A sweep over many rows of few owners probes each owner once.  Create a new cache per sweep:
+    answers are not refreshed.
+    """
+
+    __slots__ = ("_answers", "_probe", "probes")
+
+    def __init__(self, probe: ProcessProbe) -> None:
+        self._probe = probe
+        self._answers: dict[tuple[int | None, int | None], bool] = {}
+        self.probes = 0
+        """How many owners were actually probed."""
+
+    def alive(self, pid: int | None, started_at: int | None) -> bool:
+        """:func:`owner_alive` for this owner, probed at most once per cache."""
+        key = (pid, started_at)
+        answer = self._answers.get(key)
+        if answer is None:
+            self.probes += 1
+            answer = self._answers[key] = owner_alive(pid, started_at, self._probe)
+        return answer
+
+
+def _valid_pid(pid: object) -> bool:
+    # bool is an int; pid 0 is the kernel's and psutil reports it as existing.
+    return isinstance(pid, int) and not isinstance(pid, bool) and pid > 0
+
+
+def _check_pid(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if not _valid_pid(value):
+        raise ValueError(f"{attribute.name} must be a positive int, not {value!r}")
+
+
+def _check_started_at(_: object, attribute: attrs.Attribute[int | None], value: object) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        raise TypeError(f"{attribute.name} must be an int or None, not {value!r}")
+
+
+def _check_text(_: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{attribute.name} must be a non-empty string, not {value!r}")
+
+
+@attrs.frozen
+class Incarnation:
+    """One run of one process: the identity a row's owner is recorded with.
+
+    ``started_at`` is None when this process could not read its own start time; such an
+    incarnation *fails closed*: :meth:`is_self` is never true for it, so nothing that needs proof
+    of identity (the runtime retry sweep) acts on its behalf.
+    """
+
+    host: str = attrs.field(validator=_check_text)
+    pid: int = attrs.field(validator=_check_pid)
+    started_at: int | None = attrs.field(validator=_check_started_at)
+    token: str = attrs.field(validator=_check_text)
+
+    @classmethod
+    def current(cls, probe: ProcessProbe | None = None) -> Incarnation:
+        """This process's incarnation: stable within the process, new after a fork.
+
+        With a custom ``probe`` a fresh incarnation (new token) is built every call.
+        """
+        pid = os.getpid()
+        if probe is not None:
+            return cls._build(pid, probe)
+        with _current_lock:
+            # Keyed by pid: a forked child is a new process and gets its own incarnation.
+            found = _current.get(pid)
+            if found is None:
+                found = _current[pid] = cls._build(pid, PsutilProbe())
+            return found
+
+    @classmethod
+    def _build(cls, pid: int, probe: ProcessProbe) -> Incarnation:
+        try:
+            started = probe.start_time(pid)
+        except Exception:
+            started = None
+        return cls(socket.gethostname() or "localhost", pid, started, secrets.token_hex(8))
+
+    def is_self(self, pid: int | None, started_at: int | None) -> bool:
+        """True when a recorded (pid, start time) is provably this incarnation's process.
+
+        Fails closed: an unknown start time on either side is never proof.
+        """
+        return (
+            self.started_at is not None
+            and started_at is not None
+            and pid == self.pid
+            and started_at == self.started_at
+        )
+
+
+_current_lock = threading.Lock()
+_current: dict[int, Incarnation] = {}
