@@ -203,7 +203,9 @@ class Lifecycle(Generic[S]):
     def target(self, state: S | None, event: str) -> S:
         """Return the state ``event`` moves an entity in ``state`` to.
 
-        ``state=None`` asks about a creation event (the entity does not exist yet).  Raises
+        ``state=None`` asks about a creation event (the entity does not exist yet).  A state's
+        persisted value (``"pending"``) is accepted like the member; the answer is always the
+        member.  Raises
         :class:`InvalidTransition` -- never ``KeyError`` -- when the lifecycle does not allow
         the move, when the state or event is undeclared, and for a removal event (a removal has
         no target state: check it with :meth:`removes` and :meth:`sources`).
@@ -273,7 +275,7 @@ class Lifecycle(Generic[S]):
         a declared state.
         """
         start = self._initial if initial is None else initial
-        if start not in self._next or start is None:
+        if not isinstance(start, self._state_type):
             raise InvalidTransition(self._name, start, "attach", "undeclared initial state")
         moves = [t for t in self._transitions if t.sources and t.target is not None]
         return StateMachine(self, moves, start, on_change)
@@ -306,8 +308,9 @@ class Lifecycle(Generic[S]):
             "    rankdir=LR;",
             '    node [shape=box, style=rounded, fontname="Helvetica"];',
             '    "[*]" [shape=point];',
-            '    "[removed]" [shape=doublecircle, label="", width=0.15];',
         ]
+        if self._removals:
+            lines.append('    "[removed]" [shape=doublecircle, label="", width=0.15];')
         for state in self._states:
             extra = ", peripheries=2" if state in self._terminal else ""
             lines.append(f'    "{state.value}" [label="{state.value}"{extra}];')
