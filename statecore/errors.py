@@ -18,6 +18,7 @@ __all__ = [
     "StaleState",
     "StatecoreError",
     "StoreError",
+    "UnknownEntity",
 ]
 
 
@@ -73,6 +74,15 @@ class StaleState(StatecoreError):
         if actual:
             message = f"{message}, found {actual}"
         super().__init__(f"{message} (a concurrent writer won)")
+
+
+class UnknownEntity(StatecoreError, LookupError):
+    """No entity with this id exists (never created, or already pruned); nothing was changed."""
+
+    def __init__(self, kind: str, entity_id: object) -> None:
+        self.kind = kind
+        self.entity_id = entity_id
+        super().__init__(f"{kind} {entity_id!r} does not exist")
 
 
 class StoreError(StatecoreError):

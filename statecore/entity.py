@@ -1,0 +1,160 @@
+"""Persisted entity kinds: the schema a Store keeps for one lifecycle, declared once.
+
+An :class:`EntityKind` names a lifecycle, the table and id column it is stored in, and its
+typed fields.  Every store builds its storage from this declaration (SQLite: a table with one
+column per field and the declared, partial where useful, indexes), and every value written
+through a store is checked against it first, so bad input is refused before anything is changed.
+
+Three columns are managed by the store itself and are not fields: the id, ``state`` and
+``fence`` (an integer bumped by every transition, so a stale writer can be refused).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from enum import Enum
+from typing import Any, Generic, TypeVar
+
+import attrs
+
+from statecore.lifecycle import Lifecycle
+
+__all__ = ["RESERVED_COLUMNS", "EntityKind", "Field", "Index"]
+
+S = TypeVar("S", bound=Enum)
+
+RESERVED_COLUMNS = frozenset({"state", "fence"})
+"""Column names a kind may not declare as fields: the store manages them."""
+
+_TYPES: tuple[type, ...] = (str, int, float, bool)
+
+
+@attrs.frozen
+class Field:
+    """One typed column of an entity kind.
+
+    ``type`` is one of ``str``, ``int``, ``float``, ``bool``; ``nullable`` fields accept None;
+    ``default`` fills the field when an insert omits it (and older rows when a store adds the
+    column to an existing table).  ``immutable`` fields are written at creation only.
+    """
+
+    name: str
+    type: type
+    nullable: bool = True
+    default: Any = None
+    immutable: bool = False
+
+    def check(self, value: object, kind: str) -> object:
+        """Return ``value`` if it fits this field; raise ``TypeError``/``ValueError`` if not."""
+        if value is None:
+            if not self.nullable:
+                raise ValueError(f"{kind}.{self.name} may not be None")
+            return None
+        expected = self.type
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if expected is int and isinstance(value, bool):
+            raise TypeError(f"{kind}.{self.name} must be an int, not a bool")
+        if not isinstance(value, expected):
+            raise TypeError(
+                f"{kind}.{self.name} must be {expected.__name__}, not {type(value).__name__}"
+            )
+        return value
+
+
+@attrs.frozen
+class Index:
+    """A secondary index over ``fields``; with ``states``, only rows in those states
+    (a partial index: a sweep over owed rows never touches settled ones)."""
+
+    fields: tuple[str, ...]
+    states: frozenset[Enum] | None = None
+
+
+@attrs.frozen(init=False)
+class EntityKind(Generic[S]):
+    """The persisted shape of one lifecycle's entities.
+
+    Raises ``ValueError`` at declaration for a field that shadows a managed column, a duplicate
+    field, an unsupported type, an index over an undeclared field, or a partial index naming a
+    state of another lifecycle.
+    """
+
+    name: str
+    lifecycle: Lifecycle[S]
+    table: str
+    id_field: str
+    fields: tuple[Field, ...]
+    indexes: tuple[Index, ...]
+    by_name: Mapping[str, Field]
+
+    def __init__(
+        self,
+        name: str,
+        lifecycle: Lifecycle[S],
+        *,
+        table: str,
+        id_field: str,
+        fields: Iterable[Field],
+        indexes: Iterable[Index] = (),
+    ) -> None:
+        fields = tuple(fields)
+        indexes = tuple(indexes)
+        for ident in (name, table, id_field):
+            if not ident.isidentifier():
+                raise ValueError(f"entity kind {name!r}: {ident!r} is not an identifier")
+        by_name: dict[str, Field] = {}
+        for f in fields:
+            if not f.name.isidentifier():
+                raise ValueError(f"entity kind {name!r}: field {f.name!r} is not an identifier")
+            if f.name in RESERVED_COLUMNS or f.name == id_field:
+                raise ValueError(f"entity kind {name!r}: field {f.name!r} is managed by the store")
+            if f.name in by_name:
+                raise ValueError(f"entity kind {name!r}: field {f.name!r} declared twice")
+            if f.type not in _TYPES:
+                raise ValueError(f"entity kind {name!r}: field {f.name!r} has unsupported type")
+            if f.default is not None:
+                f.check(f.default, name)
+            by_name[f.name] = f
+        for index in indexes:
+            for column in index.fields:
+                if column not in by_name and column not in RESERVED_COLUMNS:
+                    raise ValueError(f"entity kind {name!r}: index over undeclared {column!r}")
+            for state in index.states or ():
+                if not isinstance(state, lifecycle.state_type):
+                    raise ValueError(f"entity kind {name!r}: index state {state!r} undeclared")
+        self.__attrs_init__(name, lifecycle, table, id_field, fields, indexes, by_name)
+
+    def field(self, name: str) -> Field:
+        """The declared field ``name``; raises ``KeyError`` naming the kind if undeclared."""
+        try:
+            return self.by_name[name]
+        except KeyError:
+            raise KeyError(f"{self.name} has no field {name!r}") from None
+
+    def new_values(self, values: Mapping[str, object]) -> dict[str, object]:
+        """Check a full set of creation values; defaults fill omitted fields.
+
+        Raises ``TypeError``/``ValueError``/``KeyError`` naming the field; nothing is written.
+        """
+        unknown = set(values) - self.by_name.keys()
+        if unknown:
+            raise KeyError(f"{self.name} has no field {sorted(unknown)[0]!r}")
+        return {f.name: f.check(values.get(f.name, f.default), self.name) for f in self.fields}
+
+    def changed_values(self, changes: Mapping[str, object]) -> dict[str, object]:
+        """Check the values a transition changes: declared, mutable, of the right type."""
+        checked: dict[str, object] = {}
+        for name, value in changes.items():
+            f = self.field(name)
+            if f.immutable:
+                raise ValueError(f"{self.name}.{name} is immutable once created")
+            checked[name] = f.check(value, self.name)
+        return checked
+
+    def coerce_state(self, value: object) -> S:
+        """Turn a persisted state value back into the lifecycle's member.
+
+        Raises ``ValueError`` for a value no state has (a corrupt or foreign row).
+        """
+        return self.lifecycle.state_type(value)

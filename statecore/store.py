@@ -1,0 +1,460 @@
+"""The Store protocol (the port) and the guard logic every store shares.
+
+A store persists entities of declared :class:`~statecore.entity.EntityKind` s.  Its one
+state-changing primitive is the **guarded transition**: a single atomic conditional write
+``state := target WHERE id = :id AND state IN sources(event) [AND fence = :fence] [AND ...]``
+that also bumps the fence and appends an audit entry in the same transaction.  When the write
+matches nothing the store re-reads the row and raises the error that says who is to blame:
+:class:`~statecore.errors.UnknownEntity`, :class:`~statecore.errors.InvalidTransition` (the
+lifecycle forbids the move) or :class:`~statecore.errors.StaleState` (a concurrent writer won).
+
+The guard is planned once here (:func:`plan_transition`) and either evaluated in Python
+(:meth:`TransitionPlan.matches`, used by the in-memory store under its lock) or compiled to SQL
+from the same plan, so a fake store can never be looser than a real one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from enum import Enum
+from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
+
+import attrs
+
+from statecore.entity import EntityKind
+from statecore.errors import InvalidTransition, StaleState, UnknownEntity
+
+__all__ = [
+    "Audit",
+    "Cmp",
+    "Row",
+    "Store",
+    "TransitionPlan",
+    "TransitionRecord",
+    "Where",
+    "check_limit",
+    "creation_target",
+    "ge",
+    "gt",
+    "le",
+    "lt",
+    "ne",
+    "normalize_where",
+    "one_of",
+    "order_key",
+    "plan_transition",
+    "removal_sources",
+    "rows_matching",
+    "valid_states",
+]
+
+S = TypeVar("S", bound=Enum)
+
+Op = Literal["=", "!=", "<", "<=", ">", ">=", "in"]
+
+
+@attrs.frozen
+class Cmp:
+    """One comparison in a ``where`` or ``expect`` mapping, with SQL's semantics everywhere:
+    ``= None`` means IS NULL, ``!= None`` IS NOT NULL, and any other comparison with a NULL
+    column is false."""
+
+    op: Op
+    value: Any
+
+    def test(self, actual: object) -> bool:
+        """Evaluate against a stored value exactly as the SQL the stores generate would."""
+        op, value = self.op, self.value
+        if op == "=":
+            return actual is None if value is None else actual is not None and actual == value
+        if op == "!=":
+            return actual is not None if value is None else actual is not None and actual != value
+        if actual is None:
+            return False
+        if op == "in":
+            return actual in value
+        if op == "<":
+            return bool(actual < value)
+        if op == "<=":
+            return bool(actual <= value)
+        if op == ">":
+            return bool(actual > value)
+        return bool(actual >= value)
+
+
+def lt(value: object) -> Cmp:
+    """``column < value`` (false for NULL)."""
+    return Cmp("<", value)
+
+
+def le(value: object) -> Cmp:
+    """``column <= value`` (false for NULL)."""
+    return Cmp("<=", value)
+
+
+def gt(value: object) -> Cmp:
+    """``column > value`` (false for NULL)."""
+    return Cmp(">", value)
+
+
+def ge(value: object) -> Cmp:
+    """``column >= value`` (false for NULL)."""
+    return Cmp(">=", value)
+
+
+def ne(value: object) -> Cmp:
+    """``column != value``; ``ne(None)`` is IS NOT NULL."""
+    return Cmp("!=", value)
+
+
+def one_of(*values: object) -> Cmp:
+    """``column IN (values)``; None is not allowed among them (use ``= None``)."""
+    if any(v is None for v in values):
+        raise ValueError("one_of() cannot match NULL; compare with None instead")
+    return Cmp("in", frozenset(values))
+
+
+Where = tuple[tuple[str, Cmp], ...]
+"""A normalized condition list: (column, comparison) pairs, all of which must hold."""
+
+
+def normalize_where(kind: EntityKind[Any], where: Mapping[str, object] | None) -> Where:
+    """Check and normalize a ``where``/``expect`` mapping against ``kind``.
+
+    Keys are declared fields, the id field or ``fence``; a plain value means equality (None:
+    IS NULL).  Raises ``KeyError``/``TypeError``/``ValueError`` naming the column.
+    """
+    if not where:
+        return ()
+    out: list[tuple[str, Cmp]] = []
+    for column, raw in where.items():
+        cmp = raw if isinstance(raw, Cmp) else Cmp("=", raw)
+        if column == kind.id_field:
+            check = _check_text
+        elif column == "fence":
+            check = _check_int
+        else:
+            field = kind.field(column)
+
+            def check(value: object, _f: Any = field) -> object:
+                return _f.check(value, kind.name) if value is not None else None
+
+        if cmp.op == "in":
+            values = frozenset(check(v) for v in cmp.value)
+            cmp = Cmp("in", values)
+        elif cmp.value is not None:
+            cmp = Cmp(cmp.op, check(cmp.value))
+        out.append((column, cmp))
+    return tuple(out)
+
+
+def _check_text(value: object) -> object:
+    if not isinstance(value, str):
+        raise TypeError(f"an id must be a str, not {type(value).__name__}")
+    return value
+
+
+def _check_int(value: object) -> object:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"fence must be an int, not {type(value).__name__}")
+    return value
+
+
+@attrs.frozen
+class Audit:
+    """What a transition's audit entry records besides the move itself."""
+
+    at: float
+    owner: str | None = None
+    attempts: int | None = None
+    reason: str | None = None
+
+
+@attrs.frozen
+class TransitionRecord:
+    """One audit entry: an entity's move (``from_state`` None for its creation)."""
+
+    entity_id: str
+    event: str
+    from_state: Enum | None
+    to_state: Enum
+    at: float
+    owner: str | None
+    attempts: int | None
+    reason: str | None
+
+
+@attrs.frozen
+class Row(Generic[S]):
+    """A stored entity as read back: its id, state, fence and field values (a copy)."""
+
+    id: str
+    state: S
+    fence: int
+    values: Mapping[str, Any]
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+
+@attrs.frozen
+class TransitionPlan(Generic[S]):
+    """A planned guarded transition: what must hold, what is written."""
+
+    kind: EntityKind[S]
+    entity_id: str
+    event: str
+    targets: Mapping[S, S]
+    """source state -> target state (usually one target for every source)."""
+    fence: int | None
+    expect: Where
+    changes: Mapping[str, object]
+
+    def matches(self, state: S, fence: int, values: Mapping[str, object]) -> bool:
+        """True when a row with this state, fence and values satisfies the guard."""
+        if state not in self.targets:
+            return False
+        if self.fence is not None and fence != self.fence:
+            return False
+        kind, entity_id = self.kind, self.entity_id
+        return all(
+            cmp.test(_column(kind, entity_id, fence, values, col)) for col, cmp in self.expect
+        )
+
+    def miss(self, row: Row[S] | None) -> Exception:
+        """The error to raise when the guarded write matched nothing and ``row`` is current."""
+        if row is None:
+            return UnknownEntity(self.kind.name, self.entity_id)
+        if self.fence is not None and row.fence != self.fence:
+            return StaleState(self.entity_id, f"fence {self.fence}", f"fence {row.fence}")
+        if row.state not in self.targets:
+            return _refusal(self.kind, row.state, self.event)
+        for column, cmp in self.expect:
+            actual = _column(self.kind, row.id, row.fence, row.values, column)
+            if not cmp.test(actual):
+                return StaleState(
+                    self.entity_id, f"{column} {cmp.op} {cmp.value!r}", f"{column}={actual!r}"
+                )
+        return StaleState(self.entity_id, "the guarded row", "it changed concurrently")
+
+
+def _column(
+    kind: EntityKind[Any], entity_id: str, fence: int, values: Mapping[str, object], column: str
+) -> object:
+    if column == kind.id_field:
+        return entity_id
+    if column == "fence":
+        return fence
+    return values[column]
+
+
+def _refusal(kind: EntityKind[Any], state: Enum, event: str) -> InvalidTransition:
+    try:
+        kind.lifecycle.target(state, event)
+    except InvalidTransition as exc:
+        return exc
+    return InvalidTransition(kind.lifecycle.name, state, event)  # pragma: no cover
+
+
+def plan_transition(
+    kind: EntityKind[S],
+    entity_id: str,
+    event: str,
+    *,
+    fence: int | None = None,
+    expect: Mapping[str, object] | None = None,
+    changes: Mapping[str, object] | None = None,
+) -> TransitionPlan[S]:
+    """Check a requested transition against the declaration and plan its guarded write.
+
+    Raises :class:`InvalidTransition` for an undeclared, creation or removal event, and
+    ``TypeError``/``ValueError``/``KeyError`` for bad ids, fences, conditions or changes --
+    before anything is written.
+    """
+    _check_text(entity_id)
+    if fence is not None:
+        _check_int(fence)
+    lifecycle = kind.lifecycle
+    sources = lifecycle.sources(event)  # raises InvalidTransition for an undeclared event
+    if lifecycle.creates(event) or lifecycle.removes(event):
+        raise InvalidTransition(lifecycle.name, None, event, "not a move; use insert() or prune()")
+    targets = {source: lifecycle.target(source, event) for source in sources}
+    return TransitionPlan(
+        kind,
+        entity_id,
+        event,
+        targets,
+        fence,
+        normalize_where(kind, expect),
+        kind.changed_values(changes or {}),
+    )
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Persistence for lifecycle entities, enforcing each kind's lifecycle on every write.
+
+    Implementations must be safe to call from several threads.  Every method either completes
+    or raises having changed nothing.  Driver failures raise
+    :class:`~statecore.errors.StoreError` with the cause chained.
+    """
+
+    def register(self, kind: EntityKind[Any]) -> None:
+        """Make the store ready to hold ``kind`` (create or migrate its storage); idempotent."""
+        ...
+
+    def insert(
+        self,
+        kind: EntityKind[S],
+        entity_id: str,
+        values: Mapping[str, object],
+        *,
+        event: str,
+        audit: Audit,
+    ) -> tuple[Row[S], bool]:
+        """Create an entity through the creation ``event`` (fence 0, the initial state).
+
+        Idempotent: when ``entity_id`` exists, returns ``(existing_row, False)`` and writes
+        nothing; otherwise ``(new_row, True)`` with the audit entry written.  Raises
+        :class:`InvalidTransition` if ``event`` is not a creation event.
+        """
+        ...
+
+    def get(self, kind: EntityKind[S], entity_id: str) -> Row[S] | None:
+        """The entity, or None."""
+        ...
+
+    def transition(
+        self,
+        kind: EntityKind[S],
+        entity_id: str,
+        event: str,
+        *,
+        audit: Audit,
+        fence: int | None = None,
+        expect: Mapping[str, object] | None = None,
+        changes: Mapping[str, object] | None = None,
+    ) -> Row[S]:
+        """Apply ``event`` as one guarded write; return the row as written (fence + 1).
+
+        The guard: state in ``sources(event)``, ``fence`` (when given) equal, every ``expect``
+        condition true.  ``changes`` sets mutable fields in the same write.  Raises
+        :class:`UnknownEntity`, :class:`InvalidTransition` or :class:`StaleState`.
+        """
+        ...
+
+    def select(
+        self,
+        kind: EntityKind[S],
+        *,
+        states: Iterable[S] | None = None,
+        where: Mapping[str, object] | None = None,
+        order_by: str | None = None,
+        limit: int | None = None,
+    ) -> list[Row[S]]:
+        """Entities in ``states`` (all when None) matching ``where``.
+
+        Ordered by ``order_by`` (NULLs first) then id, or by id alone; at most ``limit``.
+        """
+        ...
+
+    def count(
+        self,
+        kind: EntityKind[S],
+        *,
+        states: Iterable[S] | None = None,
+        where: Mapping[str, object] | None = None,
+    ) -> int:
+        """How many entities :meth:`select` would return without a limit."""
+        ...
+
+    def prune(
+        self,
+        kind: EntityKind[S],
+        event: str,
+        *,
+        where: Mapping[str, object] | None = None,
+        limit: int | None = None,
+    ) -> int:
+        """Delete entities the removal ``event`` allows (terminal states only) matching
+        ``where``, with their audit history; return how many were deleted.
+
+        Raises :class:`InvalidTransition` when ``event`` is not a removal event.
+        """
+        ...
+
+    def history(self, kind: EntityKind[S], entity_id: str) -> list[TransitionRecord]:
+        """The entity's audit entries, oldest first (empty once pruned or never created)."""
+        ...
+
+    def atomic(self) -> AbstractContextManager[None]:
+        """A transaction on this thread: everything inside commits together or not at all.
+
+        Nests (inner blocks are savepoints: an exception escaping an inner block undoes only
+        that block).  Other threads' writes wait for the outermost block to finish.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release every resource; further calls raise :class:`StoreError`.  Idempotent."""
+        ...
+
+
+def removal_sources(kind: EntityKind[S], event: str) -> frozenset[S]:
+    """The states ``event`` may remove; raises :class:`InvalidTransition` if not a removal."""
+    lifecycle = kind.lifecycle
+    sources = lifecycle.sources(event)
+    if not lifecycle.removes(event):
+        raise InvalidTransition(lifecycle.name, None, event, "not a removal event")
+    return sources
+
+
+def creation_target(kind: EntityKind[S], event: str) -> S:
+    """The state a creation ``event`` starts entities in; raises :class:`InvalidTransition`."""
+    return kind.lifecycle.target(None, event)
+
+
+def check_limit(limit: int | None) -> None:
+    """Refuse a limit that is not a non-negative int."""
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+        raise ValueError(f"limit must be a non-negative int or None, not {limit!r}")
+
+
+def valid_states(kind: EntityKind[S], states: Iterable[S] | None) -> frozenset[S] | None:
+    """Check a ``states`` filter against the kind's lifecycle."""
+    if states is None:
+        return None
+    checked = frozenset(states)
+    for state in checked:
+        if not isinstance(state, kind.lifecycle.state_type):
+            raise InvalidTransition(kind.lifecycle.name, state, "select", "undeclared state")
+    return checked
+
+
+def order_key(kind: EntityKind[Any], order_by: str | None) -> Any:
+    """The Python sort key matching SQL ``ORDER BY <order_by> (NULLs first), id``.
+
+    Raises ``KeyError`` for a column that is not a field, the id field or ``fence``.
+    """
+    if order_by is not None and order_by not in (kind.id_field, "fence"):
+        kind.field(order_by)
+
+    def key(row: Row[Any]) -> tuple[Any, ...]:
+        if order_by is None:
+            return (row.id,)
+        value = _column(kind, row.id, row.fence, row.values, order_by)
+        return (value is not None, 0 if value is None else value, row.id)
+
+    return key
+
+
+def rows_matching(
+    rows: Iterator[Row[S]], states: frozenset[S] | None, where: Where, kind: EntityKind[S]
+) -> Iterator[Row[S]]:
+    """Filter rows by states and a normalized where, with the SQL semantics of :class:`Cmp`."""
+    for row in rows:
+        if states is not None and row.state not in states:
+            continue
+        if all(cmp.test(_column(kind, row.id, row.fence, row.values, c)) for c, cmp in where):
+            yield row
