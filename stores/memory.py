@@ -1,0 +1,306 @@
+"""The in-memory store: the Store protocol under one lock, for tests and single-process use.
+
+It evaluates the very guard plan the SQLite store compiles to SQL
+(:func:`statecore.store.plan_transition`), so it can never be looser than the real thing.
+Nothing survives the process.  Rows are kept as compact tuples (about 0.7 KiB for an obligation
+with 100-byte content, audit entry included).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from enum import Enum
+from typing import Any, TypeVar
+
+from statecore.entity import EntityKind
+from statecore.errors import StoreError
+from statecore.store import (
+    Audit,
+    Row,
+    TransitionRecord,
+    check_limit,
+    creation_target,
+    normalize_where,
+    order_key,
+    plan_transition,
+    removal_sources,
+    rows_matching,
+    valid_states,
+)
+
+__all__ = ["InMemoryStore"]
+
+S = TypeVar("S", bound=Enum)
+
+# A stored entity: (state, fence, field values in the kind's field order).
+_Rec = tuple[Enum, int, tuple[Any, ...]]
+# A stored audit entry: (event, from, to, at, owner, attempts, reason).
+_AuditRec = tuple[str, Enum | None, Enum, float, str | None, int | None, str | None]
+
+
+class _Table:
+    __slots__ = ("audit", "by_state", "kind", "names", "rows")
+
+    def __init__(self, kind: EntityKind[Any]) -> None:
+        self.kind = kind
+        self.names = tuple(f.name for f in kind.fields)
+        self.rows: dict[str, _Rec] = {}
+        # Insertion-ordered id sets per state, so a select by state never scans other states.
+        self.by_state: dict[Enum, dict[str, None]] = {s: {} for s in kind.lifecycle.states}
+        self.audit: dict[str, list[_AuditRec]] = {}
+
+
+class InMemoryStore:
+    """A :class:`~statecore.store.Store` in process memory; thread-safe under one re-entrant
+    lock.  ``atomic()`` blocks hold the lock until the outermost block ends and undo their own
+    writes if an exception escapes them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._tables: dict[str, _Table] = {}
+        self._closed = False
+        # Undo journal of the open transaction (owned by the lock holder): what each write
+        # replaced (row and history), plus the journal length at each open block.
+        self._journal: list[tuple[_Table, str, _Rec | None, list[_AuditRec] | None]] = []
+        self._marks: list[int] = []
+
+    def __repr__(self) -> str:
+        return "InMemoryStore()"
+
+    # -- lifecycle of the store ---------------------------------------------------------------
+
+    def register(self, kind: EntityKind[Any]) -> None:
+        """Prepare storage for ``kind``; idempotent.  A different kind under the same name
+        raises ``StoreError``."""
+        with self._lock:
+            self._check_open()
+            existing = self._tables.get(kind.name)
+            if existing is None:
+                self._tables[kind.name] = _Table(kind)
+            elif existing.kind != kind:
+                raise StoreError(f"a different entity kind named {kind.name!r} is registered")
+
+    def close(self) -> None:
+        """Drop everything; later calls raise ``StoreError``."""
+        with self._lock:
+            self._closed = True
+            self._tables.clear()
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        """Run the block as one transaction (nested blocks are savepoints)."""
+        with self._lock:
+            self._check_open()
+            mark = len(self._journal)
+            self._marks.append(mark)
+            try:
+                yield
+            except BaseException:
+                self._undo_to(mark)
+                raise
+            finally:
+                self._marks.pop()
+                if not self._marks:
+                    self._journal.clear()
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def get(self, kind: EntityKind[S], entity_id: str) -> Row[S] | None:
+        """The entity, or None."""
+        with self._lock:
+            table = self._table(kind)
+            rec = table.rows.get(entity_id)
+            return None if rec is None else _row(table, entity_id, rec)
+
+    def select(
+        self,
+        kind: EntityKind[S],
+        *,
+        states: Iterable[S] | None = None,
+        where: Mapping[str, object] | None = None,
+        order_by: str | None = None,
+        limit: int | None = None,
+    ) -> list[Row[S]]:
+        """Entities in ``states`` matching ``where``, ordered by ``order_by`` then id."""
+        check_limit(limit)
+        wanted = valid_states(kind, states)
+        conditions = normalize_where(kind, where)
+        key = order_key(kind, order_by)
+        with self._lock:
+            table = self._table(kind)
+            found = list(rows_matching(self._candidates(table, wanted), None, conditions, kind))
+        found.sort(key=key)
+        return found if limit is None else found[:limit]
+
+    def count(
+        self,
+        kind: EntityKind[S],
+        *,
+        states: Iterable[S] | None = None,
+        where: Mapping[str, object] | None = None,
+    ) -> int:
+        """How many entities :meth:`select` would return without a limit."""
+        wanted = valid_states(kind, states)
+        conditions = normalize_where(kind, where)
+        with self._lock:
+            table = self._table(kind)
+            if not conditions:
+                if wanted is None:
+                    return len(table.rows)
+                return sum(len(table.by_state[s]) for s in wanted)
+            return sum(
+                1 for _ in rows_matching(self._candidates(table, wanted), None, conditions, kind)
+            )
+
+    def history(self, kind: EntityKind[S], entity_id: str) -> list[TransitionRecord]:
+        """The entity's audit entries, oldest first."""
+        with self._lock:
+            table = self._table(kind)
+            return [TransitionRecord(entity_id, *entry) for entry in table.audit.get(entity_id, ())]
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def insert(
+        self,
+        kind: EntityKind[S],
+        entity_id: str,
+        values: Mapping[str, object],
+        *,
+        event: str,
+        audit: Audit,
+    ) -> tuple[Row[S], bool]:
+        """Create the entity (idempotent: an existing id is returned untouched)."""
+        if not isinstance(entity_id, str) or not entity_id:
+            raise ValueError(f"{kind.name} id must be a non-empty str, not {entity_id!r}")
+        state = creation_target(kind, event)
+        checked = kind.new_values(values)
+        with self._lock:
+            table = self._table(kind)
+            existing = table.rows.get(entity_id)
+            if existing is not None:
+                return _row(table, entity_id, existing), False
+            rec: _Rec = (state, 0, tuple(checked[n] for n in table.names))
+            self._write(table, entity_id, rec)
+            table.audit.setdefault(entity_id, []).append((event, None, state, *_audit(audit)))
+            return _row(table, entity_id, rec), True
+
+    def transition(
+        self,
+        kind: EntityKind[S],
+        entity_id: str,
+        event: str,
+        *,
+        audit: Audit,
+        fence: int | None = None,
+        expect: Mapping[str, object] | None = None,
+        changes: Mapping[str, object] | None = None,
+    ) -> Row[S]:
+        """One guarded write: the plan's guard evaluated and applied under the lock."""
+        plan = plan_transition(kind, entity_id, event, fence=fence, expect=expect, changes=changes)
+        with self._lock:
+            table = self._table(kind)
+            rec = table.rows.get(entity_id)
+            if rec is None:
+                raise plan.miss(None)
+            current: Row[S] = _row(table, entity_id, rec)
+            if not plan.matches(current.state, current.fence, current.values):
+                raise plan.miss(current)
+            state, target = current.state, plan.targets[current.state]
+            mapping = dict(current.values)
+            mapping.update(plan.changes)
+            new: _Rec = (target, current.fence + 1, tuple(mapping[n] for n in table.names))
+            self._write(table, entity_id, new)
+            table.audit.setdefault(entity_id, []).append((event, state, target, *_audit(audit)))
+            return _row(table, entity_id, new)
+
+    def prune(
+        self,
+        kind: EntityKind[S],
+        event: str,
+        *,
+        where: Mapping[str, object] | None = None,
+        limit: int | None = None,
+    ) -> int:
+        """Delete removable entities matching ``where`` (with their history)."""
+        check_limit(limit)
+        sources = removal_sources(kind, event)
+        conditions = normalize_where(kind, where)
+        with self._lock:
+            table = self._table(kind)
+            doomed = sorted(
+                rows_matching(self._candidates(table, sources), None, conditions, kind),
+                key=order_key(kind, None),
+            )
+            if limit is not None:
+                doomed = doomed[:limit]
+            with self.atomic():
+                for row in doomed:
+                    self._write(table, row.id, None)
+            return len(doomed)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("the store is closed")
+
+    def _table(self, kind: EntityKind[Any]) -> _Table:
+        self._check_open()
+        table = self._tables.get(kind.name)
+        if table is None:
+            raise StoreError(f"entity kind {kind.name!r} is not registered with this store")
+        if table.kind is not kind and table.kind != kind:
+            raise StoreError(f"a different entity kind named {kind.name!r} is registered")
+        return table
+
+    def _candidates(self, table: _Table, states: Iterable[Enum] | None) -> Iterator[Row[Any]]:
+        ids: Iterable[str] = (
+            table.rows if states is None else (i for s in states for i in table.by_state[s])
+        )
+        for entity_id in ids:
+            yield _row(table, entity_id, table.rows[entity_id])
+
+    def _write(self, table: _Table, entity_id: str, rec: _Rec | None) -> None:
+        """Replace (or with None, delete) a row and, on delete, its history.
+
+        Inside ``atomic()`` the row and history it replaced are journaled so the block can be
+        undone; a single operation validates everything before its first write.
+        """
+        old = table.rows.get(entity_id)
+        if self._marks:
+            history = table.audit.get(entity_id)
+            self._journal.append(
+                (table, entity_id, old, None if history is None else list(history))
+            )
+        _apply(table, entity_id, old, rec)
+        if rec is None:
+            table.audit.pop(entity_id, None)
+
+    def _undo_to(self, mark: int) -> None:
+        while len(self._journal) > mark:
+            table, entity_id, old, history = self._journal.pop()
+            _apply(table, entity_id, table.rows.get(entity_id), old)
+            if history is None:
+                table.audit.pop(entity_id, None)
+            else:
+                table.audit[entity_id] = history
+
+
+def _apply(table: _Table, entity_id: str, old: _Rec | None, new: _Rec | None) -> None:
+    if old is not None:
+        del table.by_state[old[0]][entity_id]
+    if new is None:
+        table.rows.pop(entity_id, None)
+    else:
+        table.rows[entity_id] = new
+        table.by_state[new[0]][entity_id] = None
+
+
+def _row(table: _Table, entity_id: str, rec: _Rec) -> Row[Any]:
+    return Row(entity_id, rec[0], rec[1], dict(zip(table.names, rec[2], strict=True)))
+
+
+def _audit(audit: Audit) -> tuple[float, str | None, int | None, str | None]:
+    return (audit.at, audit.owner, audit.attempts, audit.reason)
