@@ -1,0 +1,609 @@
+"""The SQLite store: the embedded default, durable across crashes and restarts.
+
+* WAL journal, ``synchronous`` NORMAL (default) or FULL, a busy timeout: a database locked
+  longer than that raises :class:`~statecore.errors.StoreError`, it never hangs.
+* One long-lived connection per thread, never one per call (opening a connection costs ~40x a
+  lifecycle; closing the last one checkpoints the WAL).
+* Writes run in ``BEGIN IMMEDIATE`` transactions; nested :meth:`SQLiteStore.atomic` blocks are
+  savepoints.  A guarded transition is one ``UPDATE ... WHERE id AND state IN (...) AND fence
+  ... RETURNING`` plus its audit ``INSERT``, compiled from the same plan the in-memory store
+  evaluates.  State lists are inlined as literals so the partial indexes declared by each kind
+  are usable by the planner.
+* The schema is versioned (``PRAGMA user_version``) and tables are migrated in place: columns a
+  kind declares but an older table lacks are added with their defaults.  A database newer than
+  this code, or a file that is not SQLite, raises ``StoreError`` naming the path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from statecore.entity import EntityKind, Field
+from statecore.errors import StatecoreError, StoreError
+from statecore.store import (
+    Audit,
+    Cmp,
+    Row,
+    TransitionRecord,
+    Where,
+    check_limit,
+    creation_target,
+    normalize_where,
+    order_key,
+    plan_transition,
+    removal_sources,
+    valid_states,
+)
+
+__all__ = ["SCHEMA_VERSION", "SQLiteStore"]
+
+S = TypeVar("S", bound=Enum)
+
+SCHEMA_VERSION = 1
+"""The layout version this code writes (``PRAGMA user_version``); 0 is a pre-versioned file."""
+
+_SQL_TYPES = {str: "TEXT", int: "INTEGER", float: "REAL", bool: "INTEGER"}
+_AUDIT_TABLE = "statecore_audit"
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+class _Compiled:
+    """Per-kind SQL fragments and decoders, built once at register()."""
+
+    __slots__ = ("columns", "decoders", "kind", "select_cols", "states")
+
+    def __init__(self, kind: EntityKind[Any]) -> None:
+        self.kind = kind
+        self.columns = tuple(f.name for f in kind.fields)
+        self.select_cols = ", ".join((kind.id_field, "state", "fence", *self.columns))
+        self.states: dict[str, Enum] = {s.value: s for s in kind.lifecycle.states}
+        # SQLite may hand back a REAL column's whole number as an int (RETURNING does).
+        self.decoders = tuple(
+            bool if f.type is bool else float if f.type is float else None for f in kind.fields
+        )
+
+    def row(self, raw: Sequence[Any], path: str) -> Row[Any]:
+        try:
+            state = self.states[raw[1]]
+        except KeyError:
+            raise StoreError(
+                f"{path}: {self.kind.name} {raw[0]!r} has unknown state {raw[1]!r}"
+            ) from None
+        values = {}
+        for name, decode, value in zip(self.columns, self.decoders, raw[3:], strict=True):
+            values[name] = decode(value) if decode is not None and value is not None else value
+        return Row(raw[0], state, raw[2] or 0, values)
+
+
+class _Local(threading.local):
+    conn: sqlite3.Connection | None = None
+    depth = 0
+
+
+class SQLiteStore:
+    """A :class:`~statecore.store.Store` in one SQLite file (see the module docs).
+
+    ``SQLiteStore(path, synchronous="NORMAL" | "FULL", busy_timeout_s=5.0)``.  Opening checks
+    that the file is a SQLite database of a version this code knows; raises ``StoreError``
+    naming the path otherwise.  Safe to share between threads; each thread gets its own
+    connection, all closed by :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+        busy_timeout_s: float = 5.0,
+    ) -> None:
+        if synchronous not in ("NORMAL", "FULL", "EXTRA"):
+            raise ValueError(f"synchronous must be NORMAL or FULL, not {synchronous!r}")
+        if not isinstance(busy_timeout_s, int | float) or busy_timeout_s < 0:
+            raise ValueError(f"busy_timeout_s must be a non-negative number: {busy_timeout_s!r}")
+        self.path = os.fspath(path)
+        self.synchronous = synchronous
+        self._busy_ms = int(busy_timeout_s * 1000)
+        self._local = _Local()
+        self._lock = threading.Lock()
+        self._connections: list[sqlite3.Connection] = []
+        self._kinds: dict[str, _Compiled] = {}
+        self._closed = False
+        _check_header(self.path)
+        with self._guard("open"):
+            conn = self._conn()
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path}: schema version {version} is newer than this code "
+                    f"understands ({SCHEMA_VERSION}); upgrade statecore"
+                )
+        with self.atomic():
+            conn = self._conn()
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {_AUDIT_TABLE} ("
+                "seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, entity_id TEXT NOT NULL, "
+                "event TEXT NOT NULL, from_state TEXT, to_state TEXT NOT NULL, "
+                "at REAL NOT NULL, owner TEXT, attempts INTEGER, reason TEXT)"
+            )
+            conn.execute(
+                f"CREATE INDEX IF NOT EXISTS {_AUDIT_TABLE}_entity "
+                f"ON {_AUDIT_TABLE}(kind, entity_id, seq)"
+            )
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({self.path!r}, synchronous={self.synchronous!r})"
+
+    # -- connections and transactions ----------------------------------------------------------
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = self._local.conn
+        if conn is not None:
+            return conn
+        conn = sqlite3.connect(
+            self.path,
+            timeout=self._busy_ms / 1000,
+            isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
+            check_same_thread=False,  # only so close() may close every thread's connection
+            cached_statements=256,
+        )
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(f"{self.path}: cannot use WAL journaling (got {mode!r})")
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            conn.execute("PRAGMA foreign_keys = ON")
+        except BaseException:
+            conn.close()
+            raise
+        with self._lock:
+            if self._closed:
+                conn.close()
+                raise StoreError(f"{self.path}: the store is closed")
+            self._connections.append(conn)
+        self._local.conn = conn
+        return conn
+
+    @contextmanager
+    def _guard(self, what: str) -> Iterator[None]:
+        """Translate driver errors into StoreError naming the path; let ours through."""
+        try:
+            yield
+        except StatecoreError:
+            raise
+        except sqlite3.DatabaseError as exc:
+            message = str(exc)
+            if "not a database" in message or "malformed" in message:
+                raise StoreError(f"{self.path}: not a usable SQLite database ({message})") from exc
+            if "locked" in message or "busy" in message:
+                raise StoreError(
+                    f"{self.path}: database locked for longer than the busy timeout "
+                    f"({self._busy_ms} ms) during {what}"
+                ) from exc
+            raise StoreError(f"{self.path}: {what} failed: {message}") from exc
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"{self.path}: {what} failed: {exc}") from exc
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        """A transaction on this thread's connection (``BEGIN IMMEDIATE``); nested blocks are
+        savepoints.  Raises ``StoreError`` if the database stays locked past the busy timeout."""
+        local = self._local
+        with self._guard("begin"):
+            conn = self._conn()
+            depth = local.depth
+            conn.execute("BEGIN IMMEDIATE" if depth == 0 else f"SAVEPOINT sp{depth}")
+        local.depth = depth + 1
+        try:
+            yield
+        except BaseException:
+            local.depth = depth
+            with self._guard("rollback"):
+                if depth == 0:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                else:
+                    conn.execute(f"ROLLBACK TO sp{depth}")
+                    conn.execute(f"RELEASE sp{depth}")
+            raise
+        local.depth = depth
+        try:
+            with self._guard("commit"):
+                conn.execute("COMMIT" if depth == 0 else f"RELEASE sp{depth}")
+        except BaseException:
+            if depth == 0 and conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        """Close every thread's connection; later calls raise ``StoreError``.  Idempotent."""
+        with self._lock:
+            self._closed = True
+            connections, self._connections = self._connections, []
+        for conn in connections:
+            with contextlib.suppress(sqlite3.Error):  # closing is best effort
+                conn.close()
+        self._local = _Local()
+
+    # -- schema -------------------------------------------------------------------------------
+
+    def register(self, kind: EntityKind[Any]) -> None:
+        """Create ``kind``'s table and indexes, or add the columns an older table lacks."""
+        existing = self._kinds.get(kind.name)
+        if existing is not None:
+            if existing.kind != kind:
+                raise StoreError(f"a different entity kind named {kind.name!r} is registered")
+            return
+        with self.atomic(), self._guard(f"register {kind.name}"):
+            conn = self._conn()
+            have = {r[1] for r in conn.execute(f"PRAGMA table_info({kind.table})")}
+            if not have:
+                columns = [
+                    f"{kind.id_field} TEXT PRIMARY KEY NOT NULL",
+                    "state TEXT NOT NULL",
+                    "fence INTEGER NOT NULL DEFAULT 0",
+                    *(_column_sql(f, new_table=True) for f in kind.fields),
+                ]
+                conn.execute(f"CREATE TABLE {kind.table} ({', '.join(columns)})")
+            else:
+                if kind.id_field not in have or "state" not in have:
+                    raise StoreError(
+                        f"{self.path}: table {kind.table} exists without "
+                        f"{kind.id_field}/state columns; it is not a {kind.name} table"
+                    )
+                if "fence" not in have:
+                    conn.execute(
+                        f"ALTER TABLE {kind.table} ADD COLUMN fence INTEGER NOT NULL DEFAULT 0"
+                    )
+                for f in kind.fields:
+                    if f.name not in have:
+                        if not f.nullable and f.default is None:
+                            raise StoreError(
+                                f"{self.path}: cannot add required column {kind.table}.{f.name} "
+                                "to existing rows: it has no default"
+                            )
+                        conn.execute(
+                            f"ALTER TABLE {kind.table} ADD COLUMN {_column_sql(f, new_table=False)}"
+                        )
+            for index in kind.indexes:
+                name = f"{kind.table}_{'_'.join(index.fields)}"
+                partial = ""
+                if index.states:
+                    name += "_" + "_".join(sorted(s.value for s in index.states))
+                    partial = f" WHERE state IN ({_literals(index.states)})"
+                conn.execute(
+                    f"CREATE INDEX IF NOT EXISTS {name} ON {kind.table}"
+                    f"({', '.join(index.fields)}){partial}"
+                )
+        self._kinds[kind.name] = _Compiled(kind)
+
+    def _compiled(self, kind: EntityKind[Any]) -> _Compiled:
+        compiled = self._kinds.get(kind.name)
+        if compiled is None:
+            raise StoreError(f"entity kind {kind.name!r} is not registered with this store")
+        if compiled.kind is not kind and compiled.kind != kind:
+            raise StoreError(f"a different entity kind named {kind.name!r} is registered")
+        if self._closed:
+            raise StoreError(f"{self.path}: the store is closed")
+        return compiled
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def get(self, kind: EntityKind[S], entity_id: str) -> Row[S] | None:
+        """The entity, or None."""
+        c = self._compiled(kind)
+        with self._guard("get"):
+            raw = (
+                self._conn()
+                .execute(
+                    f"SELECT {c.select_cols} FROM {kind.table} WHERE {kind.id_field} = ?",
+                    (entity_id,),
+                )
+                .fetchone()
+            )
+        return None if raw is None else c.row(raw, self.path)
+
+    def select(
+        self,
+        kind: EntityKind[S],
+        *,
+        states: Iterable[S] | None = None,
+        where: Mapping[str, object] | None = None,
+        order_by: str | None = None,
+        limit: int | None = None,
+    ) -> list[Row[S]]:
+        """Entities in ``states`` matching ``where``, ordered by ``order_by`` (NULLs first)
+        then id."""
+        check_limit(limit)
+        c = self._compiled(kind)
+        wanted: frozenset[S] | None = valid_states(kind, states)
+        clause, params = _where_sql(wanted, normalize_where(kind, where))
+        order_key(kind, order_by)  # validates the column
+        order = kind.id_field if order_by is None else f"{order_by}, {kind.id_field}"
+        sql = f"SELECT {c.select_cols} FROM {kind.table}{clause} ORDER BY {order}"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        with self._guard("select"):
+            raws = self._conn().execute(sql, params).fetchall()
+        return [c.row(raw, self.path) for raw in raws]
+
+    def count(
+        self,
+        kind: EntityKind[S],
+        *,
+        states: Iterable[S] | None = None,
+        where: Mapping[str, object] | None = None,
+    ) -> int:
+        """How many entities :meth:`select` would return without a limit."""
+        self._compiled(kind)
+        wanted: frozenset[S] | None = valid_states(kind, states)
+        clause, params = _where_sql(wanted, normalize_where(kind, where))
+        with self._guard("count"):
+            row = self._conn().execute(f"SELECT COUNT(*) FROM {kind.table}{clause}", params)
+            return int(row.fetchone()[0])
+
+    def history(self, kind: EntityKind[S], entity_id: str) -> list[TransitionRecord]:
+        """The entity's audit entries, oldest first."""
+        c = self._compiled(kind)
+        with self._guard("history"):
+            raws = (
+                self._conn()
+                .execute(
+                    "SELECT event, from_state, to_state, at, owner, attempts, reason "
+                    f"FROM {_AUDIT_TABLE} WHERE kind = ? AND entity_id = ? ORDER BY seq",
+                    (kind.name, entity_id),
+                )
+                .fetchall()
+            )
+        return [
+            TransitionRecord(
+                entity_id,
+                event,
+                None if source is None else c.states[source],
+                c.states[target],
+                at,
+                owner,
+                attempts,
+                reason,
+            )
+            for event, source, target, at, owner, attempts, reason in raws
+        ]
+
+    # -- writes -------------------------------------------------------------------------------
+
+    def insert(
+        self,
+        kind: EntityKind[S],
+        entity_id: str,
+        values: Mapping[str, object],
+        *,
+        event: str,
+        audit: Audit,
+    ) -> tuple[Row[S], bool]:
+        """Create the entity (idempotent: an existing id is returned untouched)."""
+        c = self._compiled(kind)
+        if not isinstance(entity_id, str) or not entity_id:
+            raise ValueError(f"{kind.name} id must be a non-empty str, not {entity_id!r}")
+        state = creation_target(kind, event)
+        checked = kind.new_values(values)
+        sql = (
+            f"INSERT INTO {kind.table} ({c.select_cols}) "
+            f"VALUES ({', '.join('?' * (3 + len(c.columns)))}) "
+            f"ON CONFLICT({kind.id_field}) DO NOTHING RETURNING {c.select_cols}"
+        )
+        params = [entity_id, state.value, 0, *(checked[n] for n in c.columns)]
+        with self.atomic(), self._guard("insert"):
+            conn = self._conn()
+            raw = conn.execute(sql, params).fetchone()
+            if raw is None:
+                existing = conn.execute(
+                    f"SELECT {c.select_cols} FROM {kind.table} WHERE {kind.id_field} = ?",
+                    (entity_id,),
+                ).fetchone()
+                return c.row(existing, self.path), False
+            self._audit(conn, kind, entity_id, event, source=None, target=state, audit=audit)
+        return c.row(raw, self.path), True
+
+    def transition(
+        self,
+        kind: EntityKind[S],
+        entity_id: str,
+        event: str,
+        *,
+        audit: Audit,
+        fence: int | None = None,
+        expect: Mapping[str, object] | None = None,
+        changes: Mapping[str, object] | None = None,
+    ) -> Row[S]:
+        """One guarded ``UPDATE ... RETURNING`` plus its audit entry, in one transaction."""
+        c = self._compiled(kind)
+        plan = plan_transition(kind, entity_id, event, fence=fence, expect=expect, changes=changes)
+        targets = set(plan.targets.values())
+        params: list[Any] = []
+        if len(targets) == 1:
+            (target,) = targets
+            sets = [f"state = '{target.value}'"]
+        else:
+            cases = " ".join(f"WHEN '{s.value}' THEN '{t.value}'" for s, t in plan.targets.items())
+            sets = [f"state = CASE state {cases} END"]
+        sets.append("fence = fence + 1")
+        for name, value in plan.changes.items():
+            sets.append(f"{name} = ?")
+            params.append(value)
+        conditions = [f"{kind.id_field} = ?", f"state IN ({_literals(plan.targets)})"]
+        params.append(entity_id)
+        if plan.fence is not None:
+            conditions.append("fence = ?")
+            params.append(plan.fence)
+        extra, extra_params = _conditions_sql(plan.expect)
+        conditions.extend(extra)
+        params.extend(extra_params)
+        sql = (
+            f"UPDATE {kind.table} SET {', '.join(sets)} WHERE {' AND '.join(conditions)} "
+            f"RETURNING {c.select_cols}"
+        )
+        single_source = next(iter(plan.targets)) if len(plan.targets) == 1 else None
+        with self.atomic(), self._guard("transition"):
+            conn = self._conn()
+            source: Enum | None = single_source
+            if source is None:
+                # Several sources: read which one the row is in for its audit entry.  The
+                # write lock is held (BEGIN IMMEDIATE), so the guarded UPDATE below still
+                # decides; this read only labels the audit row.
+                before = conn.execute(
+                    f"SELECT state FROM {kind.table} WHERE {kind.id_field} = ?", (entity_id,)
+                ).fetchone()
+                source = None if before is None else c.states.get(before[0])
+            raw = conn.execute(sql, params).fetchone()
+            if raw is not None:
+                row: Row[S] = c.row(raw, self.path)
+                self._audit(
+                    conn, kind, entity_id, event, source=source, target=row.state, audit=audit
+                )
+                return row
+            current = conn.execute(
+                f"SELECT {c.select_cols} FROM {kind.table} WHERE {kind.id_field} = ?",
+                (entity_id,),
+            ).fetchone()
+        raise plan.miss(None if current is None else c.row(current, self.path))
+
+    def prune(
+        self,
+        kind: EntityKind[S],
+        event: str,
+        *,
+        where: Mapping[str, object] | None = None,
+        limit: int | None = None,
+    ) -> int:
+        """Delete removable entities matching ``where``, with their audit history."""
+        check_limit(limit)
+        self._compiled(kind)
+        sources = removal_sources(kind, event)
+        clause, params = _where_sql(sources, normalize_where(kind, where))
+        inner = f"SELECT {kind.id_field} FROM {kind.table}{clause} ORDER BY {kind.id_field}"
+        if limit is not None:
+            inner += " LIMIT ?"
+            params.append(limit)
+        with self.atomic(), self._guard("prune"):
+            conn = self._conn()
+            ids = [
+                r[0]
+                for r in conn.execute(
+                    f"DELETE FROM {kind.table} WHERE {kind.id_field} IN ({inner}) "
+                    f"RETURNING {kind.id_field}",
+                    params,
+                )
+            ]
+            conn.executemany(
+                f"DELETE FROM {_AUDIT_TABLE} WHERE kind = ? AND entity_id = ?",
+                [(kind.name, i) for i in ids],
+            )
+        return len(ids)
+
+    def _audit(
+        self,
+        conn: sqlite3.Connection,
+        kind: EntityKind[Any],
+        entity_id: str,
+        event: str,
+        *,
+        source: Enum | None,
+        target: Enum,
+        audit: Audit,
+    ) -> None:
+        conn.execute(
+            f"INSERT INTO {_AUDIT_TABLE} (kind, entity_id, event, from_state, to_state, at, "
+            "owner, attempts, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                kind.name,
+                entity_id,
+                event,
+                None if source is None else source.value,
+                target.value,
+                audit.at,
+                audit.owner,
+                audit.attempts,
+                audit.reason,
+            ),
+        )
+
+
+def _check_header(path: str) -> None:
+    """Refuse a file that exists, is non-empty and is not a SQLite database."""
+    try:
+        with open(path, "rb") as fh:
+            header = fh.read(len(_SQLITE_MAGIC))
+    except FileNotFoundError:
+        parent = Path(path).parent
+        if not parent.is_dir():
+            raise StoreError(f"{path}: directory {parent} does not exist") from None
+        return
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read: {exc}") from exc
+    if header and header != _SQLITE_MAGIC:
+        raise StoreError(f"{path}: not a SQLite database")
+
+
+def _column_sql(f: Field, *, new_table: bool) -> str:
+    sql = f"{f.name} {_SQL_TYPES[f.type]}"
+    if not f.nullable and (new_table or f.default is not None):
+        sql += " NOT NULL"
+    if f.default is not None:
+        sql += f" DEFAULT {_literal(f.default)}"
+    return sql
+
+
+def _literal(value: object) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int | float):
+        return repr(value)
+    text = str(value).replace("'", "''")
+    return f"'{text}'"
+
+
+def _literals(states: Iterable[Enum]) -> str:
+    # State values are validated identifiers (see Lifecycle), so inlining them is safe; it is
+    # also what lets SQLite prove a query matches a partial index.
+    return ", ".join(sorted(f"'{s.value}'" for s in states))
+
+
+def _conditions_sql(where: Where) -> tuple[list[str], list[Any]]:
+    parts: list[str] = []
+    params: list[Any] = []
+    for column, cmp in where:
+        sql, values = _cmp_sql(column, cmp)
+        parts.append(sql)
+        params.extend(values)
+    return parts, params
+
+
+def _cmp_sql(column: str, cmp: Cmp) -> tuple[str, list[Any]]:
+    if cmp.op == "=" and cmp.value is None:
+        return f"{column} IS NULL", []
+    if cmp.op == "!=" and cmp.value is None:
+        return f"{column} IS NOT NULL", []
+    if cmp.op == "in":
+        values = sorted(cmp.value, key=repr)
+        if not values:
+            return "0", []
+        return f"{column} IN ({', '.join('?' * len(values))})", values
+    return f"{column} {cmp.op} ?", [cmp.value]
+
+
+def _where_sql(states: Iterable[Enum] | None, where: Where) -> tuple[str, list[Any]]:
+    parts, params = _conditions_sql(where)
+    if states is not None:
+        states = list(states)
+        parts.insert(0, f"state IN ({_literals(states)})" if states else "0")
+    return (" WHERE " + " AND ".join(parts) if parts else ""), params
