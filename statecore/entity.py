@@ -5,8 +5,9 @@ typed fields.  Every store builds its storage from this declaration (SQLite: a t
 column per field and the declared, partial where useful, indexes), and every value written
 through a store is checked against it first, so bad input is refused before anything is changed.
 
-Three columns are managed by the store itself and are not fields: the id, ``state`` and
-``fence`` (an integer bumped by every transition, so a stale writer can be refused).
+Columns managed by the store itself are not fields: the id, ``state``, ``fence`` (an integer
+bumped by every transition, so a stale writer can be refused) and, where a store needs it,
+``prev_state`` (the state before the last transition, for its audit entry).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ __all__ = ["RESERVED_COLUMNS", "EntityKind", "Field", "Index"]
 
 S = TypeVar("S", bound=Enum)
 
-RESERVED_COLUMNS = frozenset({"state", "fence"})
+RESERVED_COLUMNS = frozenset({"state", "fence", "prev_state"})
 """Column names a kind may not declare as fields: the store manages them."""
 
 _TYPES: tuple[type, ...] = (str, int, float, bool)

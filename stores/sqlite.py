@@ -78,7 +78,8 @@ class _Compiled:
                 f"{path}: {self.kind.name} {raw[0]!r} has unknown state {raw[1]!r}"
             ) from None
         values = {}
-        for name, decode, value in zip(self.columns, self.decoders, raw[3:], strict=True):
+        # raw may carry a trailing prev_state (RETURNING of a transition): zip stops before it.
+        for name, decode, value in zip(self.columns, self.decoders, raw[3:], strict=False):
             values[name] = decode(value) if decode is not None and value is not None else value
         return Row(raw[0], state, raw[2] or 0, values)
 
@@ -251,6 +252,7 @@ class SQLiteStore:
                     f"{kind.id_field} TEXT PRIMARY KEY NOT NULL",
                     "state TEXT NOT NULL",
                     "fence INTEGER NOT NULL DEFAULT 0",
+                    "prev_state TEXT",
                     *(_column_sql(f, new_table=True) for f in kind.fields),
                 ]
                 conn.execute(f"CREATE TABLE {kind.table} ({', '.join(columns)})")
@@ -436,7 +438,10 @@ class SQLiteStore:
         else:
             cases = " ".join(f"WHEN '{s.value}' THEN '{t.value}'" for s, t in plan.targets.items())
             sets = [f"state = CASE state {cases} END"]
+        # Every SET expression reads the old row, so prev_state receives the state being left:
+        # the audit entry learns its source without a second read.
         sets.append("fence = fence + 1")
+        sets.append("prev_state = state")
         for name, value in plan.changes.items():
             sets.append(f"{name} = ?")
             params.append(value)
@@ -450,23 +455,14 @@ class SQLiteStore:
         params.extend(extra_params)
         sql = (
             f"UPDATE {kind.table} SET {', '.join(sets)} WHERE {' AND '.join(conditions)} "
-            f"RETURNING {c.select_cols}"
+            f"RETURNING {c.select_cols}, prev_state"
         )
-        single_source = next(iter(plan.targets)) if len(plan.targets) == 1 else None
         with self.atomic(), self._guard("transition"):
             conn = self._conn()
-            source: Enum | None = single_source
-            if source is None:
-                # Several sources: read which one the row is in for its audit entry.  The
-                # write lock is held (BEGIN IMMEDIATE), so the guarded UPDATE below still
-                # decides; this read only labels the audit row.
-                before = conn.execute(
-                    f"SELECT state FROM {kind.table} WHERE {kind.id_field} = ?", (entity_id,)
-                ).fetchone()
-                source = None if before is None else c.states.get(before[0])
             raw = conn.execute(sql, params).fetchone()
             if raw is not None:
                 row: Row[S] = c.row(raw, self.path)
+                source = c.states[raw[-1]]
                 self._audit(
                     conn, kind, entity_id, event, source=source, target=row.state, audit=audit
                 )
