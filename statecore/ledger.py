@@ -1,0 +1,493 @@
+"""The delivery-obligation ledger: a durable outbox for final replies, over any Store.
+
+Contract: **at-least-once with labelled ambiguity.**  An obligation is recorded (pending) before
+the send, marked attempting when the send begins and settled (delivered or failed) after.  A
+resend that is provably the first send goes out plain; one that may duplicate something the user
+already saw is claimed with ``needs_marker`` and a reason, so it can be labelled.  Nothing owed
+is silently dropped: rows past their budget or age are *abandoned*, visibly, with an audit entry
+saying why.
+
+Every state change is one guarded write through the Store (state in the event's sources, the
+row's fence, and the owner where ownership matters), so a zombie process that wakes up after
+its rows were re-claimed cannot settle them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Collection, Iterable
+from typing import Any
+
+from statecore.clock import Clock, SystemClock
+from statecore.errors import StaleState, UnknownEntity
+from statecore.ids import compute_obligation_id
+from statecore.lifecycles import ObligationState
+from statecore.obligation import (
+    DEFAULT_PROFILE,
+    OBLIGATION_KIND,
+    Claim,
+    Obligation,
+)
+from statecore.ownership import Incarnation, LivenessCache, ProcessProbe, PsutilProbe
+from statecore.policy import ErrorKind, LedgerPolicy
+from statecore.store import Audit, Row, Store, TransitionRecord, lt
+
+__all__ = ["Ledger"]
+
+_S = ObligationState
+_OWED = (_S.PENDING, _S.ATTEMPTING, _S.FAILED)
+_SETTLED = (_S.DELIVERED, _S.ABANDONED)
+_K = OBLIGATION_KIND
+
+
+class Ledger:
+    """The delivery ledger over ``store`` (synchronous; see ``AsyncLedger`` for asyncio).
+
+    ``Ledger(store, *, policy=None, clock=None, incarnation=None, probe=None)``.  The
+    incarnation (default: this process's) is recorded as the owner of every row this ledger
+    records or claims; the probe answers whether other owners are alive.  Safe to use from
+    several threads.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        policy: LedgerPolicy | None = None,
+        clock: Clock | None = None,
+        incarnation: Incarnation | None = None,
+        probe: ProcessProbe | None = None,
+    ) -> None:
+        self.store = store
+        self.policy = policy or LedgerPolicy()
+        self.clock: Clock = clock or SystemClock()
+        self.probe: ProcessProbe = probe or PsutilProbe()
+        self.incarnation = incarnation or Incarnation.current()
+        self._owner_label = (
+            f"{self.incarnation.host}:{self.incarnation.pid}:{self.incarnation.token}"
+        )
+        # (fence, attempts) this ledger last wrote per owed row: its later writes are guarded
+        # by that fence, on top of the owner guard.  Forgotten when the row settles.
+        self._fences: dict[str, tuple[int, int]] = {}
+        self._fence_lock = threading.Lock()
+        store.register(_K)
+
+    # -- recording and settling --------------------------------------------------------------
+
+    def record(
+        self,
+        *,
+        session_key: str,
+        platform: str,
+        chat_id: str | int,
+        content: str,
+        message_ref: str | int | None = None,
+        obligation_id: str | None = None,
+        thread_id: str | int | None = None,
+        reply_to: str | int | None = None,
+        adapter_profile: str | None = None,
+    ) -> Obligation:
+        """Record the obligation to deliver ``content`` (pending), before sending it.
+
+        Idempotent: the id defaults to :func:`compute_obligation_id` of (session_key,
+        message_ref, content), and re-recording an existing id returns the stored row
+        untouched.  Next: :meth:`mark_attempting` when the send begins.  Raises ``TypeError``
+        for non-text content or ids and ``ValueError`` for empty session key, platform or chat
+        id; nothing is written then.
+        """
+        _text("session_key", session_key)
+        _text("platform", platform)
+        chat = _ident("chat_id", chat_id, required=True)
+        if not isinstance(content, str):
+            raise TypeError(f"content must be a str, not {type(content).__name__}")
+        profile = DEFAULT_PROFILE if adapter_profile is None else adapter_profile
+        _text("adapter_profile", profile)
+        if obligation_id is None:
+            obligation_id = compute_obligation_id(session_key, message_ref, content)
+        else:
+            _text("obligation_id", obligation_id)
+        now = self.clock.now()
+        me = self.incarnation
+        row, created = self.store.insert(
+            _K,
+            obligation_id,
+            {
+                "session_key": session_key,
+                "platform": platform,
+                "chat_id": chat,
+                "thread_id": _ident("thread_id", thread_id),
+                "reply_to": _ident("reply_to", reply_to),
+                "content": content,
+                "attempts": 0,
+                "created_at": now,
+                "updated_at": now,
+                "owner_host": me.host,
+                "owner_pid": me.pid,
+                "owner_started_at": me.started_at,
+                "owner_token": me.token,
+                "lease_expires_at": now + self.policy.lease_s,
+                "adapter_profile": profile,
+            },
+            event="record",
+            audit=Audit(now, self._owner_label, 0),
+        )
+        if created:
+            self._remember(row)
+        return Obligation.from_row(row)
+
+    def mark_attempting(self, obligation_id: str) -> Obligation:
+        """The send is beginning: pending -> attempting.  Next: deliver or fail it.
+
+        Raises :class:`InvalidTransition` unless the row is pending, :class:`StaleState` if
+        another owner holds it or it changed since this ledger last wrote it,
+        :class:`UnknownEntity` for an unknown id.
+        """
+        return self._settle(obligation_id, "attempt", {})
+
+    def mark_delivered(self, obligation_id: str) -> Obligation:
+        """The platform acknowledged the send: attempting -> delivered (terminal).
+
+        Raises as :meth:`mark_attempting`; a row that is not attempting raises
+        :class:`InvalidTransition` and is unchanged.
+        """
+        return self._settle(obligation_id, "deliver", {})
+
+    def mark_failed(self, obligation_id: str, error: str) -> Obligation:
+        """The platform rejected the send: attempting -> failed, keeping ``error`` (truncated).
+
+        Transient and rate-limit errors are scheduled for an in-process retry by
+        :meth:`sweep_failed_for_runtime`; reconnect errors wait for a reconnect; permanent
+        errors wait for a restart.  Raises as :meth:`mark_delivered`, and ``TypeError`` for a
+        non-text error.
+        """
+        if not isinstance(error, str):
+            raise TypeError(f"error must be a str, not {type(error).__name__}")
+        kind = self.policy.classify(error)
+        row = self._row(obligation_id)
+        return self._settle(
+            obligation_id,
+            "fail",
+            {
+                "last_error": self.policy.truncate(error),
+                "error_kind": kind.value,
+                "next_attempt_at": self.policy.next_attempt_at(
+                    kind, row["attempts"], self.clock.now()
+                ),
+            },
+            read=row,
+            reason=self.policy.truncate(error),
+        )
+
+    def release(self, obligation_id: str, error: str | None = None) -> Obligation:
+        """Hand back a claim that was never sent: attempting -> failed, attempt refunded.
+
+        The row keeps its previous error; one that had none gets ``error`` or, by default,
+        the first reconnect error (``send_path_degraded``), so the runtime sweep resends it as
+        soon as its adapter (re)connects.  Raises as :meth:`mark_delivered`.
+        """
+        if error is not None and not isinstance(error, str):
+            raise TypeError(f"error must be a str or None, not {type(error).__name__}")
+        row = self._row(obligation_id)
+        kept = row["last_error"]
+        if kept is None:
+            kept = error if error is not None else _first(self.policy.reconnect_errors)
+        kind = self.policy.classify(kept)
+        attempts = max(0, row["attempts"] - 1)
+        return self._settle(
+            obligation_id,
+            "release",
+            {
+                "attempts": attempts,
+                "last_error": self.policy.truncate(kept),
+                "error_kind": kind.value,
+                "next_attempt_at": self.policy.next_attempt_at(kind, attempts, self.clock.now()),
+            },
+            read=row,
+            reason="released unsent",
+            attempts=attempts,
+        )
+
+    # -- sweeps ------------------------------------------------------------------------------
+
+    def sweep_recoverable(
+        self,
+        *,
+        deliverable_platforms: Collection[str] | None = None,
+        deliverable_targets: Collection[tuple[str, str]] | None = None,
+        now: float | None = None,
+    ) -> list[Claim]:
+        """The startup sweep: claim owed rows whose owner is dead, for a resend by this process.
+
+        Rows over budget or stale are abandoned.  Rows whose platform (``deliverable_platforms``)
+        or (platform, profile) pair (``deliverable_targets``) this process cannot send to now are
+        left untouched, budget intact.  Each claim moves the row to attempting under this
+        incarnation with one more attempt; ``needs_marker`` is set when the row was not pending
+        or had been claimed before.  Rows of live owners are never touched, so a second sweep
+        in the same process claims nothing.  Next: send each claim, then settle or release it.
+        """
+        when = self.clock.now() if now is None else now
+        platforms = None if deliverable_platforms is None else frozenset(deliverable_platforms)
+        targets = None if deliverable_targets is None else frozenset(deliverable_targets)
+        liveness = LivenessCache(self.probe)
+        claims: list[Claim] = []
+        candidates = self.store.select(_K, states=_OWED, order_by="created_at")
+        for chunk in _chunks(candidates, self.policy.sweep_chunk):
+            with self.store.atomic():
+                for row in chunk:
+                    if self._owner_alive(row, liveness, when):
+                        continue
+                    if self._over_budget_or_stale(row, when):
+                        self._abandon(row, when)
+                        continue
+                    profile = row["adapter_profile"] or DEFAULT_PROFILE
+                    if platforms is not None and row["platform"] not in platforms:
+                        continue
+                    if targets is not None and (row["platform"], profile) not in targets:
+                        continue
+                    needs_marker = row.state is not _S.PENDING or row["attempts"] > 0
+                    reason = "recovered" if needs_marker else None
+                    claim = self._claim(row, when, needs_marker, reason)
+                    if claim is not None:
+                        claims.append(claim)
+        return claims
+
+    def sweep_failed_for_runtime(
+        self,
+        platform: str,
+        *,
+        profile: str | None = None,
+        now: float | None = None,
+    ) -> list[Claim]:
+        """The runtime sweep: re-claim this incarnation's own retryable failures on ``platform``.
+
+        Only ``failed`` rows of exactly ``platform`` and ``profile`` (default profile when
+        None) owned by exactly this incarnation (pid and start time; if this process cannot
+        read its own start time nothing is claimed).  Permanent failures stay failed, budget
+        intact; rows over budget or stale are abandoned; reconnect errors are due at once,
+        transient and rate-limit errors once their backoff passed.  Claims carry
+        ``needs_marker=True`` with reason ``"reconnected"`` or ``"rate_limited"``.
+        """
+        _text("platform", platform)
+        wanted = DEFAULT_PROFILE if profile is None else profile
+        me = self.incarnation
+        if me.started_at is None:
+            return []
+        when = self.clock.now() if now is None else now
+        claims: list[Claim] = []
+        rows = self.store.select(
+            _K,
+            states=(_S.FAILED,),
+            where={
+                "platform": platform,
+                "adapter_profile": wanted,
+                "owner_pid": me.pid,
+                "owner_started_at": me.started_at,
+            },
+            order_by="created_at",
+        )
+        for chunk in _chunks(rows, self.policy.sweep_chunk):
+            with self.store.atomic():
+                for row in chunk:
+                    if not me.is_self(row["owner_pid"], row["owner_started_at"]):
+                        continue
+                    if row["owner_host"] not in (None, me.host):
+                        continue
+                    if self._over_budget_or_stale(row, when):
+                        self._abandon(row, when)
+                        continue
+                    kind = self.policy.classify(row["last_error"])
+                    if kind is ErrorKind.PERMANENT:
+                        continue
+                    if kind is not ErrorKind.RECONNECT:
+                        due = row["next_attempt_at"]
+                        if due is None or due > when:
+                            continue
+                    reason = "rate_limited" if kind is ErrorKind.RATE_LIMITED else "reconnected"
+                    claim = self._claim(row, when, True, reason)
+                    if claim is not None:
+                        claims.append(claim)
+        return claims
+
+    def prune(self, *, now: float | None = None) -> int:
+        """Delete delivered and abandoned rows older than the retention; return how many.
+
+        Owed rows (pending, attempting, failed) are never deleted, whatever their age.
+        """
+        when = self.clock.now() if now is None else now
+        return self.store.prune(_K, "prune", where={"updated_at": lt(when - self.policy.retention)})
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def get(self, obligation_id: str) -> Obligation | None:
+        """The obligation, or None if it was never recorded (or was pruned)."""
+        row = self.store.get(_K, obligation_id)
+        return None if row is None else Obligation.from_row(row)
+
+    def history(self, obligation_id: str) -> list[TransitionRecord]:
+        """Every transition of the obligation, oldest first: why it is where it is."""
+        return self.store.history(_K, obligation_id)
+
+    def owed(self, *, limit: int | None = None) -> list[Obligation]:
+        """Obligations not yet settled (pending, attempting, failed), oldest first."""
+        rows = self.store.select(_K, states=_OWED, order_by="created_at", limit=limit)
+        return [Obligation.from_row(r) for r in rows]
+
+    def abandoned(self, *, limit: int | None = None) -> list[Obligation]:
+        """Abandoned obligations, oldest first: what the ledger gave up on, and (in
+        :meth:`history`) why."""
+        rows = self.store.select(_K, states=(_S.ABANDONED,), order_by="created_at", limit=limit)
+        return [Obligation.from_row(r) for r in rows]
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def forget_fences(self) -> None:
+        """Drop the remembered fences (after a transaction this ledger wrote in was rolled
+        back); later writes are then guarded by ownership alone."""
+        with self._fence_lock:
+            self._fences.clear()
+
+    def _row(self, obligation_id: str) -> Row[ObligationState]:
+        _text("obligation_id", obligation_id)
+        row = self.store.get(_K, obligation_id)
+        if row is None:
+            raise UnknownEntity(_K.name, obligation_id)
+        return row
+
+    def _settle(
+        self,
+        obligation_id: str,
+        event: str,
+        changes: dict[str, Any],
+        *,
+        read: Row[ObligationState] | None = None,
+        reason: str | None = None,
+        attempts: int | None = None,
+    ) -> Obligation:
+        """One owner-guarded transition, fenced by the fence this ledger last wrote or,
+        failing that, the fence of the row the changes were computed from."""
+        _text("obligation_id", obligation_id)
+        now = self.clock.now()
+        me = self.incarnation
+        with self._fence_lock:
+            known = self._fences.get(obligation_id)
+        if known is None and read is not None:
+            known = (read.fence, read["attempts"])
+        fence = None if known is None else known[0]
+        if attempts is None and known is not None:
+            attempts = known[1]
+        changes["updated_at"] = now
+        row = self.store.transition(
+            _K,
+            obligation_id,
+            event,
+            audit=Audit(now, self._owner_label, attempts, reason),
+            fence=fence,
+            expect={"owner_token": me.token, "owner_pid": me.pid},
+            changes=changes,
+        )
+        self._remember(row)
+        return Obligation.from_row(row)
+
+    def _claim(
+        self, row: Row[ObligationState], now: float, needs_marker: bool, reason: str | None
+    ) -> Claim | None:
+        me = self.incarnation
+        attempts = row["attempts"] + 1
+        try:
+            claimed = self.store.transition(
+                _K,
+                row.id,
+                "claim",
+                audit=Audit(now, self._owner_label, attempts, reason or "owner dead"),
+                fence=row.fence,
+                changes={
+                    "attempts": attempts,
+                    "updated_at": now,
+                    "owner_host": me.host,
+                    "owner_pid": me.pid,
+                    "owner_started_at": me.started_at,
+                    "owner_token": me.token,
+                    "lease_expires_at": now + self.policy.lease_s,
+                    "next_attempt_at": None,
+                },
+            )
+        except StaleState:
+            return None  # another sweeper won this row: exactly one claim per row
+        self._remember(claimed)
+        return Claim(
+            Obligation.from_row(claimed),
+            needs_marker,
+            reason,
+            attempts,
+            claimed["adapter_profile"] or DEFAULT_PROFILE,
+        )
+
+    def _abandon(self, row: Row[ObligationState], now: float) -> None:
+        over = row["attempts"] >= self.policy.max_attempts
+        reason = (
+            f"attempt budget spent ({row['attempts']}/{self.policy.max_attempts})"
+            if over
+            else f"stale: older than {self.policy.stale_after:g} s"
+        )
+        try:
+            self.store.transition(
+                _K,
+                row.id,
+                "abandon",
+                audit=Audit(now, self._owner_label, row["attempts"], reason),
+                fence=row.fence,
+                changes={"updated_at": now},
+            )
+        except StaleState:
+            return
+        with self._fence_lock:
+            self._fences.pop(row.id, None)
+
+    def _over_budget_or_stale(self, row: Row[ObligationState], now: float) -> bool:
+        return bool(
+            row["attempts"] >= self.policy.max_attempts
+            or now - row["created_at"] > self.policy.stale_after
+        )
+
+    def _owner_alive(self, row: Row[ObligationState], liveness: LivenessCache, now: float) -> bool:
+        host = row["owner_host"]
+        if host is not None and host != self.incarnation.host:
+            # Another host: its processes cannot be probed; only an expired lease proves death.
+            lease = row["lease_expires_at"]
+            return lease is None or lease > now
+        return liveness.alive(row["owner_pid"], row["owner_started_at"])
+
+    def _remember(self, row: Row[ObligationState]) -> None:
+        with self._fence_lock:
+            if row.state in _SETTLED:
+                self._fences.pop(row.id, None)
+            else:
+                self._fences[row.id] = (row.fence, row["attempts"])
+
+
+def _text(name: str, value: object) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{name} must not be empty")
+
+
+def _ident(name: str, value: object, *, required: bool = False) -> str | None:
+    """Platform ids arrive as str or int; they are stored as text."""
+    if value is None and not required:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    _text(name, value)
+    assert isinstance(value, str)
+    return value
+
+
+def _first(values: frozenset[str]) -> str:
+    return min(values) if values else "send_path_degraded"
+
+
+def _chunks(rows: list[Row[ObligationState]], size: int) -> Iterable[list[Row[ObligationState]]]:
+    step = max(1, size)
+    for start in range(0, len(rows), step):
+        yield rows[start : start + step]
