@@ -2,18 +2,23 @@
 
 Every lifecycle that matters is an explicit, declared state machine (:class:`Lifecycle`), and
 the store enforces it with one atomic conditional write per transition.  This package is the
-pure core: declarations, ownership, clocks, ids and errors.  It performs no I/O of its own.
+pure core: declarations, the Store protocol, the delivery ledger, ownership, clocks, ids and
+errors.  It performs no I/O of its own; stores live in ``stores``, the wire in ``relay``.
 """
 
+from statecore.async_ledger import AsyncLedger
 from statecore.clock import Clock, Deadline, FakeClock, SystemClock
+from statecore.entity import EntityKind, Field, Index
 from statecore.errors import (
     DeclarationError,
     InvalidTransition,
     StaleState,
     StatecoreError,
     StoreError,
+    UnknownEntity,
 )
 from statecore.ids import compute_obligation_id
+from statecore.ledger import Ledger
 from statecore.lifecycle import Lifecycle, Transition
 from statecore.lifecycles import (
     DECLARED_LIFECYCLES,
@@ -23,6 +28,14 @@ from statecore.lifecycles import (
     TransportState,
 )
 from statecore.machine import StateMachine
+from statecore.obligation import (
+    OBLIGATION_KIND,
+    RECONNECTED_MARKER,
+    RECOVERED_MARKER,
+    Claim,
+    Obligation,
+    Owner,
+)
 from statecore.ownership import (
     Incarnation,
     LivenessCache,
@@ -30,29 +43,49 @@ from statecore.ownership import (
     PsutilProbe,
     owner_alive,
 )
+from statecore.policy import ErrorKind, LedgerPolicy
+from statecore.store import Audit, Row, Store, TransitionRecord
 
 __all__ = [
     "DECLARED_LIFECYCLES",
     "OBLIGATION",
+    "OBLIGATION_KIND",
+    "RECONNECTED_MARKER",
+    "RECOVERED_MARKER",
     "TRANSPORT",
+    "AsyncLedger",
+    "Audit",
+    "Claim",
     "Clock",
     "Deadline",
     "DeclarationError",
+    "EntityKind",
+    "ErrorKind",
     "FakeClock",
+    "Field",
     "Incarnation",
+    "Index",
     "InvalidTransition",
+    "Ledger",
+    "LedgerPolicy",
     "Lifecycle",
     "LivenessCache",
+    "Obligation",
     "ObligationState",
+    "Owner",
     "ProcessProbe",
     "PsutilProbe",
+    "Row",
     "StaleState",
     "StateMachine",
     "StatecoreError",
+    "Store",
     "StoreError",
     "SystemClock",
     "Transition",
+    "TransitionRecord",
     "TransportState",
+    "UnknownEntity",
     "compute_obligation_id",
     "owner_alive",
 ]

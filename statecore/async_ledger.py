@@ -1,0 +1,277 @@
+"""The ledger for asyncio: the same API, ``async``, never blocking the event loop.
+
+Every operation is handed to one dedicated writer thread.  The writer takes everything that has
+queued up since its last transaction and runs it in **one** transaction (group commit): a
+hundred concurrent senders share one commit (and one fsync at ``synchronous=FULL``) instead of
+paying for a hundred.  Each operation still runs in its own savepoint, so its result -- or its
+error -- is its own: one caller's ``InvalidTransition`` does not undo another caller's write.
+Only a failure of the transaction itself (the disk, a lock held past the busy timeout) fails the
+whole batch, with :class:`~statecore.errors.StoreError`, and then nothing in it was written.
+
+Operations run in submission order, so a caller reads its own writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable, Collection
+from typing import Any, TypeVar
+
+from statecore.clock import Clock
+from statecore.errors import StoreError
+from statecore.ledger import Ledger
+from statecore.obligation import Claim, Obligation
+from statecore.ownership import Incarnation, ProcessProbe
+from statecore.policy import LedgerPolicy
+from statecore.store import Store, TransitionRecord
+
+__all__ = ["AsyncLedger"]
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+_Op = tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
+_STOP = object()
+
+
+class AsyncLedger:
+    """:class:`~statecore.ledger.Ledger` for asyncio, with group commit on a writer thread.
+
+    ``AsyncLedger(store, *, policy=None, clock=None, incarnation=None, probe=None,
+    max_batch=512)``.  Close it with :meth:`aclose` (or ``async with``): queued operations
+    finish first.  Cancelling an awaiting caller only stops the waiting: an operation already
+    handed to the writer still runs (its outcome is then visible in the store).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        policy: LedgerPolicy | None = None,
+        clock: Clock | None = None,
+        incarnation: Incarnation | None = None,
+        probe: ProcessProbe | None = None,
+        max_batch: int = 512,
+    ) -> None:
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be a positive int, not {max_batch!r}")
+        self.ledger = Ledger(
+            store, policy=policy, clock=clock, incarnation=incarnation, probe=probe
+        )
+        self.store = store
+        self._max_batch = max_batch
+        self._queue: queue.SimpleQueue[_Op | object] = queue.SimpleQueue()
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self.batches = 0
+        """Transactions committed so far (for observing group commit)."""
+        self.operations = 0
+        """Operations executed so far."""
+        self._thread = threading.Thread(target=self._run, name="statecore-ledger", daemon=True)
+        self._thread.start()
+
+    @property
+    def policy(self) -> LedgerPolicy:
+        """The ledger's policy."""
+        return self.ledger.policy
+
+    @property
+    def incarnation(self) -> Incarnation:
+        """The owner identity this ledger records and claims rows as."""
+        return self.ledger.incarnation
+
+    # -- the ledger API, async ---------------------------------------------------------------
+
+    async def record(
+        self,
+        *,
+        session_key: str,
+        platform: str,
+        chat_id: str | int,
+        content: str,
+        message_ref: str | int | None = None,
+        obligation_id: str | None = None,
+        thread_id: str | int | None = None,
+        reply_to: str | int | None = None,
+        adapter_profile: str | None = None,
+    ) -> Obligation:
+        """:meth:`Ledger.record`, off the event loop."""
+        return await self._submit(
+            lambda: self.ledger.record(
+                session_key=session_key,
+                platform=platform,
+                chat_id=chat_id,
+                content=content,
+                message_ref=message_ref,
+                obligation_id=obligation_id,
+                thread_id=thread_id,
+                reply_to=reply_to,
+                adapter_profile=adapter_profile,
+            )
+        )
+
+    async def mark_attempting(self, obligation_id: str) -> Obligation:
+        """:meth:`Ledger.mark_attempting`, off the event loop."""
+        return await self._submit(lambda: self.ledger.mark_attempting(obligation_id))
+
+    async def mark_delivered(self, obligation_id: str) -> Obligation:
+        """:meth:`Ledger.mark_delivered`, off the event loop."""
+        return await self._submit(lambda: self.ledger.mark_delivered(obligation_id))
+
+    async def mark_failed(self, obligation_id: str, error: str) -> Obligation:
+        """:meth:`Ledger.mark_failed`, off the event loop."""
+        return await self._submit(lambda: self.ledger.mark_failed(obligation_id, error))
+
+    async def release(self, obligation_id: str, error: str | None = None) -> Obligation:
+        """:meth:`Ledger.release`, off the event loop."""
+        return await self._submit(lambda: self.ledger.release(obligation_id, error))
+
+    async def sweep_recoverable(
+        self,
+        *,
+        deliverable_platforms: Collection[str] | None = None,
+        deliverable_targets: Collection[tuple[str, str]] | None = None,
+        now: float | None = None,
+    ) -> list[Claim]:
+        """:meth:`Ledger.sweep_recoverable`, off the event loop."""
+        return await self._submit(
+            lambda: self.ledger.sweep_recoverable(
+                deliverable_platforms=deliverable_platforms,
+                deliverable_targets=deliverable_targets,
+                now=now,
+            )
+        )
+
+    async def sweep_failed_for_runtime(
+        self, platform: str, *, profile: str | None = None, now: float | None = None
+    ) -> list[Claim]:
+        """:meth:`Ledger.sweep_failed_for_runtime`, off the event loop."""
+        return await self._submit(
+            lambda: self.ledger.sweep_failed_for_runtime(platform, profile=profile, now=now)
+        )
+
+    async def prune(self, *, now: float | None = None) -> int:
+        """:meth:`Ledger.prune`, off the event loop."""
+        return await self._submit(lambda: self.ledger.prune(now=now))
+
+    async def get(self, obligation_id: str) -> Obligation | None:
+        """:meth:`Ledger.get`, off the event loop (ordered after earlier submissions)."""
+        return await self._submit(lambda: self.ledger.get(obligation_id))
+
+    async def history(self, obligation_id: str) -> list[TransitionRecord]:
+        """:meth:`Ledger.history`, off the event loop."""
+        return await self._submit(lambda: self.ledger.history(obligation_id))
+
+    async def owed(self, *, limit: int | None = None) -> list[Obligation]:
+        """:meth:`Ledger.owed`, off the event loop."""
+        return await self._submit(lambda: self.ledger.owed(limit=limit))
+
+    async def abandoned(self, *, limit: int | None = None) -> list[Obligation]:
+        """:meth:`Ledger.abandoned`, off the event loop."""
+        return await self._submit(lambda: self.ledger.abandoned(limit=limit))
+
+    # -- closing -----------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Finish queued operations, stop the writer thread.  Idempotent."""
+        self._stop()
+        await asyncio.to_thread(self._thread.join)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Synchronous :meth:`aclose` for code without a running loop."""
+        self._stop()
+        self._thread.join(timeout)
+
+    async def __aenter__(self) -> AsyncLedger:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    def _stop(self) -> None:
+        with self._close_lock:
+            if not self._closed:
+                self._closed = True
+                self._queue.put(_STOP)
+
+    # -- the writer --------------------------------------------------------------------------
+
+    async def _submit(self, fn: Callable[[], T]) -> T:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        with self._close_lock:
+            if self._closed:
+                raise StoreError("the ledger is closed")
+            self._queue.put((fn, loop, future))
+        return await future
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            batch: list[_Op] = []
+            item: object = first
+            while True:
+                if item is _STOP:
+                    stopping = True
+                else:
+                    batch.append(item)  # type: ignore[arg-type]
+                if len(batch) >= self._max_batch:
+                    break
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                self._execute(batch)
+
+    def _execute(self, batch: list[_Op]) -> None:
+        outcomes: list[tuple[bool, Any]] = []
+        try:
+            with self.store.atomic():
+                for fn, _, future in batch:
+                    if future.cancelled():
+                        outcomes.append((False, None))
+                        continue
+                    try:
+                        with self.store.atomic():
+                            outcomes.append((True, fn()))
+                    except StoreError:
+                        raise  # the transaction itself is in doubt: fail the whole batch
+                    except Exception as exc:
+                        outcomes.append((False, exc))
+            self.batches += 1
+            self.operations += len(batch)
+        except Exception as exc:
+            # Nothing in this batch was committed: the fences the ledger remembered from it
+            # are not the store's, so forget them all (ownership still guards).
+            self.ledger.forget_fences()
+            error = (
+                exc if isinstance(exc, StoreError) else StoreError(f"group commit failed: {exc}")
+            )
+            if error is not exc:
+                error.__cause__ = exc
+            outcomes = [(False, error)] * len(batch)
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
+        for (_, loop, future), (ok, value) in zip(batch, outcomes, strict=True):
+            by_loop.setdefault(loop, []).append((future, ok, value))
+        for loop, settled in by_loop.items():
+            try:
+                # One wake-up per loop per batch, not one per operation.
+                loop.call_soon_threadsafe(_settle_all, settled)
+            except RuntimeError:
+                log.warning("ledger results dropped: their event loop is closed")
+
+
+def _settle_all(settled: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+    for future, ok, value in settled:
+        if future.done():
+            continue
+        if ok:
+            future.set_result(value)
+        elif value is not None:
+            future.set_exception(value)

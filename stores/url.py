@@ -1,0 +1,57 @@
+"""Opening a store from a URL."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from statecore.store import Store
+from stores.memory import InMemoryStore
+from stores.sqlite import SQLiteStore
+
+__all__ = ["open_store"]
+
+
+def open_store(url: str) -> Store:
+    """Open the store a URL names.
+
+    * ``memory://`` -- a new :class:`InMemoryStore`;
+    * ``sqlite:///relative/or/absolute/path.db`` (``sqlite:////abs/path.db`` also works), with
+      optional ``?synchronous=FULL`` and ``&busy_timeout_s=10``.
+
+    The caller owns the store and must ``close()`` it.  Raises ``ValueError`` for a URL of
+    another scheme or a malformed one, and ``StoreError`` when the database cannot be opened.
+    """
+    if not isinstance(url, str):
+        raise TypeError(f"a store URL must be a str, not {type(url).__name__}")
+    parts = urlsplit(url)
+    if parts.scheme == "memory":
+        if parts.netloc or parts.path or parts.query:
+            raise ValueError(f"memory:// takes no path or options: {url!r}")
+        return InMemoryStore()
+    if parts.scheme == "sqlite":
+        if parts.netloc:
+            raise ValueError(f"sqlite URLs have no host; use sqlite:///path: {url!r}")
+        path = unquote(parts.path)
+        if path.startswith("//"):
+            path = path[1:]
+        elif path.startswith("/"):
+            path = path[1:] or ""
+        if not path:
+            raise ValueError(f"sqlite URL without a path: {url!r}")
+        options = {k: v[-1] for k, v in parse_qs(parts.query, strict_parsing=False).items()}
+        unknown = set(options) - {"synchronous", "busy_timeout_s"}
+        if unknown:
+            raise ValueError(f"unknown sqlite option {sorted(unknown)[0]!r} in {url!r}")
+        synchronous = options.get("synchronous", "NORMAL").upper()
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValueError(f"synchronous must be NORMAL or FULL in {url!r}")
+        try:
+            busy = float(options.get("busy_timeout_s", "5"))
+        except ValueError:
+            raise ValueError(f"busy_timeout_s must be a number in {url!r}") from None
+        return SQLiteStore(
+            path,
+            synchronous="FULL" if synchronous == "FULL" else "NORMAL",
+            busy_timeout_s=busy,
+        )
+    raise ValueError(f"unsupported store URL {url!r}: use memory:// or sqlite:///path")
