@@ -26,7 +26,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict -p statecore -p stores -p relay
 
 pytest: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -q
 
 test: lint typecheck pytest
 

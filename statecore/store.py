@@ -130,23 +130,24 @@ def normalize_where(kind: EntityKind[Any], where: Mapping[str, object] | None) -
     out: list[tuple[str, Cmp]] = []
     for column, raw in where.items():
         cmp = raw if isinstance(raw, Cmp) else Cmp("=", raw)
-        if column == kind.id_field:
-            check = _check_text
-        elif column == "fence":
-            check = _check_int
-        else:
-            field = kind.field(column)
-
-            def check(value: object, _f: Any = field) -> object:
-                return _f.check(value, kind.name) if value is not None else None
-
         if cmp.op == "in":
-            values = frozenset(check(v) for v in cmp.value)
-            cmp = Cmp("in", values)
-        elif cmp.value is not None:
-            cmp = Cmp(cmp.op, check(cmp.value))
+            cmp = Cmp("in", frozenset(_check_value(kind, column, v) for v in cmp.value))
+        else:
+            checked = _check_value(kind, column, cmp.value)
+            if checked is not cmp.value:
+                cmp = Cmp(cmp.op, checked)
         out.append((column, cmp))
     return tuple(out)
+
+
+def _check_value(kind: EntityKind[Any], column: str, value: object) -> object:
+    """Check one compared value against its column (declared field, id field or fence)."""
+    if column == kind.id_field:
+        return value if value is None else _check_text(value)
+    if column == "fence":
+        return value if value is None else _check_int(value)
+    field = kind.field(column)
+    return value if value is None else field.check(value, kind.name)
 
 
 def _check_text(value: object) -> object:

@@ -32,6 +32,7 @@ from statecore.store import (
     Audit,
     Cmp,
     Row,
+    TransitionPlan,
     TransitionRecord,
     Where,
     check_limit,
@@ -58,16 +59,36 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 class _Compiled:
     """Per-kind SQL fragments and decoders, built once at register()."""
 
-    __slots__ = ("columns", "decoders", "kind", "select_cols", "states")
+    __slots__ = (
+        "columns",
+        "decoders",
+        "get_sql",
+        "insert_sql",
+        "kind",
+        "select_cols",
+        "states",
+        "updates",
+    )
 
     def __init__(self, kind: EntityKind[Any]) -> None:
         self.kind = kind
         self.columns = tuple(f.name for f in kind.fields)
         self.select_cols = ", ".join((kind.id_field, "state", "fence", *self.columns))
         self.states: dict[str, Enum] = {s.value: s for s in kind.lifecycle.states}
-        # SQLite may hand back a REAL column's whole number as an int (RETURNING does).
+        self.get_sql = f"SELECT {self.select_cols} FROM {kind.table} WHERE {kind.id_field} = ?"
+        self.insert_sql = (
+            f"INSERT INTO {kind.table} ({self.select_cols}) "
+            f"VALUES ({', '.join('?' * (3 + len(self.columns)))}) "
+            f"ON CONFLICT({kind.id_field}) DO NOTHING RETURNING {self.select_cols}"
+        )
+        # Guarded UPDATE statements by shape (event, fenced?, changed columns, conditions).
+        self.updates: dict[tuple[Any, ...], str] = {}
+        # SQLite may hand back a REAL column's whole number as an int (RETURNING does), and
+        # stores bools as ints: these columns are converted back on read.
         self.decoders = tuple(
-            bool if f.type is bool else float if f.type is float else None for f in kind.fields
+            (f.name, bool if f.type is bool else float)
+            for f in kind.fields
+            if f.type in (bool, float)
         )
 
     def row(self, raw: Sequence[Any], path: str) -> Row[Any]:
@@ -77,16 +98,70 @@ class _Compiled:
             raise StoreError(
                 f"{path}: {self.kind.name} {raw[0]!r} has unknown state {raw[1]!r}"
             ) from None
-        values = {}
         # raw may carry a trailing prev_state (RETURNING of a transition): zip stops before it.
-        for name, decode, value in zip(self.columns, self.decoders, raw[3:], strict=False):
-            values[name] = decode(value) if decode is not None and value is not None else value
+        values = dict(zip(self.columns, raw[3:], strict=False))
+        for name, decode in self.decoders:
+            value = values[name]
+            if value is not None and type(value) is not decode:
+                values[name] = decode(value)
         return Row(raw[0], state, raw[2] or 0, values)
 
 
 class _Local(threading.local):
     conn: sqlite3.Connection | None = None
     depth = 0
+
+
+class _Txn:
+    """One (possibly nested) transaction on the calling thread's connection.
+
+    A plain class rather than a generator context manager: it sits on every write's hot path.
+    Driver errors anywhere inside are translated to StoreError after the rollback.
+    """
+
+    __slots__ = ("conn", "depth", "store", "what")
+
+    def __init__(self, store: SQLiteStore, what: str) -> None:
+        self.store = store
+        self.what = what
+
+    def __enter__(self) -> None:
+        store = self.store
+        local = store._local
+        try:
+            conn = local.conn or store._conn()
+            depth = local.depth
+            conn.execute("BEGIN IMMEDIATE" if depth == 0 else f"SAVEPOINT sp{depth}")
+        except sqlite3.Error as exc:
+            raise store._error(exc, f"{self.what} (begin)") from exc
+        self.conn, self.depth = conn, depth
+        local.depth = depth + 1
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        store, conn, depth = self.store, self.conn, self.depth
+        store._local.depth = depth
+        if kind is None:
+            try:
+                conn.execute("COMMIT" if depth == 0 else f"RELEASE sp{depth}")
+                return
+            except sqlite3.Error as error:
+                self._rollback()
+                raise store._error(error, f"{self.what} (commit)") from error
+        self._rollback()
+        if isinstance(exc, sqlite3.Error | OSError):
+            raise store._error(exc, self.what) from exc
+
+    def _rollback(self) -> None:
+        conn, depth = self.conn, self.depth
+        with contextlib.suppress(sqlite3.Error):
+            if depth == 0:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            else:
+                conn.execute(f"ROLLBACK TO sp{depth}")
+                conn.execute(f"RELEASE sp{depth}")
 
 
 class SQLiteStore:
@@ -181,49 +256,25 @@ class SQLiteStore:
             yield
         except StatecoreError:
             raise
-        except sqlite3.DatabaseError as exc:
-            message = str(exc)
-            if "not a database" in message or "malformed" in message:
-                raise StoreError(f"{self.path}: not a usable SQLite database ({message})") from exc
-            if "locked" in message or "busy" in message:
-                raise StoreError(
-                    f"{self.path}: database locked for longer than the busy timeout "
-                    f"({self._busy_ms} ms) during {what}"
-                ) from exc
-            raise StoreError(f"{self.path}: {what} failed: {message}") from exc
         except (sqlite3.Error, OSError) as exc:
-            raise StoreError(f"{self.path}: {what} failed: {exc}") from exc
+            raise self._error(exc, what) from exc
 
-    @contextmanager
-    def atomic(self) -> Iterator[None]:
+    def _error(self, exc: BaseException, what: str) -> StoreError:
+        """The StoreError for a driver failure during ``what`` (chain it with ``from``)."""
+        message = str(exc)
+        if "not a database" in message or "malformed" in message:
+            return StoreError(f"{self.path}: not a usable SQLite database ({message})")
+        if "locked" in message or "busy" in message:
+            return StoreError(
+                f"{self.path}: database locked for longer than the busy timeout "
+                f"({self._busy_ms} ms) during {what}"
+            )
+        return StoreError(f"{self.path}: {what} failed: {message}")
+
+    def atomic(self) -> _Txn:
         """A transaction on this thread's connection (``BEGIN IMMEDIATE``); nested blocks are
         savepoints.  Raises ``StoreError`` if the database stays locked past the busy timeout."""
-        local = self._local
-        with self._guard("begin"):
-            conn = self._conn()
-            depth = local.depth
-            conn.execute("BEGIN IMMEDIATE" if depth == 0 else f"SAVEPOINT sp{depth}")
-        local.depth = depth + 1
-        try:
-            yield
-        except BaseException:
-            local.depth = depth
-            with self._guard("rollback"):
-                if depth == 0:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                else:
-                    conn.execute(f"ROLLBACK TO sp{depth}")
-                    conn.execute(f"RELEASE sp{depth}")
-            raise
-        local.depth = depth
-        try:
-            with self._guard("commit"):
-                conn.execute("COMMIT" if depth == 0 else f"RELEASE sp{depth}")
-        except BaseException:
-            if depth == 0 and conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+        return _Txn(self, "transaction")
 
     def close(self) -> None:
         """Close every thread's connection; later calls raise ``StoreError``.  Idempotent."""
@@ -239,12 +290,14 @@ class SQLiteStore:
 
     def register(self, kind: EntityKind[Any]) -> None:
         """Create ``kind``'s table and indexes, or add the columns an older table lacks."""
+        if self._closed:
+            raise StoreError(f"{self.path}: the store is closed")
         existing = self._kinds.get(kind.name)
         if existing is not None:
             if existing.kind != kind:
                 raise StoreError(f"a different entity kind named {kind.name!r} is registered")
             return
-        with self.atomic(), self._guard(f"register {kind.name}"):
+        with _Txn(self, f"register {kind.name}"):
             conn = self._conn()
             have = {r[1] for r in conn.execute(f"PRAGMA table_info({kind.table})")}
             if not have:
@@ -398,20 +451,12 @@ class SQLiteStore:
             raise ValueError(f"{kind.name} id must be a non-empty str, not {entity_id!r}")
         state = creation_target(kind, event)
         checked = kind.new_values(values)
-        sql = (
-            f"INSERT INTO {kind.table} ({c.select_cols}) "
-            f"VALUES ({', '.join('?' * (3 + len(c.columns)))}) "
-            f"ON CONFLICT({kind.id_field}) DO NOTHING RETURNING {c.select_cols}"
-        )
         params = [entity_id, state.value, 0, *(checked[n] for n in c.columns)]
-        with self.atomic(), self._guard("insert"):
+        with _Txn(self, "insert"):
             conn = self._conn()
-            raw = conn.execute(sql, params).fetchone()
+            raw = conn.execute(c.insert_sql, params).fetchone()
             if raw is None:
-                existing = conn.execute(
-                    f"SELECT {c.select_cols} FROM {kind.table} WHERE {kind.id_field} = ?",
-                    (entity_id,),
-                ).fetchone()
+                existing = conn.execute(c.get_sql, (entity_id,)).fetchone()
                 return c.row(existing, self.path), False
             self._audit(conn, kind, entity_id, event, source=None, target=state, audit=audit)
         return c.row(raw, self.path), True
@@ -430,34 +475,20 @@ class SQLiteStore:
         """One guarded ``UPDATE ... RETURNING`` plus its audit entry, in one transaction."""
         c = self._compiled(kind)
         plan = plan_transition(kind, entity_id, event, fence=fence, expect=expect, changes=changes)
-        targets = set(plan.targets.values())
-        params: list[Any] = []
-        if len(targets) == 1:
-            (target,) = targets
-            sets = [f"state = '{target.value}'"]
-        else:
-            cases = " ".join(f"WHEN '{s.value}' THEN '{t.value}'" for s, t in plan.targets.items())
-            sets = [f"state = CASE state {cases} END"]
-        # Every SET expression reads the old row, so prev_state receives the state being left:
-        # the audit entry learns its source without a second read.
-        sets.append("fence = fence + 1")
-        sets.append("prev_state = state")
-        for name, value in plan.changes.items():
-            sets.append(f"{name} = ?")
-            params.append(value)
-        conditions = [f"{kind.id_field} = ?", f"state IN ({_literals(plan.targets)})"]
-        params.append(entity_id)
-        if plan.fence is not None:
-            conditions.append("fence = ?")
-            params.append(plan.fence)
-        extra, extra_params = _conditions_sql(plan.expect)
-        conditions.extend(extra)
-        params.extend(extra_params)
-        sql = (
-            f"UPDATE {kind.table} SET {', '.join(sets)} WHERE {' AND '.join(conditions)} "
-            f"RETURNING {c.select_cols}, prev_state"
+        shape = (
+            event,
+            plan.fence is not None,
+            tuple(plan.changes),
+            tuple((col, cmp.op, cmp.value is None, _arity(cmp)) for col, cmp in plan.expect),
         )
-        with self.atomic(), self._guard("transition"):
+        sql = c.updates.get(shape)
+        if sql is None:
+            sql = c.updates[shape] = _update_sql(plan, c.select_cols)
+        params: list[Any] = [*plan.changes.values(), entity_id]
+        if plan.fence is not None:
+            params.append(plan.fence)
+        params.extend(_conditions_sql(plan.expect)[1])
+        with _Txn(self, "transition"):
             conn = self._conn()
             raw = conn.execute(sql, params).fetchone()
             if raw is not None:
@@ -467,10 +498,7 @@ class SQLiteStore:
                     conn, kind, entity_id, event, source=source, target=row.state, audit=audit
                 )
                 return row
-            current = conn.execute(
-                f"SELECT {c.select_cols} FROM {kind.table} WHERE {kind.id_field} = ?",
-                (entity_id,),
-            ).fetchone()
+            current = conn.execute(c.get_sql, (entity_id,)).fetchone()
         raise plan.miss(None if current is None else c.row(current, self.path))
 
     def prune(
@@ -490,7 +518,7 @@ class SQLiteStore:
         if limit is not None:
             inner += " LIMIT ?"
             params.append(limit)
-        with self.atomic(), self._guard("prune"):
+        with _Txn(self, "prune"):
             conn = self._conn()
             ids = [
                 r[0]
@@ -532,6 +560,32 @@ class SQLiteStore:
                 audit.reason,
             ),
         )
+
+
+def _arity(cmp: Cmp) -> int:
+    return len(cmp.value) if cmp.op == "in" else 1
+
+
+def _update_sql(plan: TransitionPlan[Any], select_cols: str) -> str:
+    """The guarded UPDATE for a plan's shape (values are bound, states inlined)."""
+    kind = plan.kind
+    targets = set(plan.targets.values())
+    if len(targets) == 1:
+        sets = [f"state = '{next(iter(targets)).value}'"]
+    else:
+        cases = " ".join(f"WHEN '{s.value}' THEN '{t.value}'" for s, t in plan.targets.items())
+        sets = [f"state = CASE state {cases} END"]
+    # Every SET expression reads the old row, so prev_state receives the state being left:
+    # the audit entry learns its source without a second read.
+    sets += ["fence = fence + 1", "prev_state = state", *(f"{n} = ?" for n in plan.changes)]
+    conditions = [f"{kind.id_field} = ?", f"state IN ({_literals(plan.targets)})"]
+    if plan.fence is not None:
+        conditions.append("fence = ?")
+    conditions.extend(_conditions_sql(plan.expect)[0])
+    return (
+        f"UPDATE {kind.table} SET {', '.join(sets)} WHERE {' AND '.join(conditions)} "
+        f"RETURNING {select_cols}, prev_state"
+    )
 
 
 def _check_header(path: str) -> None:

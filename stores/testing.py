@@ -21,12 +21,14 @@ store it opened when the test ends; a test may open several stores::
             return lambda: MyStore(next(paths))
 
 The class has no ``Test`` prefix, so pytest collects it only through such subclasses.  Inside
-the kit, ``open_store`` is the kit-owned wrapper of the user's factory and ``db`` one fresh
+the kit, ``new_store`` is the kit-owned wrapper of the user's factory and ``db`` one fresh
 store with the kit's kinds registered.  The tests use no sleeps: time comes from
 :class:`~statecore.FakeClock`, and the thread race is bounded by join timeouts.
 
 This module imports pytest: it is test-support code, installed with the package but used only
-where the dev dependencies are installed.
+where the dev dependencies are installed.  For pytest's detailed assertion messages from the
+kit's own asserts, call ``pytest.register_assert_rewrite("stores.testing")`` (in a
+``conftest.py``, or before the first import of this module).
 """
 
 from __future__ import annotations
@@ -98,6 +100,9 @@ TICKET: Lifecycle[TicketState] = Lifecycle(
         Transition("hold", _T.OPEN, _T.HELD),
         Transition("resume", _T.HELD, _T.OPEN),
         Transition("finish", (_T.OPEN, _T.HELD), _T.DONE),  # multi-source
+        # One event, a different target per source.
+        Transition("advance", _T.OPEN, _T.HELD),
+        Transition("advance", _T.HELD, _T.DONE),
         Transition("drop", (_T.OPEN, _T.HELD), _T.DROPPED),  # multi-source
         Transition("purge", (_T.DONE, _T.DROPPED), None),  # removal from every terminal state
         Transition("archive", _T.DONE, None),  # removal from one terminal state only
@@ -275,21 +280,21 @@ class StoreContract:
     # -- kit fixtures ---------------------------------------------------------------------------
 
     @pytest.fixture
-    def open_store(self, store: StoreFactory) -> Iterator[StoreOpener]:
+    def new_store(self, store: StoreFactory) -> Iterator[StoreOpener]:
         """Wraps the subclass's factory; closes every store it opened at teardown."""
         with ExitStack() as stack:
             yield StoreOpener(store, stack)
 
     @pytest.fixture
-    def db(self, open_store: StoreOpener) -> Store:
+    def db(self, new_store: StoreOpener) -> Store:
         """One fresh store with the kit's kinds registered."""
-        return open_store()
+        return new_store()
 
     # -- registration and closing ---------------------------------------------------------------
 
-    def test_factory_returns_fresh_empty_stores(self, open_store: StoreOpener) -> None:
+    def test_factory_returns_fresh_empty_stores(self, new_store: StoreOpener) -> None:
         """Each call of the factory gives an independent, empty store."""
-        first, second = open_store(), open_store()
+        first, second = new_store(), new_store()
         _file(first, "t1")
         assert second.get(TICKET_KIND, "t1") is None
         assert second.count(TICKET_KIND) == 0
@@ -306,9 +311,9 @@ class StoreContract:
         assert db.count(TICKET_KIND) == 1
         assert len(db.history(TICKET_KIND, "t1")) == 1
 
-    def test_unregistered_kind_raises_store_error(self, open_store: StoreOpener) -> None:
+    def test_unregistered_kind_raises_store_error(self, new_store: StoreOpener) -> None:
         """Every operation on a kind the store never registered raises StoreError."""
-        db = open_store(register=False)
+        db = new_store(register=False)
         db.register(OBLIGATION_KIND)
         k = TICKET_KIND
         with pytest.raises(StoreError):
@@ -332,8 +337,6 @@ class StoreContract:
         db.close()
         k = TICKET_KIND
         with pytest.raises(StoreError):
-            db.register(k)
-        with pytest.raises(StoreError):
             db.insert(k, "t2", {"title": "x"}, event="file", audit=_AUDIT)
         with pytest.raises(StoreError):
             db.get(k, "t1")
@@ -349,6 +352,14 @@ class StoreContract:
             db.history(k, "t1")
         with pytest.raises(StoreError), db.atomic():
             pass
+
+    def test_register_after_close_raises_store_error(self, db: Store) -> None:
+        """After close() register() raises StoreError, for a kind registered before or not."""
+        db.close()
+        with pytest.raises(StoreError):
+            db.register(TICKET_KIND)
+        with pytest.raises(StoreError):
+            db.register(OBLIGATION_KIND)
 
     def test_close_is_idempotent(self, db: Store) -> None:
         """Closing a store twice is fine and it stays closed."""
@@ -389,6 +400,15 @@ class StoreContract:
             assert type(read["priority"]) is int
             assert read["urgent"] is False
             assert read["title"] == "T"
+        odd: dict[str, object] = {
+            "title": "O'Brien; DROP TABLE x -- \u2713",
+            "assignee": '\u00e9\u00e8 "q" \\ %_',
+            "priority": -(2**62),
+            "score": 0.1 + 0.2,
+            "queue": "",
+        }
+        db.insert(TICKET_KIND, "odd", odd, event="file", audit=_AUDIT)
+        assert dict(_get(db, "odd").values) == {**odd, "urgent": False, "due_at": None}
         other = _file(db, "t2", urgent=True, queue="vip", score=0.25)
         assert _get(db, "t2")["urgent"] is True
         assert other["queue"] == _get(db, "t2")["queue"] == "vip"
@@ -508,6 +528,27 @@ class StoreContract:
         assert _move(db, "from-open", "finish").state is _T.DONE
         assert _move(db, "from-held", "finish").state is _T.DONE
 
+    def test_event_with_a_target_per_source(self, db: Store) -> None:
+        """An event declared with a different target per source moves each row to its own
+        source's target."""
+        _file(db, "t1")
+        _file(db, "t2")
+        _move(db, "t2", "hold")
+        assert _move(db, "t1", "advance").state is _T.HELD
+        assert _move(db, "t2", "advance").state is _T.DONE
+        assert _move(db, "t1", "advance", fence=1).state is _T.DONE
+        with pytest.raises(InvalidTransition):
+            _move(db, "t1", "advance")
+        assert [(r.from_state, r.to_state) for r in db.history(TICKET_KIND, "t1")[1:]] == [
+            (_T.OPEN, _T.HELD),
+            (_T.HELD, _T.DONE),
+        ]
+        assert [(r.from_state, r.to_state) for r in db.history(TICKET_KIND, "t2")[1:]] == [
+            (_T.OPEN, _T.HELD),
+            (_T.HELD, _T.DONE),
+        ]
+        assert (_get(db, "t1").fence, _get(db, "t2").fence) == (2, 2)
+
     def test_transition_applies_changes(self, db: Store) -> None:
         """changes set mutable fields (None and int-to-float included) in the same write."""
         _file(db, "t1", assignee="alice", score=1.0, due_at=5.0)
@@ -527,6 +568,8 @@ class StoreContract:
             "queue": "q2",
         }
         assert dict(row.values) == expected
+        assert type(row["score"]) is float
+        assert row["urgent"] is True
         stored = _get(db, "t1")
         assert dict(stored.values) == expected
         assert type(stored["score"]) is float
@@ -570,6 +613,10 @@ class StoreContract:
         for fence in (0, 2, 99):
             with pytest.raises(StaleState):
                 _move(db, "t1", "hold", fence=fence, changes={"assignee": "x"})
+        with pytest.raises(TypeError):
+            _move(db, "t1", "hold", fence=True)
+        with pytest.raises(TypeError):
+            _move(db, "t1", "hold", fence="1")
         assert _snapshot(db, "t1") == before
         assert _move(db, "t1", "hold", fence=1).fence == 2
 
@@ -718,6 +765,17 @@ class StoreContract:
         assert won["assignee"] == "first"
         assert len(db.history(TICKET_KIND, "t1")) == 2
 
+    def test_expect_guarded_claim_has_one_winner(self, db: Store) -> None:
+        """Two claimers guarding on the same expected value (not the fence): the second gets
+        StaleState."""
+        _file(db, "t1")
+        unowned = {"assignee": None}
+        won = _move(db, "t1", "touch", expect=unowned, changes={"assignee": "first"})
+        with pytest.raises(StaleState):
+            _move(db, "t1", "touch", expect=unowned, changes={"assignee": "second"})
+        assert _get(db, "t1") == won
+        assert (won.fence, won["assignee"]) == (1, "first")
+
     def test_thread_race_has_exactly_one_winner_per_row(self, db: Store) -> None:
         """Eight threads claiming the same 50 rows with the fence they read leave exactly one
         winner per row."""
@@ -846,6 +904,22 @@ class StoreContract:
         assert db.history(TICKET_KIND, "t1") == before
         assert len(before) == 2
 
+    def test_kinds_with_the_same_id_are_independent(self, db: Store) -> None:
+        """Entities of different kinds sharing an id keep separate rows, histories and prunes."""
+        _file(db, "same")
+        _move(db, "same", "finish")
+        _record(db, "same", 5.0)
+        assert _get(db, "same").state is _T.DONE
+        obligation = db.get(OBLIGATION_KIND, "same")
+        assert obligation is not None
+        assert obligation.state is _O.PENDING
+        assert [r.event for r in db.history(TICKET_KIND, "same")] == ["file", "finish"]
+        assert [r.event for r in db.history(OBLIGATION_KIND, "same")] == ["record"]
+        assert db.prune(TICKET_KIND, "purge") == 1
+        assert db.get(OBLIGATION_KIND, "same") == obligation
+        assert [r.event for r in db.history(OBLIGATION_KIND, "same")] == ["record"]
+        assert (db.count(TICKET_KIND), db.count(OBLIGATION_KIND)) == (0, 1)
+
     def test_history_of_unknown_id_is_empty(self, db: Store) -> None:
         """history() of an id that never existed is an empty list."""
         assert db.history(TICKET_KIND, "ghost") == []
@@ -928,6 +1002,7 @@ class StoreContract:
             ({"due_at": lt(250)}, ["a1", "a2", "a6"]),
             ({"due_at": ge(150.0), "priority": le(2)}, ["a2", "a6"]),
             ({"due_at": gt(-1e300)}, ["a1", "a2", "a4", "a6"]),
+            ({"priority": one_of()}, []),
         ],
     )
     def test_select_where_comparisons_never_match_null(
@@ -1402,6 +1477,6 @@ class StoreContract:
     # Ledger-level contract tests
     #
     # Reserved for the obligation ledger's contract (to be added here by its owners): tests that
-    # drive the ledger API on top of a store from `open_store` / `db`.  Keep them below this
+    # drive the ledger API on top of a store from `new_store` / `db`.  Keep them below this
     # banner, separate from the store-level contract above.
     # ==========================================================================================
