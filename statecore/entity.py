@@ -138,10 +138,17 @@ class EntityKind(Generic[S]):
 
         Raises ``TypeError``/``ValueError``/``KeyError`` naming the field; nothing is written.
         """
-        unknown = set(values) - self.by_name.keys()
-        if unknown:
-            raise KeyError(f"{self.name} has no field {sorted(unknown)[0]!r}")
-        return {f.name: f.check(values.get(f.name, f.default), self.name) for f in self.fields}
+        if not values.keys() <= self.by_name.keys():
+            unknown = sorted(set(values) - self.by_name.keys())
+            raise KeyError(f"{self.name} has no field {unknown[0]!r}")
+        out: dict[str, object] = {}
+        for f in self.fields:
+            value = values.get(f.name, f.default)
+            # Exact-type values (the common case) skip the full check.
+            if value is None or type(value) is not f.type:
+                value = f.check(value, self.name)
+            out[f.name] = value
+        return out
 
     def changed_values(self, changes: Mapping[str, object]) -> dict[str, object]:
         """Check the values a transition changes: declared, mutable, of the right type."""
@@ -150,7 +157,9 @@ class EntityKind(Generic[S]):
             f = self.field(name)
             if f.immutable:
                 raise ValueError(f"{self.name}.{name} is immutable once created")
-            checked[name] = f.check(value, self.name)
+            checked[name] = (
+                value if value is not None and type(value) is f.type else f.check(value, self.name)
+            )
         return checked
 
     def coerce_state(self, value: object) -> S:

@@ -382,7 +382,8 @@ class Ledger:
             event,
             audit=Audit(now, self._owner_label, attempts, reason),
             fence=fence,
-            expect={"owner_token": me.token, "owner_pid": me.pid},
+            # The token is random per incarnation: it alone identifies the owner.
+            expect={"owner_token": me.token},
             changes=changes,
         )
         self._remember(row)

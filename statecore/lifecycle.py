@@ -91,6 +91,7 @@ class Lifecycle(Generic[S]):
         "_creations",
         "_events",
         "_initial",
+        "_moves",
         "_name",
         "_next",
         "_removals",
@@ -151,6 +152,12 @@ class Lifecycle(Generic[S]):
                 for event, target in moves.items()
             }
         )
+        self._moves: dict[str, Mapping[S, S]] = {
+            event: MappingProxyType(
+                {s: self._next[s][event] for s in self._sources[event] if event in self._next[s]}
+            )
+            for event in self._events
+        }
         self._check_graph()
 
     # -- the declaration ---------------------------------------------------------------------
@@ -223,6 +230,14 @@ class Lifecycle(Generic[S]):
         """
         try:
             return self._sources[event]
+        except (KeyError, TypeError):
+            raise self._refusal(None, event) from None
+
+    def moves(self, event: str) -> Mapping[S, S]:
+        """``source -> target`` for every state ``event`` moves (empty for creations and
+        removals).  Raises :class:`InvalidTransition` for an undeclared event."""
+        try:
+            return self._moves[event]
         except (KeyError, TypeError):
             raise self._refusal(None, event) from None
 

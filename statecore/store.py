@@ -147,7 +147,9 @@ def _check_value(kind: EntityKind[Any], column: str, value: object) -> object:
     if column == "fence":
         return value if value is None else _check_int(value)
     field = kind.field(column)
-    return value if value is None else field.check(value, kind.name)
+    if value is None or type(value) is field.type:
+        return value
+    return field.check(value, kind.name)
 
 
 def _check_text(value: object) -> object:
@@ -277,15 +279,14 @@ def plan_transition(
     if fence is not None:
         _check_int(fence)
     lifecycle = kind.lifecycle
-    sources = lifecycle.sources(event)  # raises InvalidTransition for an undeclared event
+    lifecycle.sources(event)  # raises InvalidTransition for an undeclared event
     if lifecycle.creates(event) or lifecycle.removes(event):
         raise InvalidTransition(lifecycle.name, None, event, "not a move; use insert() or prune()")
-    targets = {source: lifecycle.target(source, event) for source in sources}
     return TransitionPlan(
         kind,
         entity_id,
         event,
-        targets,
+        lifecycle.moves(event),
         fence,
         normalize_where(kind, expect),
         kind.changed_values(changes or {}),

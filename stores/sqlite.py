@@ -54,6 +54,10 @@ SCHEMA_VERSION = 1
 _SQL_TYPES = {str: "TEXT", int: "INTEGER", float: "REAL", bool: "INTEGER"}
 _AUDIT_TABLE = "statecore_audit"
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+_AUDIT_INSERT = (
+    f"INSERT INTO {_AUDIT_TABLE} (kind, entity_id, event, from_state, to_state, at, owner, "
+    "attempts, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 
 
 class _Compiled:
@@ -475,27 +479,33 @@ class SQLiteStore:
         """One guarded ``UPDATE ... RETURNING`` plus its audit entry, in one transaction."""
         c = self._compiled(kind)
         plan = plan_transition(kind, entity_id, event, fence=fence, expect=expect, changes=changes)
-        shape = (
-            event,
-            plan.fence is not None,
-            tuple(plan.changes),
-            tuple((col, cmp.op, cmp.value is None, _arity(cmp)) for col, cmp in plan.expect),
-        )
+        shape = (event, plan.fence is not None, tuple(plan.changes), _shape(plan.expect))
         sql = c.updates.get(shape)
         if sql is None:
             sql = c.updates[shape] = _update_sql(plan, c.select_cols)
         params: list[Any] = [*plan.changes.values(), entity_id]
         if plan.fence is not None:
             params.append(plan.fence)
-        params.extend(_conditions_sql(plan.expect)[1])
+        if plan.expect:
+            params.extend(_params(plan.expect))
         with _Txn(self, "transition"):
             conn = self._conn()
             raw = conn.execute(sql, params).fetchone()
             if raw is not None:
                 row: Row[S] = c.row(raw, self.path)
-                source = c.states[raw[-1]]
-                self._audit(
-                    conn, kind, entity_id, event, source=source, target=row.state, audit=audit
+                conn.execute(
+                    _AUDIT_INSERT,
+                    (
+                        kind.name,
+                        entity_id,
+                        event,
+                        raw[-1],  # prev_state, as stored
+                        raw[1],
+                        audit.at,
+                        audit.owner,
+                        audit.attempts,
+                        audit.reason,
+                    ),
                 )
                 return row
             current = conn.execute(c.get_sql, (entity_id,)).fetchone()
@@ -546,8 +556,7 @@ class SQLiteStore:
         audit: Audit,
     ) -> None:
         conn.execute(
-            f"INSERT INTO {_AUDIT_TABLE} (kind, entity_id, event, from_state, to_state, at, "
-            "owner, attempts, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            _AUDIT_INSERT,
             (
                 kind.name,
                 entity_id,
@@ -562,8 +571,23 @@ class SQLiteStore:
         )
 
 
-def _arity(cmp: Cmp) -> int:
-    return len(cmp.value) if cmp.op == "in" else 1
+def _shape(where: Where) -> tuple[tuple[str, str, bool, int], ...]:
+    """What of a condition list decides its SQL text (values are bound, not inlined)."""
+    return tuple(
+        (col, cmp.op, cmp.value is None, len(cmp.value) if cmp.op == "in" else 1)
+        for col, cmp in where
+    )
+
+
+def _params(where: Where) -> list[Any]:
+    """The bound values of a condition list, in the order _cmp_sql places them."""
+    params: list[Any] = []
+    for _, cmp in where:
+        if cmp.op == "in":
+            params.extend(sorted(cmp.value, key=repr))
+        elif cmp.value is not None:
+            params.append(cmp.value)
+    return params
 
 
 def _update_sql(plan: TransitionPlan[Any], select_cols: str) -> str:
@@ -629,26 +653,17 @@ def _literals(states: Iterable[Enum]) -> str:
 
 
 def _conditions_sql(where: Where) -> tuple[list[str], list[Any]]:
-    parts: list[str] = []
-    params: list[Any] = []
-    for column, cmp in where:
-        sql, values = _cmp_sql(column, cmp)
-        parts.append(sql)
-        params.extend(values)
-    return parts, params
+    return [_cmp_sql(column, cmp) for column, cmp in where], _params(where)
 
 
-def _cmp_sql(column: str, cmp: Cmp) -> tuple[str, list[Any]]:
+def _cmp_sql(column: str, cmp: Cmp) -> str:
     if cmp.op == "=" and cmp.value is None:
-        return f"{column} IS NULL", []
+        return f"{column} IS NULL"
     if cmp.op == "!=" and cmp.value is None:
-        return f"{column} IS NOT NULL", []
+        return f"{column} IS NOT NULL"
     if cmp.op == "in":
-        values = sorted(cmp.value, key=repr)
-        if not values:
-            return "0", []
-        return f"{column} IN ({', '.join('?' * len(values))})", values
-    return f"{column} {cmp.op} ?", [cmp.value]
+        return f"{column} IN ({', '.join('?' * len(cmp.value))})" if cmp.value else "0"
+    return f"{column} {cmp.op} ?"
 
 
 def _where_sql(states: Iterable[Enum] | None, where: Where) -> tuple[str, list[Any]]:

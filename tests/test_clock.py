@@ -307,16 +307,14 @@ async def test_fake_clock_many_cancelled_sleepers_do_not_accumulate() -> None:
     await asyncio.wait_for(keeper, timeout=GUARD)
 
 
-@pytest.mark.asyncio
-async def test_fake_clock_advance_from_another_thread_wakes_sleeper() -> None:
+def test_fake_clock_advance_from_another_thread_wakes_sleeper() -> None:
     """advance() called from a different thread wakes a sleeper on the event loop's thread."""
-    # Debug mode makes the loop raise if another thread touches it without call_soon_threadsafe.
-    asyncio.get_running_loop().set_debug(True)
+    # A private loop in debug mode: the loop raises if another thread touches it without
+    # call_soon_threadsafe, and on failure the loop is abandoned instead of waiting on a task
+    # that can never be woken (pytest-asyncio's teardown would wait for it forever).
+    loop = asyncio.new_event_loop()
+    loop.set_debug(True)
     clock = FakeClock()
-    task = asyncio.create_task(clock.sleep(3))
-    await _spin()
-    assert clock.sleepers == 1
-
     errors: list[BaseException] = []
 
     def advance_in_thread() -> None:
@@ -326,14 +324,23 @@ async def test_fake_clock_advance_from_another_thread_wakes_sleeper() -> None:
             errors.append(exc)
 
     thread = threading.Thread(target=advance_in_thread, name="advance-thread")
-    thread.start()
     try:
-        await asyncio.wait_for(task, timeout=GUARD)
-    finally:
+        task = loop.create_task(clock.sleep(3))
+        loop.run_until_complete(_spin())
+        assert clock.sleepers == 1
+        thread.start()
+        done, _ = loop.run_until_complete(asyncio.wait({task}, timeout=GUARD))
         thread.join(timeout=GUARD)
-    assert not thread.is_alive()
-    assert errors == []
-    assert clock.monotonic() == 3.0
+        assert not thread.is_alive()
+        assert errors == []
+        assert task in done
+        assert task.result() is None
+        assert clock.monotonic() == 3.0
+        assert clock.sleepers == 0
+    finally:
+        if thread.is_alive():
+            thread.join(timeout=GUARD)
+        loop.close()
 
 
 def test_fake_clock_repr_shows_monotonic_time() -> None:

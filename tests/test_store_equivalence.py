@@ -1,0 +1,369 @@
+"""Model-based equivalence of the ledger over InMemoryStore and SQLiteStore.
+
+A Hypothesis state machine drives random ledger operations against two worlds side by side: one
+over an :class:`InMemoryStore`, one over a :class:`SQLiteStore` on a fresh temp file.  Both worlds
+share one :class:`FakeClock` and the same injected incarnations, and each has its own fake probe
+scripted identically, so every observable result -- return values, exceptions, rows and audit
+histories -- must be exactly equal.  Three owners act in each world: ``a`` (this process, always
+alive), ``b`` (another gateway on this host whose liveness a rule switches between alive, gone and
+pid-reused) and ``remote`` (a gateway on another host, dead once its lease has expired).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from statecore import (
+    Claim,
+    FakeClock,
+    Incarnation,
+    Ledger,
+    LedgerPolicy,
+    ObligationState,
+    StatecoreError,
+)
+from stores.memory import InMemoryStore
+from stores.sqlite import SQLiteStore
+
+T = TypeVar("T")
+S = ObligationState
+
+HOST = Incarnation.current().host
+OWNERS = {
+    "a": Incarnation(HOST, 4101, 1_000, "token-a"),
+    "b": Incarnation(HOST, 4102, 2_000, "token-b"),
+    "remote": Incarnation("remote-host.invalid", 4103, 3_000, "token-remote"),
+}
+"""The incarnations acting in both worlds (the same objects on both sides)."""
+ACTORS = tuple(OWNERS)
+SETTLERS = ("owner", "owner", "owner", *ACTORS)
+"""Who settles a row: mostly its current owner (resolved at run time), sometimes anyone."""
+POLICY = LedgerPolicy()
+OWED = frozenset({S.PENDING, S.ATTEMPTING, S.FAILED})
+
+RECORDED_IDS = tuple(f"ob-{n}" for n in range(6))
+"""The id pool records draw from: small, so re-records and collisions happen."""
+GHOST = "ghost-never-recorded"
+ALL_IDS = (*RECORDED_IDS, GHOST)
+"""Every id the invariants inspect, including one that is never recorded."""
+
+PLATFORMS = ("slack", "telegram")
+PROFILES = (None, "reviewer")
+ERRORS = (
+    "send_path_degraded",
+    "connection reset",
+    "429 Too Many Requests",
+    "Forbidden: bot was blocked",
+)
+CONTENTS = ("the final answer", "a different answer")
+STEPS = (0.5, 1.0, 29.0, 31.0, 119.0, 121.0, 299.0, 301.0, 3_600.0, 86_401.0, 604_801.0)
+"""Clock advances around the backoffs (30, 120), the lease (300), stale_after and retention."""
+
+Outcome = tuple[str, Any, Any]
+
+
+class ToggleProbe:
+    """A scripted ProcessProbe: ``a`` is alive; ``b`` is alive, gone, or its pid was reused."""
+
+    def __init__(self) -> None:
+        self.procs: dict[int, int] = {OWNERS["a"].pid: 1_000, OWNERS["b"].pid: 2_000}
+
+    def set_b(self, situation: str) -> None:
+        pid = OWNERS["b"].pid
+        if situation == "alive":
+            self.procs[pid] = 2_000
+        elif situation == "reused":
+            self.procs[pid] = 2_500  # same pid, another process: the old owner is dead
+        else:
+            self.procs.pop(pid, None)
+
+    def pid_exists(self, pid: int) -> bool:
+        return pid in self.procs
+
+    def start_time(self, pid: int) -> int | None:
+        return self.procs.get(pid)
+
+
+def _outcome(call: Callable[[], T]) -> Outcome:
+    """The call's result, or the statecore error it raised (type and message)."""
+    try:
+        return ("ok", call(), None)
+    except StatecoreError as exc:
+        return ("raised", type(exc), str(exc))
+
+
+class LedgerEquivalence(RuleBasedStateMachine):
+    """Drives identical operations on an in-memory world and a SQLite world and compares them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmpdir = tempfile.mkdtemp(prefix="statecore-equiv-")
+        self.clock = FakeClock()
+        self.mem_store = InMemoryStore()
+        self.sql_store = SQLiteStore(Path(self.tmpdir) / "ledger.db")
+        self.probes = (ToggleProbe(), ToggleProbe())
+        self.worlds: tuple[dict[str, Ledger], dict[str, Ledger]] = tuple(  # type: ignore[assignment]
+            {
+                actor: Ledger(store, policy=POLICY, clock=self.clock, incarnation=inc, probe=probe)
+                for actor, inc in OWNERS.items()
+            }
+            for store, probe in zip((self.mem_store, self.sql_store), self.probes, strict=True)
+        )
+        self.delivered: set[str] = set()
+        """Ids whose current row reached delivered (forgotten once pruned)."""
+        self.owed: set[str] = set()
+        """Ids whose row was owed at the last check: they must still exist."""
+        self.claimed_total = 0
+
+    def teardown(self) -> None:
+        self.mem_store.close()
+        self.sql_store.close()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def both(self, label: str, actor: str, op: Callable[[Ledger], T]) -> Outcome:
+        """Run ``op`` on ``actor``'s ledger in both worlds; the outcomes must be identical."""
+        mem, sql = (_outcome(lambda w=world: op(w[actor])) for world in self.worlds)
+        assert mem == sql, f"in-memory {mem!r} != sqlite {sql!r}"
+        event(f"{label}: {mem[1].__name__ if mem[0] == 'raised' else 'ok'}")
+        return mem
+
+    def pick(self, data: st.DataObject, state: S) -> str:
+        """An id: usually one whose row is in ``state`` now, otherwise any id (even unknown)."""
+        ledger = self.worlds[0]["a"]
+        aimed = [
+            oid
+            for oid in RECORDED_IDS
+            if (row := ledger.get(oid)) is not None and row.state is state
+        ]
+        if aimed and data.draw(st.integers(0, 3), label="aimed") > 0:
+            return data.draw(st.sampled_from(aimed), label="oid")
+        existing = [oid for oid in RECORDED_IDS if ledger.get(oid) is not None]
+        return data.draw(st.sampled_from([*existing, GHOST]), label="oid")
+
+    def settler(self, actor: str, oid: str) -> str:
+        """``actor``, or for ``"owner"`` the actor owning ``oid`` now (``a`` if none does)."""
+        if actor != "owner":
+            return actor
+        row = self.worlds[0]["a"].get(oid)
+        owner = None if row is None else row.owner.token
+        return next((name for name, inc in OWNERS.items() if inc.token == owner), "a")
+
+    def check_claims(self, outcome: Outcome) -> None:
+        if outcome[0] != "ok":
+            return
+        claims: list[Claim] = outcome[1]
+        event(f"claims returned: {min(len(claims), 3)}{'+' if len(claims) >= 3 else ''}")
+        self.claimed_total += len(claims)
+        for claim in claims:
+            assert claim.obligation_id not in self.delivered, f"delivered row re-claimed: {claim}"
+            assert claim.attempts <= POLICY.max_attempts
+            assert claim.obligation.attempts == claim.attempts
+            assert claim.obligation.state is S.ATTEMPTING
+
+    # -- rules -----------------------------------------------------------------------------------
+
+    @initialize(situation=st.sampled_from(("alive", "gone", "reused")))
+    def start(self, situation: str) -> None:
+        for probe in self.probes:
+            probe.set_b(situation)
+
+    @rule(
+        actor=st.sampled_from(ACTORS),
+        oid=st.sampled_from(RECORDED_IDS),
+        platform=st.sampled_from(PLATFORMS),
+        profile=st.sampled_from(PROFILES),
+        content=st.sampled_from(CONTENTS),
+        thread_id=st.none() | st.just("171.001") | st.just(171),
+    )
+    def record(
+        self,
+        *,
+        actor: str,
+        oid: str,
+        platform: str,
+        profile: str | None,
+        content: str,
+        thread_id: str | int | None,
+    ) -> None:
+        self.both(
+            "record",
+            actor,
+            lambda ledger: ledger.record(
+                session_key=f"agent:main:{platform}:{oid}",
+                platform=platform,
+                chat_id="C1",
+                content=content,
+                obligation_id=oid,
+                thread_id=thread_id,
+                adapter_profile=profile,
+            ),
+        )
+
+    @rule(
+        actor=st.sampled_from(ACTORS),
+        oid=st.sampled_from(RECORDED_IDS),
+        platform=st.sampled_from(PLATFORMS),
+        profile=st.sampled_from(PROFILES),
+    )
+    def begin_send(self, *, actor: str, oid: str, platform: str, profile: str | None) -> None:
+        """The gateway's normal path: record the reply, then mark the send as begun."""
+        self.record(
+            actor=actor,
+            oid=oid,
+            platform=platform,
+            profile=profile,
+            content=CONTENTS[0],
+            thread_id=None,
+        )
+        self.both("mark_attempting", actor, lambda ledger: ledger.mark_attempting(oid))
+
+    @rule(actor=st.sampled_from(SETTLERS), data=st.data())
+    def mark_attempting(self, actor: str, data: st.DataObject) -> None:
+        oid = self.pick(data, S.PENDING)
+        who = self.settler(actor, oid)
+        self.both("mark_attempting", who, lambda ledger: ledger.mark_attempting(oid))
+
+    @rule(actor=st.sampled_from(SETTLERS), data=st.data())
+    def mark_delivered(self, actor: str, data: st.DataObject) -> None:
+        oid = self.pick(data, S.ATTEMPTING)
+        who = self.settler(actor, oid)
+        self.both("mark_delivered", who, lambda ledger: ledger.mark_delivered(oid))
+
+    @rule(actor=st.sampled_from(SETTLERS), error=st.sampled_from(ERRORS), data=st.data())
+    def mark_failed(self, actor: str, error: str, data: st.DataObject) -> None:
+        oid = self.pick(data, S.ATTEMPTING)
+        who = self.settler(actor, oid)
+        self.both("mark_failed", who, lambda ledger: ledger.mark_failed(oid, error))
+
+    @rule(
+        actor=st.sampled_from(SETTLERS),
+        error=st.none() | st.sampled_from(ERRORS),
+        data=st.data(),
+    )
+    def release(self, actor: str, error: str | None, data: st.DataObject) -> None:
+        oid = self.pick(data, S.ATTEMPTING)
+        who = self.settler(actor, oid)
+        self.both("release", who, lambda ledger: ledger.release(oid, error))
+
+    @rule(
+        actor=st.sampled_from(ACTORS),
+        platforms=st.none() | st.frozensets(st.sampled_from(PLATFORMS)),
+        pairs=st.none()
+        | st.frozensets(
+            st.tuples(st.sampled_from(PLATFORMS), st.sampled_from(("default", "reviewer")))
+        ),
+    )
+    def sweep_recoverable(
+        self,
+        actor: str,
+        platforms: frozenset[str] | None,
+        pairs: frozenset[tuple[str, str]] | None,
+    ) -> None:
+        outcome = self.both(
+            "sweep_recoverable",
+            actor,
+            lambda ledger: ledger.sweep_recoverable(
+                deliverable_platforms=platforms, deliverable_targets=pairs
+            ),
+        )
+        self.check_claims(outcome)
+
+    @rule(
+        actor=st.sampled_from(ACTORS),
+        platform=st.sampled_from(PLATFORMS),
+        profile=st.sampled_from(PROFILES),
+        data=st.data(),
+    )
+    def sweep_failed_for_runtime(
+        self, actor: str, platform: str, profile: str | None, data: st.DataObject
+    ) -> None:
+        ledger = self.worlds[0]["a"]
+        failed = [row for oid in RECORDED_IDS if (row := ledger.get(oid)) and row.state is S.FAILED]
+        if failed and data.draw(st.integers(0, 3), label="aimed") > 0:
+            # Usually the sweep of the failed row's own owner, platform and profile.
+            row = data.draw(st.sampled_from(failed), label="failed row")
+            actor = self.settler("owner", row.obligation_id)
+            platform = row.platform
+            profile = None if row.adapter_profile == "default" else row.adapter_profile
+        outcome = self.both(
+            "sweep_failed_for_runtime",
+            actor,
+            lambda ledger: ledger.sweep_failed_for_runtime(platform, profile=profile),
+        )
+        self.check_claims(outcome)
+        if outcome[0] == "ok":
+            for claim in outcome[1]:
+                assert claim.needs_marker
+                assert claim.reason in ("reconnected", "rate_limited")
+                assert claim.obligation.owner.token == OWNERS[actor].token
+
+    @rule(actor=st.sampled_from(ACTORS))
+    def prune(self, actor: str) -> None:
+        before = {oid: self.worlds[0]["a"].get(oid) for oid in RECORDED_IDS}
+        outcome = self.both("prune", actor, lambda ledger: ledger.prune())
+        for oid, row in before.items():
+            if row is not None and row.state in OWED:
+                assert self.worlds[0]["a"].get(oid) == row, f"prune touched owed row {oid}"
+                assert self.worlds[1]["a"].get(oid) == row, f"prune touched owed row {oid}"
+        if outcome[0] == "ok":
+            gone = sum(
+                1 for oid, row in before.items() if row and self.worlds[0]["a"].get(oid) is None
+            )
+            assert outcome[1] == gone
+
+    @rule(step=st.sampled_from(STEPS) | st.floats(0, 400, allow_nan=False))
+    def advance_clock(self, step: float) -> None:
+        self.clock.advance(step)
+
+    @rule(situation=st.sampled_from(("alive", "gone", "reused")))
+    def switch_b(self, situation: str) -> None:
+        for probe in self.probes:
+            probe.set_b(situation)
+
+    # -- invariants ------------------------------------------------------------------------------
+
+    @invariant()
+    def worlds_identical(self) -> None:
+        mem, sql = (world["a"] for world in self.worlds)
+        for oid in ALL_IDS:
+            assert mem.get(oid) == sql.get(oid), f"get({oid!r}) differs"
+            assert mem.history(oid) == sql.history(oid), f"history({oid!r}) differs"
+
+    @invariant()
+    def ledger_rules_hold(self) -> None:
+        ledger = self.worlds[1]["a"]  # both worlds are identical (checked above)
+        rows = {oid: ledger.get(oid) for oid in ALL_IDS}
+        for oid in self.owed:
+            assert rows[oid] is not None, f"owed row {oid} disappeared"
+        for oid in list(self.delivered):
+            row = rows[oid]
+            if row is None:
+                self.delivered.discard(oid)  # pruned: the id may be recorded afresh
+            else:
+                assert row.state is S.DELIVERED, f"delivered row {oid} left delivered"
+        self.owed = set()
+        for oid, row in rows.items():
+            if row is None:
+                assert ledger.history(oid) == []
+                continue
+            assert 0 <= row.attempts <= POLICY.max_attempts
+            if row.state is S.DELIVERED:
+                self.delivered.add(oid)
+            elif row.state in OWED:
+                self.owed.add(oid)
+
+
+class TestLedgerStoreEquivalence(LedgerEquivalence.TestCase):  # type: ignore[misc,valid-type]
+    """Random ledger operations give identical results over InMemoryStore and SQLiteStore."""
+
+    settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
