@@ -451,6 +451,8 @@ class Ledger:
         )
 
     def _owner_alive(self, row: Row[ObligationState], liveness: LivenessCache, now: float) -> bool:
+        if row["owner_token"] == self.incarnation.token:
+            return True  # this incarnation is alive by definition, whatever a probe says
         host = row["owner_host"]
         if host is not None and host != self.incarnation.host:
             # Another host: its processes cannot be probed; only an expired lease proves death.

@@ -323,6 +323,8 @@ class SQLiteStore:
                     conn.execute(
                         f"ALTER TABLE {kind.table} ADD COLUMN fence INTEGER NOT NULL DEFAULT 0"
                     )
+                if "prev_state" not in have:
+                    conn.execute(f"ALTER TABLE {kind.table} ADD COLUMN prev_state TEXT")
                 for f in kind.fields:
                     if f.name not in have:
                         if not f.nullable and f.default is None:

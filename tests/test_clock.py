@@ -324,17 +324,21 @@ def test_fake_clock_advance_from_another_thread_wakes_sleeper() -> None:
             errors.append(exc)
 
     thread = threading.Thread(target=advance_in_thread, name="advance-thread")
-    try:
-        task = loop.create_task(clock.sleep(3))
-        loop.run_until_complete(_spin())
+
+    async def scenario() -> bool:
+        task = asyncio.create_task(clock.sleep(3))
+        await _spin()
         assert clock.sleepers == 1
-        thread.start()
-        done, _ = loop.run_until_complete(asyncio.wait({task}, timeout=GUARD))
+        thread.start()  # advance() runs while this loop is running (and usually blocked)
+        done, _ = await asyncio.wait({task}, timeout=GUARD)
+        return task in done
+
+    try:
+        woke = loop.run_until_complete(scenario())
         thread.join(timeout=GUARD)
         assert not thread.is_alive()
         assert errors == []
-        assert task in done
-        assert task.result() is None
+        assert woke
         assert clock.monotonic() == 3.0
         assert clock.sleepers == 0
     finally:

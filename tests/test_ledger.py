@@ -733,14 +733,6 @@ def test_raising_probe_means_dead(store: Store, clock: FakeClock) -> None:
     assert claim.obligation_id == oid
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "library bug: sweep_recoverable probes its own incarnation like any other owner, so a "
-        "raising (or misreading) probe makes it claim this live process's in-flight rows, "
-        "and every further sweep claims them again"
-    ),
-)
 def test_raising_probe_never_makes_a_sweep_claim_its_own_rows(
     store: Store, clock: FakeClock
 ) -> None:

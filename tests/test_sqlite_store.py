@@ -265,14 +265,6 @@ def test_reopening_a_migrated_database_is_a_no_op(
         assert raw.execute("SELECT * FROM delivery_obligations ORDER BY 1").fetchall() == rows
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "library bug: migrating the 13-column layout adds the kind's fields and fence but not "
-        "the store-managed prev_state column, so every transition of the migrated table fails "
-        "with 'no such column: prev_state'"
-    ),
-)
 def test_old_dead_owner_rows_are_claimable_after_migration(
     opened: Callable[..., SQLiteStore], db_path: Path
 ) -> None:
