@@ -45,9 +45,11 @@ import pytest
 from statecore.clock import FakeClock
 from statecore.entity import EntityKind, Field, Index
 from statecore.errors import InvalidTransition, StaleState, StoreError, UnknownEntity
+from statecore.ledger import Ledger
 from statecore.lifecycle import Lifecycle, Transition
 from statecore.lifecycles import ObligationState
 from statecore.obligation import OBLIGATION_KIND
+from statecore.ownership import Incarnation
 from statecore.store import (
     Audit,
     Row,
@@ -1474,9 +1476,146 @@ class StoreContract:
         ]
 
     # ==========================================================================================
-    # Ledger-level contract tests
-    #
-    # Reserved for the obligation ledger's contract (to be added here by its owners): tests that
-    # drive the ledger API on top of a store from `new_store` / `db`.  Keep them below this
-    # banner, separate from the store-level contract above.
+    # Ledger-level contract: the delivery ledger's guarantees hold on this store.
     # ==========================================================================================
+
+    @staticmethod
+    def _ledgers(db: Store, clock: FakeClock) -> tuple[Ledger, Ledger]:
+        """A dead owner's ledger and a live one, on the same host, sharing ``clock``."""
+        me = Incarnation.current()
+        dead = Incarnation(me.host, 4_000_000, 1, "dead-owner")
+        probe = _ContractProbe(alive={me.pid})
+        return (
+            Ledger(db, clock=clock, incarnation=dead, probe=probe),
+            Ledger(db, clock=clock, incarnation=me, probe=probe),
+        )
+
+    @staticmethod
+    def _record(ledger: Ledger, oid: str, **fields: Any) -> str:
+        values: dict[str, Any] = {
+            "session_key": "agent:main:slack:channel:C1",
+            "platform": "slack",
+            "chat_id": "C1",
+            "content": f"reply {oid}",
+        }
+        values.update(fields)
+        return ledger.record(obligation_id=oid, **values).obligation_id
+
+    def test_ledger_lifecycle_and_history(self, db: Store) -> None:
+        """record -> attempting -> delivered through the ledger leaves a three-entry history."""
+        clock = FakeClock()
+        _, live = self._ledgers(db, clock)
+        oid = self._record(live, "ob-1")
+        live.mark_attempting(oid)
+        clock.advance(1)
+        done = live.mark_delivered(oid)
+        assert done.state is ObligationState.DELIVERED
+        assert done.updated_at == clock.now()
+        assert [(h.event, h.from_state, h.to_state) for h in live.history(oid)] == [
+            ("record", None, ObligationState.PENDING),
+            ("attempt", ObligationState.PENDING, ObligationState.ATTEMPTING),
+            ("deliver", ObligationState.ATTEMPTING, ObligationState.DELIVERED),
+        ]
+
+    def test_ledger_strict_lifecycle_changes_nothing(self, db: Store) -> None:
+        """Settling a row that is not attempting raises InvalidTransition and changes nothing."""
+        _, live = self._ledgers(db, FakeClock())
+        oid = self._record(live, "ob-1")
+        before = live.get(oid)
+        with pytest.raises(InvalidTransition):
+            live.mark_delivered(oid)
+        with pytest.raises(InvalidTransition):
+            live.mark_failed(oid, "boom")
+        with pytest.raises(InvalidTransition):
+            live.release(oid)
+        assert live.get(oid) == before
+        assert len(live.history(oid)) == 1
+
+    def test_ledger_dead_owner_rows_claimed_once_and_zombie_refused(self, db: Store) -> None:
+        """A dead owner's rows are claimed once; the owner's late write is refused (fence)."""
+        clock = FakeClock()
+        zombie, live = self._ledgers(db, clock)
+        pending = self._record(zombie, "ob-pending")
+        sent = self._record(zombie, "ob-sent")
+        zombie.mark_attempting(sent)
+        claims = {c.obligation_id: c for c in live.sweep_recoverable()}
+        assert set(claims) == {pending, sent}
+        assert (claims[pending].needs_marker, claims[pending].reason) == (False, None)
+        assert (claims[sent].needs_marker, claims[sent].reason) == (True, "recovered")
+        assert live.sweep_recoverable() == []
+        with pytest.raises(StaleState):
+            zombie.mark_delivered(sent)
+        row = live.get(sent)
+        assert row is not None
+        assert row.state is ObligationState.ATTEMPTING
+        assert row.owner.token == live.incarnation.token
+        assert live.mark_delivered(sent).state is ObligationState.DELIVERED
+
+    def test_ledger_concurrent_sweeps_claim_each_row_once(self, db: Store) -> None:
+        """Two live sweepers racing over the same dead rows claim every row exactly once."""
+        clock = FakeClock()
+        zombie, live = self._ledgers(db, clock)
+        ids = [self._record(zombie, f"ob-{i:03d}") for i in range(60)]
+        me = live.incarnation
+        other = Ledger(
+            db,
+            clock=clock,
+            incarnation=Incarnation(me.host, me.pid, me.started_at, "second-sweeper"),
+            probe=_ContractProbe(alive={me.pid}),
+        )
+        results: dict[str, list[str]] = {}
+        errors: list[BaseException] = []
+        start = threading.Barrier(2)
+
+        def sweep(name: str, ledger: Ledger) -> None:
+            try:
+                start.wait(timeout=10)
+                results[name] = [c.obligation_id for c in ledger.sweep_recoverable()]
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=sweep, args=(n, lg)) for n, lg in (("a", live), ("b", other))
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors
+        claimed = Counter(results.get("a", []) + results.get("b", []))
+        assert set(claimed) == set(ids)
+        assert max(claimed.values()) == 1
+
+    def test_ledger_fake_clock_abandons_stale_rows_and_prunes_only_settled(self, db: Store) -> None:
+        """Stale owed rows are abandoned with a reason; pruning never deletes an owed row."""
+        clock = FakeClock()
+        zombie, live = self._ledgers(db, clock)
+        stale = self._record(zombie, "ob-stale")
+        clock.advance(live.policy.stale_after + 1)
+        fresh = self._record(zombie, "ob-fresh")
+        claims = live.sweep_recoverable()
+        assert [c.obligation_id for c in claims] == [fresh]
+        abandoned = live.get(stale)
+        assert abandoned is not None
+        assert abandoned.state is ObligationState.ABANDONED
+        assert "stale" in (live.history(stale)[-1].reason or "")
+        clock.advance(live.policy.retention + 1)
+        assert live.prune() == 1
+        assert live.get(stale) is None
+        assert live.history(stale) == []
+        owed = live.get(fresh)
+        assert owed is not None
+        assert owed.state is ObligationState.ATTEMPTING
+
+
+class _ContractProbe:
+    """Liveness by pid set: pids in ``alive`` are alive with any start time."""
+
+    def __init__(self, alive: set[int]) -> None:
+        self._alive = alive
+
+    def pid_exists(self, pid: int) -> bool:
+        return pid in self._alive
+
+    def start_time(self, pid: int) -> int | None:
+        return None

@@ -310,6 +310,46 @@ async def test_errors_are_isolated_per_caller_within_one_batch(make_store: Store
         assert (stored["ob-pending"].state, stored["ob-pending"].fence) == (S.PENDING, 0)
 
 
+class HiccupStore(GatedStore):
+    """A transition of "ob-hiccup" is written and then the driver call fails (not a StoreError)."""
+
+    def transition(self, kind: Any, entity_id: str, *args: Any, **kwargs: Any) -> Any:
+        row = self.inner.transition(kind, entity_id, *args, **kwargs)
+        if entity_id == "ob-hiccup":
+            raise RuntimeError("driver hiccup after the write")
+        return row
+
+
+@pytest.mark.asyncio
+async def test_an_operation_failing_after_a_write_leaves_nothing_in_its_batch(
+    make_store: StoreFactory,
+) -> None:
+    """An operation that raises after writing is undone on its own; its batch siblings commit."""
+    store = HiccupStore(make_store())
+    async with new_async(store) as al:
+        for oid in ("ob-hiccup", "ob-ok"):
+            await guarded(al.record(**record_kwargs(oid)))
+        gate = asyncio.ensure_future(al.get("gate"))
+        assert await guarded(asyncio.to_thread(store.entered.wait, GUARD))
+        batches = al.batches
+        ops = [
+            asyncio.ensure_future(al.mark_attempting("ob-hiccup")),
+            asyncio.ensure_future(al.mark_attempting("ob-ok")),
+        ]
+        await spin()
+        store.release.set()
+        await guarded(gate)
+        hiccup, ok = await guarded(asyncio.gather(*ops, return_exceptions=True))
+        assert al.batches == batches + 2, "the two calls did not share one batch"
+        assert isinstance(hiccup, RuntimeError)
+        assert ok.state is S.ATTEMPTING
+        undone = await guarded(al.get("ob-hiccup"))
+        assert undone is not None
+        assert (undone.state, undone.fence) == (S.PENDING, 0)
+        assert [e.event for e in await guarded(al.history("ob-hiccup"))] == ["record"]
+        assert await guarded(al.get("ob-ok")) == ok
+
+
 @pytest.mark.asyncio
 async def test_failed_commit_fails_the_whole_batch_and_writes_nothing(
     make_store: StoreFactory,
