@@ -3,8 +3,9 @@
 Every operation is handed to one dedicated writer thread.  The writer takes everything that has
 queued up since its last transaction and runs it in **one** transaction (group commit): a
 hundred concurrent senders share one commit (and one fsync at ``synchronous=FULL``) instead of
-paying for a hundred.  Each operation still runs in its own savepoint, so its result -- or its
-error -- is its own: one caller's ``InvalidTransition`` does not undo another caller's write.
+paying for a hundred.  Each operation's result -- or its error -- is still its own: a refused
+operation (``InvalidTransition``, ``StaleState``, bad input) writes nothing, so it never undoes
+another caller's write.
 Only a failure of the transaction itself (the disk, a lock held past the busy timeout) fails the
 whole batch, with :class:`~statecore.errors.StoreError`, and then nothing in it was written.
 
@@ -21,7 +22,7 @@ from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 from statecore.clock import Clock
-from statecore.errors import StoreError
+from statecore.errors import StaleState, StoreError
 from statecore.ledger import Ledger
 from statecore.obligation import Claim, Obligation
 from statecore.ownership import Incarnation, ProcessProbe
@@ -230,41 +231,76 @@ class AsyncLedger:
                 self._execute(batch)
 
     def _execute(self, batch: list[_Op]) -> None:
-        outcomes: list[tuple[bool, Any]] = []
-        try:
-            with self.store.atomic():
-                for fn, _, future in batch:
-                    if future.cancelled():
-                        outcomes.append((False, None))
-                        continue
-                    try:
-                        with self.store.atomic():
-                            outcomes.append((True, fn()))
-                    except StoreError:
-                        raise  # the transaction itself is in doubt: fail the whole batch
-                    except Exception as exc:
-                        outcomes.append((False, exc))
-            self.batches += 1
-            self.operations += len(batch)
-        except Exception as exc:
-            # Nothing in this batch was committed: the fences the ledger remembered from it
-            # are not the store's, so forget them all (ownership still guards).
-            self.ledger.forget_fences()
-            error = (
-                exc if isinstance(exc, StoreError) else StoreError(f"group commit failed: {exc}")
-            )
-            if error is not exc:
-                error.__cause__ = exc
-            outcomes = [(False, error)] * len(batch)
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
-        for (_, loop, future), (ok, value) in zip(batch, outcomes, strict=True):
-            by_loop.setdefault(loop, []).append((future, ok, value))
-        for loop, settled in by_loop.items():
+        """Run a batch in one transaction and hand every caller its own outcome.
+
+        A refusal (``InvalidTransition``, ``StaleState``, ``UnknownEntity``, bad input) writes
+        nothing, so it is returned to its caller while the batch goes on.  Any other exception
+        may have struck after a write: the whole transaction is rolled back, that operation
+        fails alone, and the rest of the batch is replayed in a new transaction.  A failure of
+        the transaction itself fails every operation in it with ``StoreError``.
+        """
+        pending = batch
+        while pending:
+            outcomes: list[tuple[bool, Any]] = []
+            poisoned: tuple[int, BaseException] | None = None
             try:
-                # One wake-up per loop per batch, not one per operation.
-                loop.call_soon_threadsafe(_settle_all, settled)
-            except RuntimeError:
-                log.warning("ledger results dropped: their event loop is closed")
+                with self.store.atomic():
+                    for index, (fn, _, future) in enumerate(pending):
+                        if future.cancelled():
+                            outcomes.append((False, None))
+                            continue
+                        try:
+                            outcomes.append((True, fn()))
+                        except StoreError:
+                            raise  # the transaction itself is in doubt: fail the whole batch
+                        except _REFUSALS as exc:
+                            outcomes.append((False, exc))
+                        except Exception as exc:
+                            poisoned = (index, exc)
+                            raise _Rollback from exc
+                self.batches += 1
+                self.operations += len(pending)
+            except _Rollback:
+                assert poisoned is not None
+                # Nothing of this attempt was committed: the fences the ledger remembered from
+                # it are not the store's, so forget them all (ownership still guards).
+                self.ledger.forget_fences()
+                index, failure = poisoned
+                _deliver([pending[index]], [(False, failure)])
+                pending = pending[:index] + pending[index + 1 :]
+                continue
+            except Exception as exc:
+                self.ledger.forget_fences()
+                error = (
+                    exc
+                    if isinstance(exc, StoreError)
+                    else StoreError(f"group commit failed: {exc}")
+                )
+                if error is not exc:
+                    error.__cause__ = exc
+                outcomes = [(False, error)] * len(pending)
+            _deliver(pending, outcomes)
+            return
+
+
+class _Rollback(Exception):
+    """Aborts a batch's transaction so an operation that failed after writing leaves no trace."""
+
+
+# Errors an operation raises before it writes anything (bad input, a refused or lost move).
+_REFUSALS = (StaleState, ValueError, LookupError, TypeError)
+
+
+def _deliver(ops: list[_Op], outcomes: list[tuple[bool, Any]]) -> None:
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
+    for (_, loop, future), (ok, value) in zip(ops, outcomes, strict=True):
+        by_loop.setdefault(loop, []).append((future, ok, value))
+    for loop, settled in by_loop.items():
+        try:
+            # One wake-up per loop per batch, not one per operation.
+            loop.call_soon_threadsafe(_settle_all, settled)
+        except RuntimeError:
+            log.warning("ledger results dropped: their event loop is closed")
 
 
 def _settle_all(settled: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:

@@ -394,7 +394,9 @@ class Store(Protocol):
         """A transaction on this thread: everything inside commits together or not at all.
 
         Nests (inner blocks are savepoints: an exception escaping an inner block undoes only
-        that block).  Other threads' writes wait for the outermost block to finish.
+        that block).  Other threads' writes wait for the outermost block to finish.  A refused
+        operation inside a block (``InvalidTransition``, ``StaleState``, bad input) writes
+        nothing and may be caught; a ``StoreError`` leaves the block in doubt: let it escape.
         """
         ...
 

@@ -120,14 +120,18 @@ class _Txn:
     """One (possibly nested) transaction on the calling thread's connection.
 
     A plain class rather than a generator context manager: it sits on every write's hot path.
-    Driver errors anywhere inside are translated to StoreError after the rollback.
+    Driver errors anywhere inside are translated to StoreError after the rollback.  With
+    ``savepoint=False`` a nested use adds nothing to the enclosing transaction: a single
+    guarded write either matches (and writes) or changes nothing, and a driver error fails the
+    enclosing block anyway.
     """
 
-    __slots__ = ("conn", "depth", "store", "what")
+    __slots__ = ("conn", "depth", "joined", "savepoint", "store", "what")
 
-    def __init__(self, store: SQLiteStore, what: str) -> None:
+    def __init__(self, store: SQLiteStore, what: str, *, savepoint: bool = True) -> None:
         self.store = store
         self.what = what
+        self.savepoint = savepoint
 
     def __enter__(self) -> None:
         store = self.store
@@ -135,16 +139,23 @@ class _Txn:
         try:
             conn = local.conn or store._conn()
             depth = local.depth
-            conn.execute("BEGIN IMMEDIATE" if depth == 0 else f"SAVEPOINT sp{depth}")
+            self.joined = depth > 0 and not self.savepoint
+            if not self.joined:
+                conn.execute("BEGIN IMMEDIATE" if depth == 0 else f"SAVEPOINT sp{depth}")
         except sqlite3.Error as exc:
             raise store._error(exc, f"{self.what} (begin)") from exc
         self.conn, self.depth = conn, depth
-        local.depth = depth + 1
+        if not self.joined:
+            local.depth = depth + 1
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
     ) -> None:
         store, conn, depth = self.store, self.conn, self.depth
+        if self.joined:
+            if isinstance(exc, sqlite3.Error | OSError):
+                raise store._error(exc, self.what) from exc
+            return
         store._local.depth = depth
         if kind is None:
             try:
@@ -458,7 +469,7 @@ class SQLiteStore:
         state = creation_target(kind, event)
         checked = kind.new_values(values)
         params = [entity_id, state.value, 0, *(checked[n] for n in c.columns)]
-        with _Txn(self, "insert"):
+        with _Txn(self, "insert", savepoint=False):
             conn = self._conn()
             raw = conn.execute(c.insert_sql, params).fetchone()
             if raw is None:
@@ -490,7 +501,7 @@ class SQLiteStore:
             params.append(plan.fence)
         if plan.expect:
             params.extend(_params(plan.expect))
-        with _Txn(self, "transition"):
+        with _Txn(self, "transition", savepoint=False):
             conn = self._conn()
             raw = conn.execute(sql, params).fetchone()
             if raw is not None:
