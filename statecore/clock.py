@@ -108,8 +108,10 @@ class FakeClock:
             await asyncio.sleep(0)
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (self._mono + delay, next(self._order), fut)
         with self._lock:
+            # The deadline is read under the lock: an advance() from another thread cannot
+            # slip between reading the time and registering the sleeper.
+            entry = (self._mono + delay, next(self._order), fut)
             heapq.heappush(self._sleepers, entry)
         try:
             await fut
@@ -129,7 +131,12 @@ class FakeClock:
 
         Raises ``ValueError`` for a negative or non-finite step (time never goes backwards).
         """
-        if not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds < 0:
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not math.isfinite(float(seconds) if abs(seconds) < 1e308 else math.inf)
+            or seconds < 0
+        ):
             raise ValueError(f"advance() needs a finite, non-negative number, not {seconds!r}")
         due: list[asyncio.Future[None]] = []
         with self._lock:

@@ -34,6 +34,9 @@ class DeclarationError(StatecoreError, ValueError):
         self.problem = problem
         super().__init__(f"lifecycle {lifecycle!r}: {problem}")
 
+    def __reduce__(self) -> tuple[type[DeclarationError], tuple[str, str]]:
+        return (type(self), (self.lifecycle, self.problem))
+
 
 class InvalidTransition(StatecoreError, ValueError):
     """The lifecycle does not allow ``event`` from ``state``; nothing was changed.
@@ -56,7 +59,11 @@ class InvalidTransition(StatecoreError, ValueError):
         message = f"{lifecycle}: event {_plain(event)!r} is not allowed from state {shown_state}"
         if detail:
             message = f"{message} ({detail})"
+        self.detail = detail
         super().__init__(message)
+
+    def __reduce__(self) -> tuple[type[InvalidTransition], tuple[str, object, object, str]]:
+        return (type(self), (self.lifecycle, self.state, self.event, self.detail))
 
 
 class StaleState(StatecoreError):
@@ -75,6 +82,9 @@ class StaleState(StatecoreError):
             message = f"{message}, found {actual}"
         super().__init__(f"{message} (a concurrent writer won)")
 
+    def __reduce__(self) -> tuple[type[StaleState], tuple[str, str, str]]:
+        return (type(self), (self.entity_id, self.expected, self.actual))
+
 
 class UnknownEntity(StatecoreError, LookupError):
     """No entity with this id exists (never created, or already pruned); nothing was changed."""
@@ -83,6 +93,9 @@ class UnknownEntity(StatecoreError, LookupError):
         self.kind = kind
         self.entity_id = entity_id
         super().__init__(f"{kind} {entity_id!r} does not exist")
+
+    def __reduce__(self) -> tuple[type[UnknownEntity], tuple[str, object]]:
+        return (type(self), (self.kind, self.entity_id))
 
 
 class StoreError(StatecoreError):

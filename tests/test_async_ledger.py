@@ -311,43 +311,84 @@ async def test_errors_are_isolated_per_caller_within_one_batch(make_store: Store
 
 
 class HiccupStore(GatedStore):
-    """A transition of "ob-hiccup" is written and then the driver call fails (not a StoreError)."""
+    """The transition of "ob-hiccup" is written, then the call raises ``error``."""
+
+    def __init__(self, inner: Store, error: Exception) -> None:
+        super().__init__(inner)
+        self.error = error
 
     def transition(self, kind: Any, entity_id: str, *args: Any, **kwargs: Any) -> Any:
         row = self.inner.transition(kind, entity_id, *args, **kwargs)
         if entity_id == "ob-hiccup":
-            raise RuntimeError("driver hiccup after the write")
+            raise self.error
         return row
 
 
 @pytest.mark.asyncio
-async def test_an_operation_failing_after_a_write_leaves_nothing_in_its_batch(
+async def test_an_operation_failing_after_a_write_is_undone_alone(
     make_store: StoreFactory,
 ) -> None:
-    """An operation that raises after writing is undone on its own; its batch siblings commit."""
-    store = HiccupStore(make_store())
+    """An unexpected error after an operation wrote is undone for that operation only; the
+    other operations of its batch still commit."""
+    store = HiccupStore(make_store(), RuntimeError("hiccup after the write (simulated)"))
     async with new_async(store) as al:
-        for oid in ("ob-hiccup", "ob-ok"):
+        for oid in ("ob-ok", "ob-hiccup"):
             await guarded(al.record(**record_kwargs(oid)))
         gate = asyncio.ensure_future(al.get("gate"))
         assert await guarded(asyncio.to_thread(store.entered.wait, GUARD))
-        batches = al.batches
         ops = [
-            asyncio.ensure_future(al.mark_attempting("ob-hiccup")),
             asyncio.ensure_future(al.mark_attempting("ob-ok")),
+            asyncio.ensure_future(al.mark_attempting("ob-hiccup")),
+            asyncio.ensure_future(al.record(**record_kwargs("ob-new"))),
         ]
         await spin()
         store.release.set()
         await guarded(gate)
-        hiccup, ok = await guarded(asyncio.gather(*ops, return_exceptions=True))
-        assert al.batches == batches + 2, "the two calls did not share one batch"
+        ok, hiccup, new = await guarded(asyncio.gather(*ops, return_exceptions=True))
         assert isinstance(hiccup, RuntimeError)
         assert ok.state is S.ATTEMPTING
+        assert new.state is S.PENDING
         undone = await guarded(al.get("ob-hiccup"))
         assert undone is not None
         assert (undone.state, undone.fence) == (S.PENDING, 0)
         assert [e.event for e in await guarded(al.history("ob-hiccup"))] == ["record"]
         assert await guarded(al.get("ob-ok")) == ok
+        assert await guarded(al.get("ob-new")) == new
+        assert (await guarded(al.mark_delivered("ob-ok"))).state is S.DELIVERED
+
+
+@pytest.mark.asyncio
+async def test_driver_failure_inside_one_operation_fails_its_whole_batch(
+    make_store: StoreFactory,
+) -> None:
+    """A StoreError inside one operation fails every operation of its batch and writes nothing,
+    not even the writes that came before it; the ledger works again afterwards."""
+    store = HiccupStore(make_store(), StoreError("driver failed after the write (simulated)"))
+    async with new_async(store) as al:
+        for oid in ("ob-ok", "ob-hiccup"):
+            await guarded(al.record(**record_kwargs(oid)))
+        gate = asyncio.ensure_future(al.get("gate"))
+        assert await guarded(asyncio.to_thread(store.entered.wait, GUARD))
+        batches = al.batches
+        ops = [
+            asyncio.ensure_future(al.mark_attempting("ob-ok")),
+            asyncio.ensure_future(al.record(**record_kwargs("ob-new"))),
+            asyncio.ensure_future(al.mark_attempting("ob-hiccup")),
+        ]
+        await spin()
+        store.release.set()
+        await guarded(gate)
+        results = await guarded(asyncio.gather(*ops, return_exceptions=True))
+        assert all(isinstance(r, StoreError) for r in results), results
+        assert al.batches == batches + 1  # the gate's batch only
+        for oid in ("ob-ok", "ob-hiccup"):
+            row = await guarded(al.get(oid))
+            assert row is not None
+            assert (row.state, row.fence) == (S.PENDING, 0)
+            assert [e.event for e in await guarded(al.history(oid))] == ["record"]
+        assert await guarded(al.get("ob-new")) is None
+        assert (await guarded(al.mark_attempting("ob-ok"))).state is S.ATTEMPTING
+        assert (await guarded(al.mark_delivered("ob-ok"))).state is S.DELIVERED
 
 
 @pytest.mark.asyncio

@@ -29,6 +29,25 @@ CHILD_TIMEOUT = 10.0
 """Real seconds a child process may take to start, die or be reaped before a test fails."""
 
 
+def kernel_start_ticks(pid: int) -> int:
+    """The kernel's start time of ``pid`` in clock ticks since boot, derived through psutil."""
+    created = psutil.Process(pid).create_time()
+    return round((created - psutil.boot_time()) * os.sysconf("SC_CLK_TCK"))
+
+
+def test_start_time_ignores_wall_clock_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wall-clock step (it shifts psutil's boot time) leaves a live owner's start time as is."""
+    probe = PsutilProbe()
+    before = probe.start_time(os.getpid())
+    platform_module = getattr(psutil, "_pslinux", None)
+    if platform_module is None:
+        pytest.skip("the kernel's boot-relative start time is read on Linux only")
+    real_boot_time = platform_module.boot_time
+    monkeypatch.setattr(platform_module, "boot_time", lambda: real_boot_time() + 3600.0)
+    assert probe.start_time(os.getpid()) == before
+    assert owner_alive(os.getpid(), before, probe)
+
+
 class FakeProbe:
     """A scripted ProcessProbe: ``procs`` maps a live pid to its start time (None: unreadable)."""
 
@@ -254,7 +273,7 @@ def test_this_process_is_alive_with_its_own_start_time() -> None:
     started = probe.start_time(me)
     assert started is not None
     assert started == Incarnation.current().started_at
-    assert started == int(psutil.Process(me).create_time())
+    assert started == kernel_start_ticks(me)
     assert probe.pid_exists(me) is True
     assert owner_alive(me, started, probe) is True
 
@@ -275,7 +294,7 @@ def test_real_child_alive_then_dead_after_kill(sleeper_child: subprocess.Popen[b
     pid = sleeper_child.pid
     started = probe.start_time(pid)
     assert started is not None
-    assert started == int(psutil.Process(pid).create_time())
+    assert started == kernel_start_ticks(pid)
     assert probe.pid_exists(pid) is True
     assert owner_alive(pid, started, probe) is True
     assert owner_alive(pid, None, probe) is True
@@ -350,7 +369,7 @@ def test_current_incarnation_matches_this_process() -> None:
     inc = Incarnation.current()
     assert inc.host == (socket.gethostname() or "localhost")
     assert inc.pid == os.getpid()
-    assert inc.started_at == int(psutil.Process(os.getpid()).create_time())
+    assert inc.started_at == kernel_start_ticks(os.getpid())
     assert len(inc.token) == 16
     int(inc.token, 16)  # hex
     assert inc.is_self(os.getpid(), inc.started_at)
@@ -458,7 +477,7 @@ def test_forked_child_gets_its_own_incarnation() -> None:
                 "token": child.token,
                 "stable": Incarnation.current() is child,
                 "real_pid": os.getpid(),
-                "real_started": int(psutil.Process().create_time()),
+                "real_started": kernel_start_ticks(os.getpid()),
             }
             os.write(write_end, json.dumps(payload).encode())
             status = 0
