@@ -26,6 +26,13 @@ S = TypeVar("S", bound=Enum)
 
 log = logging.getLogger(__name__)
 
+# transitions reports every state entry and exit at INFO; a transport changes state often and
+# those lines drown an application's own INFO logs.  Quiet it unless the application has
+# configured that logger itself.
+_transitions_log = logging.getLogger("transitions")
+if _transitions_log.level == logging.NOTSET:
+    _transitions_log.setLevel(logging.WARNING)
+
 Listener = Callable[[S, S, str], None]
 
 

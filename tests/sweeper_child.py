@@ -32,16 +32,7 @@ def _say(payload: object) -> None:
 
 
 def _sweep(db: str, go_file: str, rounds: int, chunk: int) -> int:
-    from statecore.errors import StaleState
-    lost = [0]
-    class Counting(SQLiteStore):
-        def transition(self, *a, **k):
-            try:
-                return super().transition(*a, **k)
-            except StaleState:
-                lost[0] += 1
-                raise
-    store = Counting(db)
+    store = SQLiteStore(db)
     ledger = Ledger(store, policy=LedgerPolicy(sweep_chunk=chunk))
     _say({"ready": os.getpid()})
     deadline = time.monotonic() + GO_TIMEOUT_S
@@ -55,7 +46,6 @@ def _sweep(db: str, go_file: str, rounds: int, chunk: int) -> int:
         claimed.extend(claim.obligation_id for claim in ledger.sweep_recoverable())
     me = ledger.incarnation
     _say({"pid": me.pid, "started_at": me.started_at, "token": me.token, "claimed": claimed})
-    print("LOST", os.getpid(), len(claimed), lost[0], file=sys.stderr)
     sys.stdin.read()  # stay alive (owning the claimed rows) until the parent says so
     store.close()
     return 0

@@ -173,7 +173,6 @@ def test_racing_sweepers_claim_every_dead_owner_row_exactly_once(
     assert [oid for oid, n in counts.items() if n > 1] == [], "rows claimed more than once"
     assert set(counts) == set(ids), "rows never claimed"
     assert sum(counts.values()) == N_ROWS
-    for c in sweepers: print("DIST", chunk, c.stderr_path.read_text().strip())
 
     store = SQLiteStore(db)
     try:

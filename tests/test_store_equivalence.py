@@ -14,12 +14,19 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 from hypothesis import event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from statecore import (
     Claim,
@@ -29,6 +36,7 @@ from statecore import (
     LedgerPolicy,
     ObligationState,
     StatecoreError,
+    Store,
 )
 from stores.memory import InMemoryStore
 from stores.sqlite import SQLiteStore
@@ -44,12 +52,16 @@ OWNERS = {
 }
 """The incarnations acting in both worlds (the same objects on both sides)."""
 ACTORS = tuple(OWNERS)
-SETTLERS = ("owner", "owner", "owner", *ACTORS)
+LOCAL_OWNERS = ("a", "b")
+"""The owners on this host, whose liveness the fake probes answer."""
+SITUATIONS = ("alive", "gone", "reused")
+SETTLERS = ("owner", "owner", "owner", "owner", "owner", *ACTORS)
 """Who settles a row: mostly its current owner (resolved at run time), sometimes anyone."""
-POLICY = LedgerPolicy()
+POLICIES = (LedgerPolicy(), LedgerPolicy(max_attempts=2), LedgerPolicy(max_attempts=1))
+"""The default policy, and smaller attempt budgets so the budget edge is reached often."""
 OWED = frozenset({S.PENDING, S.ATTEMPTING, S.FAILED})
 
-RECORDED_IDS = tuple(f"ob-{n}" for n in range(6))
+RECORDED_IDS = tuple(f"ob-{n}" for n in range(8))
 """The id pool records draw from: small, so re-records and collisions happen."""
 GHOST = "ghost-never-recorded"
 ALL_IDS = (*RECORDED_IDS, GHOST)
@@ -71,19 +83,22 @@ Outcome = tuple[str, Any, Any]
 
 
 class ToggleProbe:
-    """A scripted ProcessProbe: ``a`` is alive; ``b`` is alive, gone, or its pid was reused."""
+    """A scripted ProcessProbe: each same-host owner is alive, gone, or its pid was reused."""
 
     def __init__(self) -> None:
-        self.procs: dict[int, int] = {OWNERS["a"].pid: 1_000, OWNERS["b"].pid: 2_000}
+        self.procs: dict[int, int] = {}
+        for who in LOCAL_OWNERS:
+            self.set(who, "alive")
 
-    def set_b(self, situation: str) -> None:
-        pid = OWNERS["b"].pid
+    def set(self, who: str, situation: str) -> None:
+        owner = OWNERS[who]
+        assert owner.started_at is not None
         if situation == "alive":
-            self.procs[pid] = 2_000
-        elif situation == "reused":
-            self.procs[pid] = 2_500  # same pid, another process: the old owner is dead
+            self.procs[owner.pid] = owner.started_at
+        elif situation == "reused":  # same pid, another process: the old owner is dead
+            self.procs[owner.pid] = owner.started_at + 500
         else:
-            self.procs.pop(pid, None)
+            self.procs.pop(owner.pid, None)
 
     def pid_exists(self, pid: int) -> bool:
         return pid in self.procs
@@ -110,18 +125,24 @@ class LedgerEquivalence(RuleBasedStateMachine):
         self.mem_store = InMemoryStore()
         self.sql_store = SQLiteStore(Path(self.tmpdir) / "ledger.db")
         self.probes = (ToggleProbe(), ToggleProbe())
-        self.worlds: tuple[dict[str, Ledger], dict[str, Ledger]] = tuple(  # type: ignore[assignment]
-            {
-                actor: Ledger(store, policy=POLICY, clock=self.clock, incarnation=inc, probe=probe)
-                for actor, inc in OWNERS.items()
-            }
-            for store, probe in zip((self.mem_store, self.sql_store), self.probes, strict=True)
-        )
+        self.policy = POLICIES[0]
+        self.worlds = self._worlds()
+        """(in-memory, SQLite): each maps an actor to its ledger over that world's store."""
         self.delivered: set[str] = set()
         """Ids whose current row reached delivered (forgotten once pruned)."""
         self.owed: set[str] = set()
         """Ids whose row was owed at the last check: they must still exist."""
-        self.claimed_total = 0
+
+    def _worlds(self) -> tuple[dict[str, Ledger], dict[str, Ledger]]:
+        def world(store: Store, probe: ToggleProbe) -> dict[str, Ledger]:
+            return {
+                actor: Ledger(
+                    store, policy=self.policy, clock=self.clock, incarnation=inc, probe=probe
+                )
+                for actor, inc in OWNERS.items()
+            }
+
+        return world(self.mem_store, self.probes[0]), world(self.sql_store, self.probes[1])
 
     def teardown(self) -> None:
         self.mem_store.close()
@@ -132,23 +153,29 @@ class LedgerEquivalence(RuleBasedStateMachine):
 
     def both(self, label: str, actor: str, op: Callable[[Ledger], T]) -> Outcome:
         """Run ``op`` on ``actor``'s ledger in both worlds; the outcomes must be identical."""
-        mem, sql = (_outcome(lambda w=world: op(w[actor])) for world in self.worlds)
+        mem, sql = (_outcome(partial(op, world[actor])) for world in self.worlds)
         assert mem == sql, f"in-memory {mem!r} != sqlite {sql!r}"
         event(f"{label}: {mem[1].__name__ if mem[0] == 'raised' else 'ok'}")
         return mem
 
-    def pick(self, data: st.DataObject, state: S) -> str:
-        """An id: usually one whose row is in ``state`` now, otherwise any id (even unknown)."""
+    def ids_in(self, *states: S) -> list[str]:
+        """Ids whose row exists now and is in one of ``states`` (any state when none given)."""
         ledger = self.worlds[0]["a"]
-        aimed = [
+        return [
             oid
             for oid in RECORDED_IDS
-            if (row := ledger.get(oid)) is not None and row.state is state
+            if (row := ledger.get(oid)) is not None and (not states or row.state in states)
         ]
+
+    def has_rows(self) -> bool:
+        return bool(self.ids_in())
+
+    def pick(self, data: st.DataObject, state: S) -> str:
+        """An existing id: usually one whose row is in ``state`` now, otherwise any."""
+        aimed = self.ids_in(state)
         if aimed and data.draw(st.integers(0, 3), label="aimed") > 0:
             return data.draw(st.sampled_from(aimed), label="oid")
-        existing = [oid for oid in RECORDED_IDS if ledger.get(oid) is not None]
-        return data.draw(st.sampled_from([*existing, GHOST]), label="oid")
+        return data.draw(st.sampled_from(self.ids_in()), label="oid")
 
     def settler(self, actor: str, oid: str) -> str:
         """``actor``, or for ``"owner"`` the actor owning ``oid`` now (``a`` if none does)."""
@@ -159,23 +186,23 @@ class LedgerEquivalence(RuleBasedStateMachine):
         return next((name for name, inc in OWNERS.items() if inc.token == owner), "a")
 
     def check_claims(self, outcome: Outcome) -> None:
-        if outcome[0] != "ok":
-            return
+        assert outcome[0] == "ok", f"a sweep raised: {outcome}"
         claims: list[Claim] = outcome[1]
         event(f"claims returned: {min(len(claims), 3)}{'+' if len(claims) >= 3 else ''}")
-        self.claimed_total += len(claims)
         for claim in claims:
             assert claim.obligation_id not in self.delivered, f"delivered row re-claimed: {claim}"
-            assert claim.attempts <= POLICY.max_attempts
+            assert claim.attempts <= self.policy.max_attempts
             assert claim.obligation.attempts == claim.attempts
             assert claim.obligation.state is S.ATTEMPTING
 
     # -- rules -----------------------------------------------------------------------------------
 
-    @initialize(situation=st.sampled_from(("alive", "gone", "reused")))
-    def start(self, situation: str) -> None:
+    @initialize(b_situation=st.sampled_from(SITUATIONS), policy=st.sampled_from(POLICIES))
+    def start(self, b_situation: str, policy: LedgerPolicy) -> None:
         for probe in self.probes:
-            probe.set_b(situation)
+            probe.set("b", b_situation)
+        self.policy = policy
+        self.worlds = self._worlds()  # nothing was recorded yet: fresh ledgers, same stores
 
     @rule(
         actor=st.sampled_from(ACTORS),
@@ -195,7 +222,7 @@ class LedgerEquivalence(RuleBasedStateMachine):
         content: str,
         thread_id: str | int | None,
     ) -> None:
-        self.both(
+        outcome = self.both(
             "record",
             actor,
             lambda ledger: ledger.record(
@@ -208,6 +235,8 @@ class LedgerEquivalence(RuleBasedStateMachine):
                 adapter_profile=profile,
             ),
         )
+        assert outcome[0] == "ok", f"record raised: {outcome}"
+        assert outcome[1].obligation_id == oid
 
     @rule(
         actor=st.sampled_from(ACTORS),
@@ -227,24 +256,28 @@ class LedgerEquivalence(RuleBasedStateMachine):
         )
         self.both("mark_attempting", actor, lambda ledger: ledger.mark_attempting(oid))
 
+    @precondition(has_rows)
     @rule(actor=st.sampled_from(SETTLERS), data=st.data())
     def mark_attempting(self, actor: str, data: st.DataObject) -> None:
         oid = self.pick(data, S.PENDING)
         who = self.settler(actor, oid)
         self.both("mark_attempting", who, lambda ledger: ledger.mark_attempting(oid))
 
+    @precondition(has_rows)
     @rule(actor=st.sampled_from(SETTLERS), data=st.data())
     def mark_delivered(self, actor: str, data: st.DataObject) -> None:
         oid = self.pick(data, S.ATTEMPTING)
         who = self.settler(actor, oid)
         self.both("mark_delivered", who, lambda ledger: ledger.mark_delivered(oid))
 
+    @precondition(has_rows)
     @rule(actor=st.sampled_from(SETTLERS), error=st.sampled_from(ERRORS), data=st.data())
     def mark_failed(self, actor: str, error: str, data: st.DataObject) -> None:
         oid = self.pick(data, S.ATTEMPTING)
         who = self.settler(actor, oid)
         self.both("mark_failed", who, lambda ledger: ledger.mark_failed(oid, error))
 
+    @precondition(has_rows)
     @rule(
         actor=st.sampled_from(SETTLERS),
         error=st.none() | st.sampled_from(ERRORS),
@@ -254,6 +287,21 @@ class LedgerEquivalence(RuleBasedStateMachine):
         oid = self.pick(data, S.ATTEMPTING)
         who = self.settler(actor, oid)
         self.both("release", who, lambda ledger: ledger.release(oid, error))
+
+    @rule(
+        actor=st.sampled_from(ACTORS),
+        oid=st.sampled_from((GHOST, *RECORDED_IDS)),
+        op=st.sampled_from(("mark_attempting", "mark_delivered", "mark_failed", "release")),
+    )
+    def settle_any(self, actor: str, oid: str, op: str) -> None:
+        """Any settling call by anyone on any id, including one never recorded."""
+
+        def call(ledger: Ledger) -> object:
+            if op == "mark_failed":
+                return ledger.mark_failed(oid, ERRORS[1])
+            return getattr(ledger, op)(oid)
+
+        self.both(op, actor, call)
 
     @rule(
         actor=st.sampled_from(ACTORS),
@@ -301,11 +349,10 @@ class LedgerEquivalence(RuleBasedStateMachine):
             lambda ledger: ledger.sweep_failed_for_runtime(platform, profile=profile),
         )
         self.check_claims(outcome)
-        if outcome[0] == "ok":
-            for claim in outcome[1]:
-                assert claim.needs_marker
-                assert claim.reason in ("reconnected", "rate_limited")
-                assert claim.obligation.owner.token == OWNERS[actor].token
+        for claim in outcome[1]:
+            assert claim.needs_marker
+            assert claim.reason in ("reconnected", "rate_limited")
+            assert claim.obligation.owner.token == OWNERS[actor].token
 
     @rule(actor=st.sampled_from(ACTORS))
     def prune(self, actor: str) -> None:
@@ -315,20 +362,19 @@ class LedgerEquivalence(RuleBasedStateMachine):
             if row is not None and row.state in OWED:
                 assert self.worlds[0]["a"].get(oid) == row, f"prune touched owed row {oid}"
                 assert self.worlds[1]["a"].get(oid) == row, f"prune touched owed row {oid}"
-        if outcome[0] == "ok":
-            gone = sum(
-                1 for oid, row in before.items() if row and self.worlds[0]["a"].get(oid) is None
-            )
-            assert outcome[1] == gone
+        assert outcome[0] == "ok", f"prune raised: {outcome}"
+        gone = [oid for oid, row in before.items() if row and self.worlds[0]["a"].get(oid) is None]
+        assert outcome[1] == len(gone)
 
     @rule(step=st.sampled_from(STEPS) | st.floats(0, 400, allow_nan=False))
     def advance_clock(self, step: float) -> None:
         self.clock.advance(step)
 
-    @rule(situation=st.sampled_from(("alive", "gone", "reused")))
-    def switch_b(self, situation: str) -> None:
+    @rule(who=st.sampled_from(LOCAL_OWNERS), situation=st.sampled_from(SITUATIONS))
+    def switch_liveness(self, who: str, situation: str) -> None:
+        """A same-host owner dies, its pid is reused, or it is (again) alive."""
         for probe in self.probes:
-            probe.set_b(situation)
+            probe.set(who, situation)
 
     # -- invariants ------------------------------------------------------------------------------
 
@@ -356,7 +402,7 @@ class LedgerEquivalence(RuleBasedStateMachine):
             if row is None:
                 assert ledger.history(oid) == []
                 continue
-            assert 0 <= row.attempts <= POLICY.max_attempts
+            assert 0 <= row.attempts <= self.policy.max_attempts
             if row.state is S.DELIVERED:
                 self.delivered.add(oid)
             elif row.state in OWED:

@@ -1,0 +1,230 @@
+"""The platform adapter over a relay transport: what the gateway runtime sends replies through.
+
+``RelayAdapter`` adopts the connector's capability descriptor, turns sends into relay requests
+with typed results, remembers per chat the tenant discriminators (``scope_id``, ``user_id``)
+learned from inbound traffic and attaches them to outbound metadata, and tears its transport
+down within a budget it measures itself.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+import attrs
+
+from relay.descriptor import CONTRACT_VERSION, CapabilityDescriptor
+from relay.errors import RelayBroken, RelayClosed
+from relay.frames import InboundEvent
+from relay.transport import RequestOutcome, RequestResult, default_disconnect_budget_s
+from statecore.adapter import SendResult
+from statecore.clock import Clock, Deadline, SystemClock
+
+__all__ = ["ChatRoute", "RelayAdapter", "RelayTransportLike"]
+
+log = logging.getLogger(__name__)
+
+_GO_IDLE_MAX_S = 10.0
+
+
+class RelayTransportLike(Protocol):
+    """The part of a transport the adapter needs (``go_idle``, ``go_dormant``, ``request`` and
+    ``disconnect(budget_s=...)`` are optional and probed)."""
+
+    async def connect(self) -> Any:
+        """Dial."""
+        ...
+
+    async def handshake(self) -> CapabilityDescriptor:
+        """Wait for the descriptor."""
+        ...
+
+    def set_inbound_handler(self, handler: Callable[[InboundEvent], Awaitable[None]]) -> None:
+        """Receive inbound events."""
+        ...
+
+
+@attrs.frozen
+class ChatRoute:
+    """What the adapter remembers about one chat, for the connector's tenant guard."""
+
+    scope_id: str | None = None
+    user_id: str | None = None
+
+
+class RelayAdapter:
+    """A platform adapter whose platform is reached through a relay connector.
+
+    ``RelayAdapter(transport, *, placeholder=None, profile="default")``.  Until the connector's
+    descriptor is adopted, ``descriptor`` is ``placeholder`` (or a conservative default).
+    """
+
+    def __init__(
+        self,
+        transport: RelayTransportLike,
+        *,
+        placeholder: CapabilityDescriptor | None = None,
+        profile: str = "default",
+        clock: Clock | None = None,
+    ) -> None:
+        self.transport = transport
+        self.profile = profile
+        self.platform = getattr(transport, "platform", None) or (
+            placeholder.platform if placeholder is not None else "relay"
+        )
+        self.descriptor = placeholder or CapabilityDescriptor(
+            contract_version=CONTRACT_VERSION,
+            platform=self.platform,
+            label="Relay",
+            max_message_length=4096,
+            supports_draft_streaming=False,
+            supports_edit=False,
+            supports_threads=False,
+            markdown_dialect="plain",
+            len_unit="chars",
+        )
+        self._clock: Clock = clock or SystemClock()
+        self._routes: dict[str, ChatRoute] = {}
+        self._handler: Callable[[InboundEvent], Awaitable[None]] | None = None
+        self.connected = False
+
+    # -- connecting ----------------------------------------------------------------------------
+
+    def on_message(self, handler: Callable[[InboundEvent], Awaitable[None]] | None) -> None:
+        """Deliver inbound events to ``handler`` (after the adapter has learned their route)."""
+        self._handler = handler
+
+    async def connect(self, is_reconnect: bool = False) -> bool:
+        """Register the inbound handler, dial, handshake and adopt the connector's descriptor.
+
+        ``is_reconnect`` is accepted for interface compatibility and ignored: the transport's
+        supervisor owns reconnection.  Returns False (logged) when the connector cannot be
+        reached or refuses us; never raises for the network.
+        """
+        del is_reconnect
+        self.transport.set_inbound_handler(self._on_inbound)
+        try:
+            await self.transport.connect()
+            self.descriptor = await self.transport.handshake()
+        except (RelayBroken, RelayClosed, OSError) as exc:
+            log.warning("relay adapter %s/%s: connect failed: %s", self.platform, self.profile, exc)
+            self.connected = False
+            return False
+        self.connected = True
+        return True
+
+    async def _on_inbound(self, event: InboundEvent) -> None:
+        self.remember(
+            event.source.chat_id, scope_id=event.source.scope_id, user_id=event.source.user_id
+        )
+        if self._handler is not None:
+            await self._handler(event)
+
+    # -- routes --------------------------------------------------------------------------------
+
+    def remember(
+        self, chat_id: str, *, scope_id: str | None = None, user_id: str | None = None
+    ) -> None:
+        """Remember (or refresh) a chat's scope and user; None leaves a known value in place."""
+        known = self._routes.get(chat_id, ChatRoute())
+        self._routes[chat_id] = ChatRoute(scope_id or known.scope_id, user_id or known.user_id)
+
+    def prime(self, origin: Mapping[str, Any] | Any) -> None:
+        """Prime the memory from a persisted routing origin (a mapping or an object with
+        ``chat_id``, ``scope_id``, ``user_id``), e.g. when a route is rebuilt after a restart."""
+        get = origin.get if isinstance(origin, Mapping) else lambda k: getattr(origin, k, None)
+        chat_id = get("chat_id")
+        if chat_id is None:
+            return
+        self.remember(str(chat_id), scope_id=get("scope_id"), user_id=get("user_id"))
+
+    def route(self, chat_id: str) -> ChatRoute:
+        """What is known about ``chat_id`` (empty when nothing is)."""
+        return self._routes.get(chat_id, ChatRoute())
+
+    # -- sending -------------------------------------------------------------------------------
+
+    async def send(
+        self, chat_id: str, content: str, metadata: Mapping[str, Any] | None = None
+    ) -> SendResult:
+        """Send ``content`` to ``chat_id`` through the connector; never raises for the network.
+
+        ``metadata`` may carry ``thread_id``, ``reply_to`` and ``idempotency_key`` (reuse it
+        when retrying an ambiguous send); the chat's remembered ``scope_id`` / ``user_id`` are
+        attached unless given.  A timeout or a lost connection gives ``ambiguous=True``; a
+        refusal is definite.
+        """
+        meta = dict(metadata or {})
+        route = self.route(chat_id)
+        outbound_meta = {
+            "scope_id": meta.pop("scope_id", None) or route.scope_id,
+            "user_id": meta.pop("user_id", None) or route.user_id,
+        }
+        action: dict[str, Any] = {"op": "send", "chat_id": chat_id, "text": content}
+        for key in ("thread_id", "reply_to"):
+            if meta.get(key) is not None:
+                action[key] = meta[key]
+        action["metadata"] = {k: v for k, v in outbound_meta.items() if v is not None}
+        request = getattr(self.transport, "request", None)
+        if request is None:
+            return SendResult.failed("transport cannot send")
+        result: RequestResult = await request(action, idempotency_key=meta.get("idempotency_key"))
+        if result.outcome is RequestOutcome.OK:
+            return SendResult.ok(result.message_id)
+        return SendResult.failed(
+            result.error or result.outcome.value, ambiguous=result.outcome is RequestOutcome.UNKNOWN
+        )
+
+    # -- idle, dormancy, teardown --------------------------------------------------------------
+
+    async def go_dormant(self) -> bool:
+        """Let the transport go dormant; False (never raises) when it cannot."""
+        go_dormant = getattr(self.transport, "go_dormant", None)
+        if go_dormant is None:
+            return False
+        try:
+            return bool(await go_dormant())
+        except Exception:
+            log.warning("relay adapter %s: go_dormant failed", self.platform, exc_info=True)
+            return False
+
+    async def disconnect(
+        self, *, budget_s: float | None = None, deadline: Deadline | None = None
+    ) -> None:
+        """Emit going_idle as part of the drain, then tear the transport down with the budget
+        that is left.
+
+        The budget is ``deadline`` (absolute, preferred), else ``budget_s``, else the
+        environment default; the time spent on going_idle is subtracted before the transport
+        gets the remainder.  A transport whose ``disconnect`` takes no budget is torn down with
+        the plain call.
+        """
+        if deadline is None:
+            budget = default_disconnect_budget_s() if budget_s is None else budget_s
+            deadline = Deadline.after(self._clock, budget)
+        self.connected = False
+        go_idle = getattr(self.transport, "go_idle", None)
+        if go_idle is not None:
+            try:
+                await go_idle(timeout_s=min(_GO_IDLE_MAX_S, deadline.remaining()))
+            except Exception:
+                log.warning("relay adapter %s: going_idle failed", self.platform, exc_info=True)
+        disconnect = getattr(self.transport, "disconnect", None)
+        if disconnect is None:
+            return
+        if _takes_budget(disconnect):
+            await disconnect(budget_s=deadline.remaining())
+        else:
+            await disconnect()
+
+
+def _takes_budget(function: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+    return "budget_s" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )

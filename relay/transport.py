@@ -1,0 +1,865 @@
+"""The gateway side of the relay: one WebSocket to a connector, driven by the TRANSPORT lifecycle.
+
+The transport's state is one :class:`~statecore.TransportState`, held by a live ``transitions``
+machine attached from :data:`~statecore.TRANSPORT`; every method is legal or illegal per state,
+and an illegal call fails fast with a definite result instead of waiting on a dead socket.
+
+Tasks (at most one of each is live):
+
+* the **reader** of the current connection only parses and routes frames;
+* the **dispatcher** runs the inbound handler outside the reader, one event at a time, in order,
+  and acks a buffered delivery only after the handler returned normally;
+* the **supervisor** is the one dialer after the first connection: it re-dials after an
+  unexpected close (jittered exponential backoff, ladder reset after a stable connection) and,
+  after :meth:`WebSocketRelayTransport.go_dormant`, on the dormant cadence.
+
+A deliberate :meth:`~WebSocketRelayTransport.disconnect` never re-dials, is bounded by the
+caller's budget, and fails every pending request in a ``finally`` so that no cancellation can
+strand a caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import math
+import os
+import random
+import secrets
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from enum import StrEnum
+from typing import Any, Protocol
+
+import attrs
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+
+from relay.auth import mint_token
+from relay.codec import FrameDecoder, encode, error_frame_for
+from relay.descriptor import CapabilityDescriptor
+from relay.errors import ProtocolError, RelayBroken, RelayClosed
+from relay.frames import (
+    DescriptorFrame,
+    ErrorFrame,
+    GoingIdle,
+    GoingIdleAck,
+    Hello,
+    Inbound,
+    InboundAck,
+    InboundEvent,
+    Outbound,
+    OutboundOutcome,
+    OutboundResult,
+)
+from relay.urls import CLOSE_PROTOCOL, CloseKind, classify_close, relay_url
+from statecore.clock import Clock, Deadline, SystemClock
+from statecore.errors import InvalidTransition
+from statecore.lifecycles import TRANSPORT, TransportState
+
+__all__ = [
+    "DISCONNECT_TIMEOUT_ENV",
+    "MAX_DRAIN_GRACE_S",
+    "TEARDOWN_AWAITS",
+    "TEARDOWN_AWAIT_S",
+    "BufferDedupe",
+    "InboundHandler",
+    "RequestOutcome",
+    "RequestResult",
+    "WebSocketRelayTransport",
+    "default_disconnect_budget_s",
+    "drain_grace_s",
+]
+
+log = logging.getLogger(__name__)
+
+T = TransportState
+
+MAX_DRAIN_GRACE_S = 5.0
+"""The longest a disconnect waits for in-flight requests to finish."""
+
+TEARDOWN_AWAIT_S = 1.0
+"""The bound on each teardown await (supervisor, socket close, reader, dispatcher)."""
+
+TEARDOWN_AWAITS = 4
+"""How many bounded awaits a teardown performs after the drain: supervisor, socket close,
+reader, dispatcher.  The drain grace reserves time for every one of them."""
+
+DISCONNECT_TIMEOUT_ENV = "STATECORE_ADAPTER_DISCONNECT_TIMEOUT"
+"""Environment variable: the default disconnect budget in seconds (default 5)."""
+
+_DEFAULT_DISCONNECT_BUDGET_S = 5.0
+_RESERVED_S = TEARDOWN_AWAITS * TEARDOWN_AWAIT_S + 0.5
+_LIVE = frozenset({T.HANDSHAKING, T.CONNECTED, T.GOING_IDLE})
+_SERVING = frozenset({T.CONNECTED, T.GOING_IDLE})
+_FINISHED = frozenset({T.CLOSED, T.REVOKED})
+_MAX_VIOLATIONS = 50
+
+
+def default_disconnect_budget_s() -> float:
+    """The disconnect budget from ``STATECORE_ADAPTER_DISCONNECT_TIMEOUT`` (seconds).
+
+    Unset, empty or not a finite number → 5; negative → 0.
+    """
+    raw = os.environ.get(DISCONNECT_TIMEOUT_ENV, "").strip()
+    try:
+        value = float(raw) if raw else _DEFAULT_DISCONNECT_BUDGET_S
+    except ValueError:
+        return _DEFAULT_DISCONNECT_BUDGET_S
+    if not math.isfinite(value):
+        return _DEFAULT_DISCONNECT_BUDGET_S
+    return max(0.0, value)
+
+
+def drain_grace_s(budget_s: float | None = None) -> float:
+    """How long a disconnect with ``budget_s`` may drain in-flight requests.
+
+    ``max(0, min(MAX_DRAIN_GRACE_S, budget - reserved))`` where ``reserved`` covers the
+    ``TEARDOWN_AWAITS`` bounded teardown awaits plus a margin; no budget → the environment
+    default.  Never negative.
+    """
+    budget = default_disconnect_budget_s() if budget_s is None else budget_s
+    if not math.isfinite(budget):
+        budget = _DEFAULT_DISCONNECT_BUDGET_S
+    return max(0.0, min(MAX_DRAIN_GRACE_S, budget - _RESERVED_S))
+
+
+class RequestOutcome(StrEnum):
+    """What is known about a request once :meth:`WebSocketRelayTransport.request` returned."""
+
+    NOT_SENT = "not_sent"
+    """It never left: retrying cannot duplicate it."""
+    UNKNOWN = "unknown"
+    """It may have been executed (timeout, connection lost, torn down): a retry may duplicate."""
+    OK = "ok"
+    """The connector acknowledged success."""
+    FAILED = "failed"
+    """The connector acknowledged a failure (``error``, ``code``)."""
+    DECLINED = "declined"
+    """The connector refused it definitely (tenant guard: ``egress_declined``)."""
+
+
+@attrs.frozen
+class RequestResult:
+    """The definite answer of one request."""
+
+    outcome: RequestOutcome
+    request_id: str | None = None
+    message_id: str | None = None
+    error: str | None = None
+    code: str | None = None
+
+    @property
+    def success(self) -> bool:
+        """True only for an acknowledged success."""
+        return self.outcome is RequestOutcome.OK
+
+    @property
+    def ambiguous(self) -> bool:
+        """True when the request may have been executed without our knowing."""
+        return self.outcome is RequestOutcome.UNKNOWN
+
+
+InboundHandler = Callable[[InboundEvent], Awaitable[None]]
+
+
+class BufferDedupe(Protocol):
+    """Durable memory of handled buffered deliveries, so a replay is not handled twice."""
+
+    async def seen(self, buffer_id: str) -> bool:
+        """True when ``buffer_id`` was handled before."""
+        ...
+
+    async def remember(self, buffer_id: str) -> None:
+        """Record that ``buffer_id`` has been handled (before it is acked)."""
+        ...
+
+
+class WebSocketRelayTransport:
+    """One relay connection to a connector (see the module docs).
+
+    ``WebSocketRelayTransport(url, platform, bot_id, *, gateway_id=None, secret=None,
+    reconnect=True, reconnect_backoff_s=1.0, reconnect_max_s=30.0, dormant_redial_s=1.0,
+    request_timeout_s=30.0, clock=None, ...)``.  ``url`` is normalised by
+    :func:`relay.urls.relay_url` (``ValueError`` for an unusable one).  With ``secret``, every
+    dial carries a freshly minted bearer token for ``gateway_id`` (default: ``bot_id``).
+    """
+
+    # Timing settings, validated and set from the constructor's keywords.
+    reconnect_backoff_s: float
+    reconnect_max_s: float
+    dormant_redial_s: float
+    request_timeout_s: float
+    handshake_timeout_s: float
+    open_timeout_s: float
+    stable_after_s: float
+
+    def __init__(
+        self,
+        url: str,
+        platform: str,
+        bot_id: str,
+        *,
+        gateway_id: str | None = None,
+        secret: str | bytes | None = None,
+        reconnect: bool = True,
+        reconnect_backoff_s: float = 1.0,
+        reconnect_max_s: float = 30.0,
+        dormant_redial_s: float = 1.0,
+        request_timeout_s: float = 30.0,
+        clock: Clock | None = None,
+        handshake_timeout_s: float = 10.0,
+        open_timeout_s: float = 10.0,
+        stable_after_s: float = 60.0,
+        max_frame_bytes: int = 1_048_576,
+        token_ttl_s: int = 300,
+        identities: Iterable[tuple[str, str]] = (),
+        features: Iterable[str] = (),
+        dedupe: BufferDedupe | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        for name, value in (
+            ("reconnect_backoff_s", reconnect_backoff_s),
+            ("reconnect_max_s", reconnect_max_s),
+            ("dormant_redial_s", dormant_redial_s),
+            ("request_timeout_s", request_timeout_s),
+            ("handshake_timeout_s", handshake_timeout_s),
+            ("open_timeout_s", open_timeout_s),
+            ("stable_after_s", stable_after_s),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValueError(f"{name} must be a non-negative number, not {value!r}")
+            setattr(self, name, float(value))
+        if not platform or not bot_id:
+            raise ValueError("platform and bot_id must be non-empty")
+        self.url = relay_url(url)
+        self.platform = platform
+        self.bot_id = bot_id
+        self.gateway_id = gateway_id or bot_id
+        self._secret = secret
+        self.reconnect = reconnect
+        self.max_frame_bytes = max_frame_bytes
+        self.token_ttl_s = token_ttl_s
+        self._identities = ((platform, bot_id), *tuple(identities))
+        self._features = tuple(features)
+        self._dedupe = dedupe
+        self._clock: Clock = clock or SystemClock()
+        self._rng = rng or random.Random()
+        self._machine = TRANSPORT.attach(on_change=self._on_change)
+        self._changed = asyncio.Event()
+        self._ws: ClientConnection | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._torn_down: asyncio.Event | None = None
+        self._inbound: asyncio.Queue[Inbound] | None = None
+        self._handler: InboundHandler | None = None
+        self._pending: dict[str, asyncio.Future[OutboundOutcome]] = {}
+        self._idle_waiters: dict[str, asyncio.Future[bool]] = {}
+        self._ids = itertools.count(1)
+        self._prefix = secrets.token_hex(4)
+        self._attempt = 0
+        self._connected_at: float | None = None
+        self._handshaken_once = False
+        self._legacy_retry_used = False
+        self._immediate_retry_used = False
+        self._violations = 0
+        self.descriptor: CapabilityDescriptor | None = None
+        """The descriptor of the first hello of the current (or last) connection."""
+        self.descriptors: dict[str, CapabilityDescriptor] = {}
+        """Every descriptor received, by platform."""
+        self.close_reason: str | None = None
+        """Why the transport ended (closed or revoked), for operators."""
+        self.connections = 0
+        """Successful handshakes so far (reconnects included)."""
+        self.listeners: list[Callable[[TransportState, TransportState, str], None]] = []
+        """Observers of every state change ``(from, to, event)``; they must not raise."""
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> TransportState:
+        """The current :class:`~statecore.TransportState`."""
+        return self._machine.state
+
+    def _current(self) -> TransportState:
+        # A call, not an attribute: the state changes across awaits, and type narrowing of an
+        # attribute would pretend it cannot.
+        return self._machine.state
+
+    @property
+    def auth_revoked(self) -> bool:
+        """True once the connector refused our credentials (the ``revoked`` state)."""
+        return self._current() is T.REVOKED
+
+    def _fire(self, event: str) -> None:
+        self._machine.fire(event)
+
+    def _on_change(self, before: TransportState, after: TransportState, event: str) -> None:
+        # Wake everyone waiting for a state: each waiter re-checks its own condition.
+        self._changed.set()
+        self._changed = asyncio.Event()
+        log.debug("relay %s: %s -> %s (%s)", self.url, before.value, after.value, event)
+        for listener in tuple(self.listeners):
+            try:
+                listener(before, after, event)
+            except Exception:
+                log.exception("transport listener failed")
+
+    async def _wait_state(self, wanted: frozenset[TransportState], timeout_s: float) -> bool:
+        """Wait until the state is in ``wanted`` (True) or ``timeout_s`` passed (False)."""
+        deadline = Deadline.after(self._clock, timeout_s)
+        while self._current() not in wanted:
+            if self._current() in _FINISHED or deadline.expired:
+                return False
+            if not await _wait_event(self._clock, self._changed, deadline.remaining()):
+                return self._current() in wanted
+        return True
+
+    # -- connecting ----------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Dial the connector and say hello (state: handshaking); then call :meth:`handshake`.
+
+        Raises :class:`RelayClosed` once closed or revoked, ``InvalidTransition`` when already
+        connected or connecting, and :class:`RelayBroken` when the dial fails -- after which
+        the supervisor keeps re-dialing if ``reconnect`` is on.
+        """
+        if self._current() in _FINISHED or self._current() is T.CLOSING:
+            raise RelayClosed(f"relay transport is {self._current().value}")
+        if self._current() is not T.NEW:
+            raise InvalidTransition(TRANSPORT.name, self._current(), "connect", "dial only once")
+        try:
+            await self._dial_or_fail(waking=False)
+        except RelayBroken:
+            if self._current() is T.RECONNECTING:
+                self._arm(self._next_delay())
+            raise
+
+    async def handshake(self, timeout_s: float | None = None) -> CapabilityDescriptor:
+        """Wait for the first descriptor of the connection (state: connected) and return it.
+
+        Raises :class:`RelayBroken` if it does not arrive within ``timeout_s`` (default: the
+        handshake timeout) and :class:`RelayClosed` if the transport ends meanwhile.
+        """
+        wait = self.handshake_timeout_s if timeout_s is None else timeout_s
+        if not await self._wait_state(_SERVING, wait):
+            if self._current() in _FINISHED or self._current() is T.CLOSING:
+                raise RelayClosed(f"relay transport is {self._current().value}")
+            raise RelayBroken(f"no descriptor within {wait:g} s (state {self._current().value})")
+        assert self.descriptor is not None
+        return self.descriptor
+
+    async def _dial_or_fail(self, *, waking: bool) -> None:
+        """One dial.  On failure leave connecting: dormant again (a wake-up dial), reconnecting
+        (the caller arms the next dial) or closed (reconnect off); then re-raise."""
+        try:
+            await self._dial()
+        except RelayBroken:
+            if self._current() is T.CONNECTING:
+                if waking:
+                    self._fire("sleep")
+                elif self.reconnect:
+                    self._fire("drop")
+                else:
+                    self.close_reason = "could not connect and reconnect is off"
+                    self._fire("end")
+            raise
+
+    async def _dial(self) -> None:
+        self._fire("dial")
+        headers: list[tuple[str, str]] = []
+        if self._secret is not None:
+            token = mint_token(
+                self.gateway_id, self._secret, ttl_s=self.token_ttl_s, now=self._clock.now()
+            )
+            headers.append(("Authorization", f"Bearer {token}"))
+        try:
+            ws = await connect(
+                self.url,
+                additional_headers=headers,
+                compression=None,  # no gain on small frames, 27-45 % of throughput lost
+                proxy=None,
+                open_timeout=self.open_timeout_s,
+                max_size=self.max_frame_bytes + 1024,
+                ping_interval=20,
+                ping_timeout=20,
+                close_timeout=TEARDOWN_AWAIT_S,
+            )
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            if status in (401, 403) and self._current() is T.CONNECTING:
+                self.close_reason = f"connector refused the upgrade with HTTP {status}"
+                self._fire("revoke")
+                raise RelayClosed(self.close_reason) from exc
+            raise RelayBroken(f"upgrade refused with HTTP {status}") from exc
+        except (OSError, InvalidHandshake, TimeoutError) as exc:
+            raise RelayBroken(f"cannot reach {self.url}: {exc}") from exc
+        if self._current() is not T.CONNECTING:
+            # A disconnect() started while we were dialing: this socket is not wanted.
+            await _bounded(ws.close(), TEARDOWN_AWAIT_S)
+            raise RelayClosed(f"relay transport is {self._current().value}")
+        self._ws = ws
+        decoder = FrameDecoder(max_frame_bytes=self.max_frame_bytes)
+        self._fire("open")
+        self._reader = asyncio.create_task(self._read(ws, decoder), name="relay-reader")
+        try:
+            for platform, bot_id in self._identities:
+                await ws.send(encode(Hello(platform, bot_id, protocol=1, features=self._features)))
+        except ConnectionClosed:
+            pass  # the reader sees the close and handles it
+
+    # -- reading and routing -------------------------------------------------------------------
+
+    async def _read(self, ws: ClientConnection, decoder: FrameDecoder) -> None:
+        try:
+            async for message in ws:
+                for item in decoder.feed(message):
+                    if isinstance(item, ProtocolError):
+                        await self._violation(ws, item)
+                    else:
+                        self._route(ws, item)
+        except ConnectionClosed:
+            pass
+        except Exception:  # never let a bug in routing strand the transport
+            log.exception("relay reader failed; dropping the connection")
+            with contextlib.suppress(Exception):
+                await _bounded(ws.close(), TEARDOWN_AWAIT_S)
+        finally:
+            if self._ws is ws:
+                self._connection_lost(ws)
+
+    async def _violation(self, ws: ClientConnection, error: ProtocolError) -> None:
+        self._violations += 1
+        log.warning("relay peer sent an invalid frame (%s): %s", error.code, error)
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(encode(error_frame_for(error)))
+            if self._violations > _MAX_VIOLATIONS:
+                await ws.close(CLOSE_PROTOCOL, "too many protocol violations")
+
+    def _route(self, ws: ClientConnection, frame: object) -> None:
+        """Route one decoded frame; an error in one frame never affects another."""
+        try:
+            if isinstance(frame, OutboundResult):
+                future = self._pending.get(frame.request_id)
+                if future is not None and not future.done():
+                    future.set_result(frame.result)
+            elif isinstance(frame, Inbound):
+                self._enqueue(frame)
+            elif isinstance(frame, DescriptorFrame):
+                self._adopt(frame.descriptor)
+            elif isinstance(frame, GoingIdleAck):
+                self._idle_acked(frame.request_id)
+            elif isinstance(frame, ErrorFrame):
+                self._peer_error(frame)
+            else:
+                log.debug("relay: ignoring %s from the connector", type(frame).__name__)
+        except Exception:
+            log.exception("relay: routing a %s failed", type(frame).__name__)
+
+    def _adopt(self, descriptor: CapabilityDescriptor) -> None:
+        self.descriptors[descriptor.platform] = descriptor
+        if self._current() is T.HANDSHAKING:
+            # The first descriptor of a connection completes the handshake.
+            self.descriptor = descriptor
+            self._connected_at = self._clock.monotonic()
+            self._handshaken_once = True
+            self._legacy_retry_used = False
+            self._immediate_retry_used = False
+            self.connections += 1
+            self._fire("establish")
+
+    def _idle_acked(self, request_id: str | None) -> None:
+        waiters = (
+            list(self._idle_waiters.values())
+            if request_id is None or request_id not in self._idle_waiters
+            else [self._idle_waiters[request_id]]
+        )
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(True)
+
+    def _peer_error(self, frame: ErrorFrame) -> None:
+        log.warning("connector reported %s: %s (ref %s)", frame.code, frame.message, frame.ref)
+        future = self._pending.get(frame.ref or "")
+        if future is not None and not future.done():
+            future.set_result(OutboundOutcome(False, None, frame.message, frame.code))
+
+    # -- inbound -------------------------------------------------------------------------------
+
+    def set_inbound_handler(self, handler: InboundHandler | None) -> None:
+        """Call ``await handler(event)`` for every inbound event, in order, outside the reader.
+
+        A buffered delivery is acked only after the handler returned normally; one whose handler
+        raised stays unacked and is replayed by the connector.
+        """
+        self._handler = handler
+
+    def _enqueue(self, frame: Inbound) -> None:
+        if self._inbound is None:
+            self._inbound = asyncio.Queue()
+        self._inbound.put_nowait(frame)
+        if self._dispatcher is None or self._dispatcher.done():
+            self._dispatcher = asyncio.create_task(self._dispatch(), name="relay-dispatcher")
+
+    async def _dispatch(self) -> None:
+        queue = self._inbound
+        assert queue is not None
+        while not queue.empty():
+            frame = queue.get_nowait()
+            buffer_id = frame.buffer_id
+            try:
+                dedupe = self._dedupe
+                if buffer_id is not None and dedupe is not None and await dedupe.seen(buffer_id):
+                    await self._ack(buffer_id)  # handled before a restart: ack, don't redo
+                    continue
+                if self._handler is not None:
+                    await self._handler(frame.event)
+                if buffer_id is not None:
+                    if self._dedupe is not None:
+                        await self._dedupe.remember(buffer_id)
+                    await self._ack(buffer_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # The handler's failure is isolated to this event; a buffered one is replayed.
+                log.exception("relay inbound handler failed (bufferId %s)", buffer_id)
+
+    async def _ack(self, buffer_id: str) -> None:
+        ws = self._ws
+        if ws is None or self._current() not in _SERVING:
+            return  # unacked: the connector replays it on the next handshake
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(encode(InboundAck(buffer_id)))
+
+    # -- requests ------------------------------------------------------------------------------
+
+    async def request(
+        self,
+        action: Mapping[str, Any],
+        *,
+        timeout_s: float | None = None,
+        idempotency_key: str | None = None,
+        platform: str | None = None,
+        bot_id: str | None = None,
+    ) -> RequestResult:
+        """Send one outbound action and wait for its result (never raises for the network).
+
+        Fails fast with ``NOT_SENT`` (registering nothing) while closing, closed, revoked or not
+        connected; while handshaking it waits (bounded) for the handshake.  A timeout, a lost
+        connection or a teardown gives ``UNKNOWN``.  ``idempotency_key`` (default: a new
+        random key) lets the connector de-duplicate a retry of an ambiguous request: reuse it
+        across retries.  Raises ``TypeError`` for an action without a string ``op``.
+        """
+        if not isinstance(action, Mapping) or not isinstance(action.get("op"), str):
+            raise TypeError("an action is a mapping with a str 'op'")
+        timeout = self.request_timeout_s if timeout_s is None else timeout_s
+        state = self._current()
+        if state is T.HANDSHAKING:
+            if not await self._wait_state(_SERVING, min(timeout, self.handshake_timeout_s)):
+                return RequestResult(RequestOutcome.NOT_SENT, error="relay not connected")
+            state = self._current()
+        if state not in _SERVING:
+            closed = state in _FINISHED or state is T.CLOSING
+            reason = "relay transport closed" if closed else "relay not connected"
+            if state is T.REVOKED:
+                reason = "relay credentials revoked"
+            return RequestResult(RequestOutcome.NOT_SENT, error=reason)
+        ws = self._ws
+        assert ws is not None
+        request_id = f"{self._prefix}-{next(self._ids)}"
+        frame = Outbound(
+            request_id,
+            dict(action),
+            idempotency_key or f"{self._prefix}-k{request_id}",
+            platform,
+            bot_id,
+        )
+        future: asyncio.Future[OutboundOutcome] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            try:
+                await ws.send(encode(frame))
+            except ConnectionClosed:
+                return RequestResult(RequestOutcome.UNKNOWN, request_id, error="connection lost")
+            if not await _wait_future(self._clock, future, timeout):
+                return RequestResult(
+                    RequestOutcome.UNKNOWN, request_id, error=f"no result within {timeout:g} s"
+                )
+            try:
+                outcome = future.result()
+            except (RelayClosed, RelayBroken) as exc:
+                return RequestResult(RequestOutcome.UNKNOWN, request_id, error=str(exc))
+        finally:
+            self._pending.pop(request_id, None)
+        if outcome.success:
+            return RequestResult(RequestOutcome.OK, request_id, outcome.message_id)
+        kind = (
+            RequestOutcome.DECLINED if outcome.code == "egress_declined" else RequestOutcome.FAILED
+        )
+        return RequestResult(kind, request_id, None, outcome.error, outcome.code)
+
+    def _fail_pending(self, error: Exception) -> None:
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error)
+                future.exception()  # retrieved here: nobody may be waiting any more
+        for waiter in self._idle_waiters.values():
+            if not waiter.done():
+                waiter.set_result(False)
+
+    # -- idle and dormancy ---------------------------------------------------------------------
+
+    async def go_idle(self, timeout_s: float = 10) -> bool:
+        """Ask the connector to buffer new inbound (going_idle); True once it acked.
+
+        False on timeout or when not connected.  The socket stays up either way and requests
+        keep flowing.
+        """
+        if self._current() is not T.CONNECTED:
+            return False
+        acked = await self._going_idle(timeout_s)
+        if self._current() is T.GOING_IDLE:
+            self._fire("resume")
+        return acked
+
+    async def go_dormant(self, timeout_s: float = 10) -> bool:
+        """Flip the connector to buffered-only, then close the socket without ending.
+
+        Not connected → False (a no-op).  No ack within ``timeout_s`` → False and the transport
+        stays connected: the caller must not suspend.  Ack → state dormant, socket closed,
+        pending requests failed as ``UNKNOWN``, and the supervisor armed on the dormant cadence
+        so the next wake re-dials promptly and the connector replays its buffer.
+        """
+        if self._current() is not T.CONNECTED:
+            return False
+        if not await self._going_idle(timeout_s):
+            if self._current() is T.GOING_IDLE:
+                self._fire("resume")
+            return False
+        if self._current() is not T.GOING_IDLE:
+            return False  # lost or closed while waiting for the ack
+        self._fire("sleep")
+        ws, self._ws = self._ws, None
+        self._fail_pending(RelayBroken("relay transport went dormant"))
+        if ws is not None:
+            await _bounded(ws.close(1000, "dormant"), TEARDOWN_AWAIT_S)
+        self._arm(self.dormant_redial_s)
+        return True
+
+    async def _going_idle(self, timeout_s: float) -> bool:
+        ws = self._ws
+        if ws is None:
+            return False
+        self._fire("begin_idle")
+        request_id = f"{self._prefix}-idle{next(self._ids)}"
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._idle_waiters[request_id] = waiter
+        try:
+            await ws.send(encode(GoingIdle(request_id)))
+            if not await _wait_future(self._clock, waiter, timeout_s):
+                return False
+            return waiter.result()
+        except ConnectionClosed:
+            return False
+        finally:
+            self._idle_waiters.pop(request_id, None)
+
+    # -- losing and re-dialing -----------------------------------------------------------------
+
+    def _connection_lost(self, ws: ClientConnection) -> None:
+        self._ws = None
+        state = self._current()
+        if state is T.CLOSING:
+            return  # disconnect() fails the pending requests itself, in its finally
+        self._fail_pending(RelayBroken("relay connection lost"))
+        if state not in _LIVE:
+            return  # deliberate: closing, dormant or already finished
+        code, reason = _close_of(ws)
+        kind = classify_close(code, reason, handshaken_before=self._handshaken_once)
+        if kind is CloseKind.RETRY_ONCE and self._legacy_retry_used:
+            kind = CloseKind.REVOKED
+        if (
+            self._connected_at is not None
+            and self._clock.monotonic() - self._connected_at >= self.stable_after_s
+        ):
+            self._attempt = 0  # the connection was stable: start the ladder again
+        self._connected_at = None
+        if kind is CloseKind.REVOKED:
+            self.close_reason = f"credentials revoked by the connector ({code} {reason})"
+            self._fire("revoke")
+            log.warning("relay %s: %s", self.url, self.close_reason)
+            return
+        if kind is CloseKind.REPLACED:
+            self.close_reason = "replaced by a newer connection of this gateway (4409)"
+            self._fire("end")
+            log.warning("relay %s: %s; not re-dialing", self.url, self.close_reason)
+            return
+        if not self.reconnect:
+            self.close_reason = f"connection closed ({code} {reason}) and reconnect is off"
+            self._fire("end")
+            return
+        self._fire("drop")
+        if kind is CloseKind.RETRY_ONCE:
+            self._legacy_retry_used = True
+        immediate = kind in (CloseKind.EXPIRED, CloseKind.RETRY_ONCE)
+        if immediate and not self._immediate_retry_used:
+            self._immediate_retry_used = True
+            self._arm(0.0)
+        else:
+            self._arm(self._next_delay())
+
+    def _next_delay(self) -> float:
+        """Jittered exponential backoff: uniform in [d/2, d], d = min(cap, base * 2**attempt)."""
+        exponent = min(self._attempt, 32)
+        ceiling = min(self.reconnect_max_s, self.reconnect_backoff_s * (2**exponent))
+        self._attempt += 1
+        return self._rng.uniform(ceiling / 2, ceiling)
+
+    def _arm(self, first_delay: float) -> None:
+        """Start the supervisor unless one is live: exactly one dialer at a time."""
+        if self._supervisor is not None and not self._supervisor.done():
+            return
+        self._supervisor = asyncio.create_task(self._supervise(first_delay), name="relay-dialer")
+
+    async def _supervise(self, delay: float) -> None:
+        while True:
+            await self._clock.sleep(delay)
+            state = self._current()
+            if state not in (T.RECONNECTING, T.DORMANT):
+                return
+            waking = state is T.DORMANT
+            try:
+                await self._dial_or_fail(waking=waking)
+                await self.handshake()
+            except RelayClosed:
+                return
+            except RelayBroken as exc:
+                log.info("relay %s: re-dial failed: %s", self.url, exc)
+                if self._current() is T.HANDSHAKING and self._ws is not None:
+                    await _bounded(self._ws.close(), TEARDOWN_AWAIT_S)
+            # Re-check without awaiting: a loss between the handshake and here is ours to retry.
+            if self._current() is T.DORMANT:
+                delay = self.dormant_redial_s
+            elif self._current() is T.RECONNECTING:
+                delay = self._next_delay()
+            else:
+                return
+
+    # -- teardown ------------------------------------------------------------------------------
+
+    async def disconnect(self, budget_s: float | None = None) -> None:
+        """Close deliberately, within ``budget_s`` (default: the environment's); never re-dials.
+
+        Enters closing first (so racing requests fail fast), drains in-flight requests for
+        :func:`drain_grace_s` of the budget, stops the supervisor, socket, reader and
+        dispatcher with bounded waits, and -- in a ``finally`` no cancellation can skip --
+        fails every still-pending request with "relay transport closed".  A second call is a
+        safe no-op (it waits, bounded, for the first to finish).
+        """
+        if self._current() in _FINISHED:
+            return
+        if self._current() is T.CLOSING:
+            if self._torn_down is not None:
+                await _wait_event(SystemClock(), self._torn_down, _RESERVED_S + MAX_DRAIN_GRACE_S)
+            return
+        self._fire("close")
+        self._torn_down = asyncio.Event()
+        budget = default_disconnect_budget_s() if budget_s is None else max(0.0, budget_s)
+        deadline = Deadline.after(SystemClock(), budget)
+        try:
+            grace = drain_grace_s(budget)
+            pending = [f for f in self._pending.values() if not f.done()]
+            if pending and grace > 0:
+                await asyncio.wait(pending, timeout=grace)
+            await _cancel(self._supervisor, min(TEARDOWN_AWAIT_S, deadline.remaining()))
+            ws = self._ws
+            if ws is not None:
+                await _bounded(
+                    ws.close(1000, "disconnect"), min(TEARDOWN_AWAIT_S, deadline.remaining())
+                )
+            await _cancel(self._reader, min(TEARDOWN_AWAIT_S, deadline.remaining()))
+            await _cancel(self._dispatcher, min(TEARDOWN_AWAIT_S, deadline.remaining()))
+        finally:
+            self._fail_pending(RelayClosed("relay transport closed"))
+            for task in (self._supervisor, self._reader, self._dispatcher):
+                if task is not None and not task.done():
+                    task.cancel()
+            if self._ws is not None:
+                self._ws.transport.abort()  # the bounded close did not finish: cut it
+                self._ws = None
+            if self.close_reason is None:
+                self.close_reason = "disconnected"
+            if self._current() is T.CLOSING:
+                self._fire("finish")
+            if self._torn_down is not None:
+                self._torn_down.set()
+
+    def __repr__(self) -> str:
+        where = f"{self.url} {self.platform}/{self.bot_id}"
+        return f"<WebSocketRelayTransport {where} {self._current().value}>"
+
+
+def _close_of(ws: ClientConnection) -> tuple[int | None, str | None]:
+    """The close code and reason the peer sent, if any."""
+    received = getattr(ws.protocol, "close_rcvd", None)
+    if received is None:
+        return None, None
+    return received.code, received.reason
+
+
+async def _wait_event(clock: Clock, event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait for ``event`` at most ``timeout_s`` on ``clock``; True if it was set."""
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        return await _wait_future(clock, waiter, timeout_s)
+    finally:
+        if not waiter.done():
+            waiter.cancel()
+
+
+async def _wait_future(clock: Clock, future: asyncio.Future[Any], timeout_s: float) -> bool:
+    """Wait for ``future`` at most ``timeout_s`` on ``clock`` without cancelling it.
+
+    True if it finished.  The real clock uses one timer handle; a fake clock races a sleep.
+    """
+    if future.done():
+        return True
+    if isinstance(clock, SystemClock):
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+
+        def wake(_: object = None) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        handle = loop.call_later(max(0.0, timeout_s), wake)
+        future.add_done_callback(wake)
+        try:
+            await waiter
+        finally:
+            handle.cancel()
+            future.remove_done_callback(wake)
+        return future.done()
+    sleeper = asyncio.ensure_future(clock.sleep(timeout_s))
+    try:
+        await asyncio.wait({future, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        sleeper.cancel()
+    return future.done()
+
+
+async def _bounded(awaitable: Awaitable[Any], timeout_s: float) -> None:
+    """Await with a bound; a timeout or a closed-connection error is not the caller's problem."""
+    with contextlib.suppress(TimeoutError, ConnectionClosed, OSError):
+        await asyncio.wait_for(awaitable, timeout=max(0.0, timeout_s))
+
+
+async def _cancel(task: asyncio.Task[Any] | None, timeout_s: float) -> None:
+    """Cancel a task and wait (bounded) for it to finish; never the current task."""
+    if task is None or task.done() or task is asyncio.current_task():
+        return
+    task.cancel()
+    await asyncio.wait({task}, timeout=max(0.0, timeout_s))

@@ -1,0 +1,767 @@
+"""Tests for relay.frames: every frame type, its wire shape, and local vs remote validation."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from relay.descriptor import CONTRACT_VERSION, LEGACY_OPS, CapabilityDescriptor
+from relay.errors import ContractVersionError, ProtocolError
+from relay.frames import (
+    CHAT_TYPES,
+    CONNECTOR_TO_GATEWAY,
+    EGRESS_DECLINED,
+    FRAME_TYPES,
+    GATEWAY_TO_CONNECTOR,
+    DescriptorFrame,
+    ErrorFrame,
+    EventSource,
+    Frame,
+    GoingIdle,
+    GoingIdleAck,
+    Hello,
+    Inbound,
+    InboundAck,
+    InboundEvent,
+    Interrupt,
+    Outbound,
+    OutboundOutcome,
+    OutboundResult,
+    frame_from_wire,
+)
+
+DESCRIPTOR = CapabilityDescriptor(
+    contract_version=CONTRACT_VERSION,
+    platform="discord",
+    label="Discord",
+    max_message_length=2000,
+    supports_draft_streaming=False,
+    supports_edit=True,
+    supports_threads=True,
+    markdown_dialect="discord",
+    len_unit="chars",
+)
+SOURCE = EventSource("discord", "c1", "dm")
+FULL_SOURCE = EventSource(
+    "discord",
+    "c1",
+    "thread",
+    chat_name="général",
+    user_id="u1",
+    user_name="Ada",
+    thread_id="t1",
+    scope_id="guild-1",
+    profile="work",
+)
+
+# One minimal and one fully populated instance of every frame type.
+SAMPLE_FRAMES: list[Frame] = [
+    Hello("discord", "bot1"),
+    Hello("slack", "bot2", protocol=1, features=("error_frame", "close_4419")),
+    Outbound("r1", {"op": "send"}),
+    Outbound(
+        "r2",
+        {"op": "send", "chat_id": "c1", "content": "héllo ✓", "metadata": {"scope_id": "g1"}},
+        idempotency_key="k1",
+        platform="discord",
+        bot_id="bot1",
+    ),
+    InboundAck("buf-1"),
+    GoingIdle(),
+    GoingIdle("r3"),
+    Interrupt("sess-1"),
+    Interrupt("sess-1", reason="user pressed stop"),
+    DescriptorFrame(DESCRIPTOR),
+    DescriptorFrame(
+        attrs.evolve(DESCRIPTOR, supported_ops=("send", "react"), max_frame_bytes=65536)
+    ),
+    Inbound(InboundEvent("hi", source=SOURCE)),
+    Inbound(
+        InboundEvent(
+            "a reply 🎉",
+            message_type="photo",
+            message_id="m2",
+            reply_to_message_id="m1",
+            source=FULL_SOURCE,
+        ),
+        buffer_id="buf-42",
+    ),
+    OutboundResult("r1", OutboundOutcome(True)),
+    OutboundResult(
+        "r2", OutboundOutcome(False, message_id="m9", error="nope", code=EGRESS_DECLINED)
+    ),
+    GoingIdleAck(),
+    GoingIdleAck("r3"),
+    ErrorFrame("bad_field", "field 'requestId' must be a string"),
+    ErrorFrame("frame_too_large", "too big", ref="r7"),
+]
+
+
+def wire(frame: Frame) -> dict[str, Any]:
+    """The frame's wire object after a real JSON round trip."""
+    result: dict[str, Any] = json.loads(json.dumps(frame.to_wire()))
+    return result
+
+
+def refused(obj: Any) -> ProtocolError:
+    """The ProtocolError frame_from_wire raises for ``obj``."""
+    with pytest.raises(ProtocolError) as info:
+        frame_from_wire(obj)
+    return info.value
+
+
+def validate_deep(value: object) -> None:
+    """Run the attrs validators of ``value`` and of every attrs record nested in it."""
+    cls: Any = type(value)
+    if attrs.has(cls):
+        attrs.validate(value)  # type: ignore[arg-type]
+        for field in attrs.fields(cls):
+            validate_deep(getattr(value, field.name))
+
+
+# -- Hypothesis strategies (shared with test_codec) ----------------------------------------------
+
+texts = st.text(max_size=12)
+ids = st.one_of(texts, st.integers(min_value=-(2**70), max_value=2**70))
+json_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**64), max_value=2**64),
+    st.floats(allow_nan=False, allow_infinity=False),
+    texts,
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts, inner, max_size=3),
+    max_leaves=6,
+)
+sources = st.builds(
+    EventSource,
+    platform=texts,
+    chat_id=ids,
+    chat_type=st.sampled_from(sorted(CHAT_TYPES)),
+    chat_name=st.none() | texts,
+    user_id=st.none() | ids,
+    user_name=st.none() | texts,
+    thread_id=st.none() | ids,
+    scope_id=st.none() | ids,
+    profile=st.none() | texts,
+)
+events = st.builds(
+    InboundEvent,
+    text=texts,
+    message_type=texts,
+    message_id=st.none() | ids,
+    reply_to_message_id=st.none() | ids,
+    source=sources,
+)
+descriptors = st.builds(
+    CapabilityDescriptor,
+    contract_version=st.just(CONTRACT_VERSION),
+    platform=texts,
+    label=texts,
+    max_message_length=st.integers(1, 10**9),
+    supports_draft_streaming=st.booleans(),
+    supports_edit=st.booleans(),
+    supports_threads=st.booleans(),
+    markdown_dialect=texts,
+    len_unit=st.sampled_from(["chars", "utf16"]),
+    supported_ops=st.lists(st.text(min_size=1, max_size=8), max_size=4).map(tuple),
+    max_frame_bytes=st.none() | st.integers(1, 10**9),
+)
+actions = st.tuples(st.text(min_size=1, max_size=8), st.dictionaries(texts, json_values)).map(
+    lambda pair: {**pair[1], "op": pair[0]}
+)
+opt = st.none() | texts
+frames: st.SearchStrategy[Frame] = st.one_of(
+    st.builds(Hello, texts, texts, st.integers(0, 9), st.lists(texts, max_size=3).map(tuple)),
+    st.builds(Outbound, texts, actions, opt, opt, opt),
+    st.builds(InboundAck, texts),
+    st.builds(GoingIdle, opt),
+    st.builds(Interrupt, texts, opt),
+    st.builds(DescriptorFrame, descriptors),
+    st.builds(Inbound, events, opt),
+    st.builds(
+        OutboundResult,
+        texts,
+        st.builds(OutboundOutcome, st.booleans(), st.none() | ids, opt, opt),
+    ),
+    st.builds(GoingIdleAck, opt),
+    st.builds(ErrorFrame, texts, texts, opt),
+)
+
+
+# -- the frame catalogue -------------------------------------------------------------------------
+
+
+def test_directions_partition_the_frame_types() -> None:
+    """The two direction sets are disjoint and together cover every frame type of the doc."""
+    assert not GATEWAY_TO_CONNECTOR & CONNECTOR_TO_GATEWAY
+    assert set(FRAME_TYPES.values()) == GATEWAY_TO_CONNECTOR | CONNECTOR_TO_GATEWAY
+    assert {cls.TYPE for cls in GATEWAY_TO_CONNECTOR} == {
+        "hello",
+        "outbound",
+        "inbound_ack",
+        "going_idle",
+        "interrupt",
+    }
+    assert {cls.TYPE for cls in CONNECTOR_TO_GATEWAY} == {
+        "descriptor",
+        "inbound",
+        "outbound_result",
+        "going_idle_ack",
+        "error",
+    }
+
+
+@pytest.mark.parametrize("frame", SAMPLE_FRAMES, ids=lambda f: type(f).__name__)
+def test_every_frame_round_trips_through_its_wire_object(frame: Frame) -> None:
+    """to_wire then frame_from_wire (through real JSON) gives back an equal frame."""
+    obj = wire(frame)
+    assert obj["type"] == frame.TYPE
+    assert frame_from_wire(obj) == frame
+
+
+@pytest.mark.parametrize("frame", SAMPLE_FRAMES, ids=lambda f: type(f).__name__)
+def test_frames_are_frozen(frame: Frame) -> None:
+    """Every frame is immutable: assigning an attribute raises FrozenInstanceError."""
+    name = attrs.fields(type(frame))[0].name
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        setattr(frame, name, "x")
+
+
+@settings(max_examples=300)
+@given(frames)
+def test_any_valid_frame_round_trips(frame: Frame) -> None:
+    """Any frame built from valid values survives to_wire -> JSON -> frame_from_wire unchanged."""
+    assert frame_from_wire(wire(frame)) == frame
+
+
+def test_wire_keys_are_camel_case_at_frame_level_and_snake_case_inside() -> None:
+    """Frame-level keys are camelCase; the event/source/result objects keep snake_case."""
+    assert wire(SAMPLE_FRAMES[1]) == {
+        "type": "hello",
+        "platform": "slack",
+        "botId": "bot2",
+        "protocol": 1,
+        "features": ["error_frame", "close_4419"],
+    }
+    assert set(wire(SAMPLE_FRAMES[3])) == {
+        "type",
+        "requestId",
+        "action",
+        "idempotencyKey",
+        "platform",
+        "botId",
+    }
+    inbound = wire(SAMPLE_FRAMES[12])
+    assert inbound["bufferId"] == "buf-42"
+    assert set(inbound["event"]) == {
+        "text",
+        "message_type",
+        "message_id",
+        "reply_to_message_id",
+        "source",
+    }
+    assert set(inbound["event"]["source"]) == {
+        "platform",
+        "chat_id",
+        "chat_type",
+        "chat_name",
+        "user_id",
+        "user_name",
+        "thread_id",
+        "scope_id",
+        "profile",
+    }
+    assert wire(SAMPLE_FRAMES[14])["result"] == {
+        "success": False,
+        "message_id": "m9",
+        "error": "nope",
+        "code": "egress_declined",
+    }
+    assert wire(InboundAck("b")) == {"type": "inbound_ack", "bufferId": "b"}
+    assert wire(Interrupt("s", "why")) == {"type": "interrupt", "session_key": "s", "reason": "why"}
+
+
+def test_optional_none_fields_are_omitted_on_the_wire() -> None:
+    """to_wire leaves out optional keys whose value is None (bufferId present iff buffered)."""
+    assert wire(Inbound(InboundEvent("hi", source=SOURCE))) == {
+        "type": "inbound",
+        "event": {
+            "text": "hi",
+            "message_type": "text",
+            "source": {"platform": "discord", "chat_id": "c1", "chat_type": "dm"},
+        },
+    }
+    assert wire(GoingIdle()) == {"type": "going_idle"}
+    assert wire(GoingIdleAck()) == {"type": "going_idle_ack"}
+    assert wire(Outbound("r", {"op": "typing"})) == {
+        "type": "outbound",
+        "requestId": "r",
+        "action": {"op": "typing"},
+    }
+    assert wire(ErrorFrame("c", "m")) == {"type": "error", "code": "c", "message": "m"}
+
+
+# -- decoding rules ------------------------------------------------------------------------------
+
+
+def test_seed_inbound_frame_decodes() -> None:
+    """The inbound frame shape the original connector sends decodes into typed records."""
+    frame = frame_from_wire(
+        {
+            "type": "inbound",
+            "event": {
+                "text": "buffered",
+                "message_type": "text",
+                "source": {"platform": "discord", "chat_id": "c1", "chat_type": "dm"},
+            },
+            "bufferId": "buf-42",
+        }
+    )
+    assert frame == Inbound(InboundEvent("buffered", source=SOURCE), buffer_id="buf-42")
+
+
+def test_integer_platform_ids_are_normalised_to_str() -> None:
+    """message/chat/user/thread/scope ids sent as JSON integers arrive as strings."""
+    frame = frame_from_wire(
+        {
+            "type": "inbound",
+            "event": {
+                "text": "x",
+                "message_id": 17,
+                "reply_to_message_id": 16,
+                "source": {
+                    "platform": "telegram",
+                    "chat_id": -100123,
+                    "chat_type": "group",
+                    "user_id": 42,
+                    "thread_id": 7,
+                    "scope_id": 123456789012345678901234,
+                },
+            },
+        }
+    )
+    assert isinstance(frame, Inbound)
+    event = frame.event
+    assert (event.message_id, event.reply_to_message_id) == ("17", "16")
+    assert (event.source.chat_id, event.source.user_id, event.source.thread_id) == (
+        "-100123",
+        "42",
+        "7",
+    )
+    assert event.source.scope_id == "123456789012345678901234"
+    result = frame_from_wire(
+        {"type": "outbound_result", "requestId": "r", "result": {"success": True, "message_id": 5}}
+    )
+    assert isinstance(result, OutboundResult)
+    assert result.result.message_id == "5"
+
+
+def test_constructors_normalise_integer_ids_too() -> None:
+    """Building records in Python with integer ids stores them as strings, like the wire does."""
+    source = EventSource("telegram", 5, "dm", user_id=6, thread_id=7, scope_id=8)
+    assert (source.chat_id, source.user_id, source.thread_id, source.scope_id) == (
+        "5",
+        "6",
+        "7",
+        "8",
+    )
+    assert InboundEvent("x", message_id=1, reply_to_message_id=2, source=source).message_id == "1"
+    assert OutboundOutcome(True, message_id=9).message_id == "9"
+
+
+@pytest.mark.parametrize("key", ["chat_id", "user_id", "thread_id", "scope_id"])
+def test_booleans_are_not_ids(key: str) -> None:
+    """A JSON boolean where an id belongs is a bad_field, not the id "True"."""
+    source: dict[str, Any] = {"platform": "p", "chat_id": "c", "chat_type": "dm", key: True}
+    err = refused({"type": "inbound", "event": {"text": "x", "source": source}})
+    assert err.code == "bad_field"
+    assert f"event.source.{key}" in err.message
+
+
+def test_null_is_the_same_as_absent() -> None:
+    """JSON null for an optional key reads as None, and for a required key as missing_field."""
+    frame = frame_from_wire(
+        {
+            "type": "inbound",
+            "bufferId": None,
+            "event": {"text": "x", "message_type": None, "source": SOURCE.to_wire()},
+        }
+    )
+    assert frame == Inbound(InboundEvent("x", source=SOURCE))
+    assert refused({"type": "inbound_ack", "bufferId": None}).code == "missing_field"
+
+
+def test_unknown_keys_inside_known_frames_are_ignored() -> None:
+    """Extra keys at any level of a known frame are dropped (forward compatibility)."""
+    obj = wire(SAMPLE_FRAMES[12])
+    obj["newTopLevel"] = {"x": 1}
+    obj["event"]["attachments"] = [1, 2]
+    obj["event"]["source"]["locale"] = "fr"
+    assert frame_from_wire(obj) == SAMPLE_FRAMES[12]
+    result = frame_from_wire(
+        {"type": "outbound_result", "requestId": "r", "result": {"success": True, "raw": {}}}
+    )
+    assert result == OutboundResult("r", OutboundOutcome(True))
+
+
+def test_unknown_type_returns_none() -> None:
+    """A frame of an unknown type is not an error: frame_from_wire returns None."""
+    assert frame_from_wire({"type": "presence", "status": "away"}) is None
+    assert frame_from_wire({"type": ""}) is None
+
+
+def test_missing_or_non_string_type_is_refused() -> None:
+    """An object without a string type is a protocol error (missing_field / bad_field)."""
+    assert refused({"requestId": "r"}).code == "missing_field"
+    err = refused({"type": 3})
+    assert (err.code, err.ref) == ("bad_field", None)
+    assert refused({"type": ["hello"]}).code == "bad_field"
+
+
+@pytest.mark.parametrize("obj", [[], "hello", 3, None, 1.5, True])
+def test_a_non_object_is_not_an_object(obj: Any) -> None:
+    """frame_from_wire refuses anything that is not a mapping with not_an_object."""
+    assert refused(obj).code == "not_an_object"
+
+
+def test_hello_defaults_protocol_and_features_for_original_gateways() -> None:
+    """A hello without protocol/features (original contract) reads as protocol 1, no features."""
+    assert frame_from_wire({"type": "hello", "platform": "p", "botId": "b"}) == Hello("p", "b")
+    assert Hello("p", "b").protocol == CONTRACT_VERSION
+
+
+def test_interrupt_accepts_the_camel_case_spelling() -> None:
+    """interrupt's documented key is session_key; sessionKey is tolerated on input."""
+    assert frame_from_wire({"type": "interrupt", "sessionKey": "s"}) == Interrupt("s")
+    both = {"type": "interrupt", "session_key": "a", "sessionKey": "b"}
+    assert frame_from_wire(both) == Interrupt("a")
+    err = refused({"type": "interrupt"})
+    assert (err.code, err.ref) == ("missing_field", "interrupt")
+    assert "session_key" in err.message
+
+
+MISSING_CASES: list[tuple[dict[str, Any], str, str | None]] = [
+    ({"type": "hello", "botId": "b"}, "platform", "hello"),
+    ({"type": "hello", "platform": "p"}, "botId", "hello"),
+    ({"type": "outbound", "action": {"op": "send"}}, "requestId", "outbound"),
+    ({"type": "outbound", "requestId": "r9"}, "action", "r9"),
+    ({"type": "outbound", "requestId": "r9", "action": {}}, "action.op", "r9"),
+    ({"type": "inbound_ack"}, "bufferId", "inbound_ack"),
+    ({"type": "descriptor"}, "descriptor", "descriptor"),
+    ({"type": "inbound"}, "event", "inbound"),
+    ({"type": "inbound", "event": {"source": SOURCE.to_wire()}}, "event.text", "inbound"),
+    ({"type": "inbound", "event": {"text": "x"}}, "event.source", "inbound"),
+    (
+        {"type": "inbound", "event": {"text": "x", "source": {"chat_id": "c", "chat_type": "dm"}}},
+        "event.source.platform",
+        "inbound",
+    ),
+    (
+        {"type": "inbound", "event": {"text": "x", "source": {"platform": "p", "chat_type": "dm"}}},
+        "event.source.chat_id",
+        "inbound",
+    ),
+    (
+        {"type": "inbound", "event": {"text": "x", "source": {"platform": "p", "chat_id": "c"}}},
+        "event.source.chat_type",
+        "inbound",
+    ),
+    ({"type": "outbound_result", "result": {"success": True}}, "requestId", "outbound_result"),
+    ({"type": "outbound_result", "requestId": "r5"}, "result", "r5"),
+    ({"type": "outbound_result", "requestId": "r5", "result": {}}, "result.success", "r5"),
+    ({"type": "error", "message": "m"}, "code", "error"),
+    ({"type": "error", "code": "c"}, "message", "error"),
+]
+
+
+@pytest.mark.parametrize(("obj", "field", "ref"), MISSING_CASES)
+def test_missing_required_field_is_missing_field(
+    obj: dict[str, Any], field: str, ref: str | None
+) -> None:
+    """A known frame without a required field is missing_field naming it (ref: requestId/type)."""
+    err = refused(obj)
+    assert err.code == "missing_field"
+    assert repr(field) in err.message
+    assert err.ref == ref
+
+
+BAD_CASES: list[tuple[dict[str, Any], str, str | None]] = [
+    ({"type": "hello", "platform": 1, "botId": "b"}, "platform", "hello"),
+    ({"type": "hello", "platform": "p", "botId": ["b"]}, "botId", "hello"),
+    ({"type": "hello", "platform": "p", "botId": "b", "protocol": "1"}, "protocol", "hello"),
+    ({"type": "hello", "platform": "p", "botId": "b", "protocol": True}, "protocol", "hello"),
+    ({"type": "hello", "platform": "p", "botId": "b", "features": "x"}, "features", "hello"),
+    ({"type": "hello", "platform": "p", "botId": "b", "features": [1]}, "features", "hello"),
+    ({"type": "outbound", "requestId": 7, "action": {"op": "send"}}, "requestId", "outbound"),
+    ({"type": "outbound", "requestId": "r1", "action": ["op"]}, "action", "r1"),
+    ({"type": "outbound", "requestId": "r1", "action": {"op": 3}}, "action.op", "r1"),
+    ({"type": "outbound", "requestId": "r1", "action": {"op": ""}}, "action.op", "r1"),
+    (
+        {"type": "outbound", "requestId": "r1", "action": {"op": "s"}, "idempotencyKey": 1},
+        "idempotencyKey",
+        "r1",
+    ),
+    (
+        {"type": "outbound", "requestId": "r1", "action": {"op": "s"}, "platform": False},
+        "platform",
+        "r1",
+    ),
+    ({"type": "outbound", "requestId": "r1", "action": {"op": "s"}, "botId": {}}, "botId", "r1"),
+    ({"type": "inbound_ack", "bufferId": 42}, "bufferId", "inbound_ack"),
+    ({"type": "going_idle", "requestId": 1}, "requestId", "going_idle"),
+    ({"type": "going_idle_ack", "requestId": []}, "requestId", "going_idle_ack"),
+    ({"type": "interrupt", "session_key": 5}, "session_key", "interrupt"),
+    ({"type": "interrupt", "session_key": "s", "reason": 5}, "reason", "interrupt"),
+    ({"type": "descriptor", "descriptor": "x"}, "descriptor", "descriptor"),
+    ({"type": "inbound", "event": "hi"}, "event", "inbound"),
+    ({"type": "inbound", "bufferId": 3, "event": {}}, "bufferId", "inbound"),
+    ({"type": "inbound", "event": {"text": 1, "source": {}}}, "event.text", "inbound"),
+    (
+        {"type": "inbound", "event": {"text": "x", "message_type": 2, "source": {}}},
+        "event.message_type",
+        "inbound",
+    ),
+    (
+        {"type": "inbound", "event": {"text": "x", "message_id": 1.5, "source": {}}},
+        "event.message_id",
+        "inbound",
+    ),
+    ({"type": "inbound", "event": {"text": "x", "source": []}}, "event.source", "inbound"),
+    (
+        {
+            "type": "inbound",
+            "event": {"text": "x", "source": {"platform": "p", "chat_id": "c", "chat_type": "dms"}},
+        },
+        "event.source.chat_type",
+        "inbound",
+    ),
+    (
+        {
+            "type": "inbound",
+            "event": {
+                "text": "x",
+                "source": {"platform": "p", "chat_id": "c", "chat_type": ["dm"]},
+            },
+        },
+        "event.source.chat_type",
+        "inbound",
+    ),
+    (
+        {
+            "type": "inbound",
+            "event": {
+                "text": "x",
+                "source": {"platform": "p", "chat_id": "c", "chat_type": "dm", "user_name": 3},
+            },
+        },
+        "event.source.user_name",
+        "inbound",
+    ),
+    ({"type": "outbound_result", "requestId": 1, "result": {}}, "requestId", "outbound_result"),
+    ({"type": "outbound_result", "requestId": "r2", "result": True}, "result", "r2"),
+    (
+        {"type": "outbound_result", "requestId": "r2", "result": {"success": "yes"}},
+        "result.success",
+        "r2",
+    ),
+    (
+        {"type": "outbound_result", "requestId": "r2", "result": {"success": 1}},
+        "result.success",
+        "r2",
+    ),
+    (
+        {"type": "outbound_result", "requestId": "r2", "result": {"success": True, "error": 5}},
+        "result.error",
+        "r2",
+    ),
+    (
+        {"type": "outbound_result", "requestId": "r2", "result": {"success": True, "code": {}}},
+        "result.code",
+        "r2",
+    ),
+    ({"type": "error", "code": 1, "message": "m"}, "code", "error"),
+    ({"type": "error", "code": "c", "message": "m", "ref": 3}, "ref", "error"),
+]
+
+
+@pytest.mark.parametrize(("obj", "field", "ref"), BAD_CASES)
+def test_wrong_field_type_is_bad_field(obj: dict[str, Any], field: str, ref: str | None) -> None:
+    """A known frame with a mistyped field raises bad_field naming it, ref = requestId or type."""
+    err = refused(obj)
+    assert err.code == "bad_field"
+    assert repr(field) in err.message
+    assert err.ref == ref
+
+
+def test_error_messages_name_types_but_never_echo_values() -> None:
+    """A bad_field message says the wrong type, not the (possibly huge or secret) value."""
+    err = refused({"type": "inbound_ack", "bufferId": ["s3cr3t-value"]})
+    assert "list" in err.message
+    assert "s3cr3t" not in str(err)
+
+
+def test_descriptor_errors_surface_through_frame_from_wire() -> None:
+    """A descriptor of another contract version raises ContractVersionError, a ProtocolError."""
+    obj = wire(DescriptorFrame(DESCRIPTOR))
+    obj["descriptor"]["contract_version"] = 2
+    err = refused(obj)
+    assert isinstance(err, ContractVersionError)
+    assert (err.code, err.ref, err.expected, err.received) == (
+        "contract_version",
+        "descriptor",
+        1,
+        2,
+    )
+
+
+def test_frame_from_wire_accepts_any_mapping() -> None:
+    """A non-dict Mapping (e.g. a MappingProxy) decodes like a dict, nested objects included."""
+    obj = wire(SAMPLE_FRAMES[14])
+    obj["result"] = MappingProxyType(obj["result"])
+    assert frame_from_wire(MappingProxyType(obj)) == SAMPLE_FRAMES[14]
+
+
+def test_records_decode_on_their_own() -> None:
+    """OutboundOutcome/EventSource/InboundEvent.from_wire parse a bare object with the given ref."""
+    assert OutboundOutcome.from_wire({"success": True}) == OutboundOutcome(True)
+    assert EventSource.from_wire(FULL_SOURCE.to_wire()) == FULL_SOURCE
+    event = InboundEvent("x", source=SOURCE)
+    assert InboundEvent.from_wire(event.to_wire()) == event
+    with pytest.raises(ProtocolError) as info:
+        InboundEvent.from_wire({"text": "x"}, ref="persisted")
+    assert (info.value.code, info.value.ref) == ("missing_field", "persisted")
+    with pytest.raises(ProtocolError) as info:
+        EventSource.from_wire([], ref="r")  # type: ignore[arg-type]
+    assert info.value.code == "not_an_object"
+
+
+def mutations(obj: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """Every (container, key) pair of ``obj`` and its nested objects."""
+    found: list[tuple[dict[str, Any], str]] = []
+    for key, value in obj.items():
+        found.append((obj, key))
+        if isinstance(value, dict):
+            found.extend(mutations(value))
+    return found
+
+
+@settings(max_examples=400)
+@given(frames, st.data())
+def test_corrupted_frames_are_refused_or_decoded_valid(frame: Frame, data: st.DataObject) -> None:
+    """Corrupting any key of a valid frame gives a ProtocolError or a fully valid frame, never a
+    crash or a frame holding a wrongly typed value (the trusted constructors stay honest)."""
+    obj = wire(frame)
+    container, key = data.draw(st.sampled_from(mutations(obj)))
+    if data.draw(st.booleans()):
+        del container[key]
+    else:
+        container[key] = data.draw(json_values)
+    code: str | None = None
+    try:
+        result = frame_from_wire(obj)
+    except ProtocolError as err:
+        code = err.code
+    else:
+        if result is not None:
+            validate_deep(result)
+    assert code in {None, "missing_field", "bad_field", "contract_version"}
+
+
+# -- local validation (constructors) ------------------------------------------------------------
+
+
+LOCAL_ERRORS: list[tuple[Any, type[Exception]]] = [
+    (lambda: Hello(1, "b"), TypeError),  # type: ignore[arg-type]
+    (lambda: Hello("p", "b", protocol="1"), TypeError),  # type: ignore[arg-type]
+    (lambda: Hello("p", "b", protocol=True), TypeError),
+    (lambda: Hello("p", "b", features="abc"), TypeError),
+    (lambda: Hello("p", "b", features=[1]), TypeError),  # type: ignore[list-item]
+    (lambda: Outbound("r", {"text": "no op"}), ValueError),
+    (lambda: Outbound("r", {"op": ""}), ValueError),
+    (lambda: Outbound("r", ["op"]), TypeError),  # type: ignore[arg-type]
+    (lambda: Outbound(1, {"op": "send"}), TypeError),  # type: ignore[arg-type]
+    (lambda: Outbound("r", {"op": "send"}, idempotency_key=1), TypeError),  # type: ignore[arg-type]
+    (lambda: InboundAck(None), TypeError),  # type: ignore[arg-type]
+    (lambda: GoingIdle(1), TypeError),  # type: ignore[arg-type]
+    (lambda: Interrupt(None), TypeError),  # type: ignore[arg-type]
+    (lambda: DescriptorFrame({"contract_version": 1}), TypeError),  # type: ignore[arg-type]
+    (lambda: Inbound({"text": "x"}), TypeError),  # type: ignore[arg-type]
+    (lambda: Inbound(InboundEvent("x", source=SOURCE), buffer_id=1), TypeError),  # type: ignore[arg-type]
+    (lambda: OutboundResult("r", {"success": True}), TypeError),  # type: ignore[arg-type]
+    (lambda: OutboundOutcome("yes"), TypeError),  # type: ignore[arg-type]
+    (lambda: OutboundOutcome(True, message_id=True), TypeError),
+    (lambda: EventSource("p", "c", "dms"), ValueError),  # type: ignore[arg-type]
+    (lambda: EventSource("p", None, "dm"), TypeError),  # type: ignore[arg-type]
+    (lambda: EventSource("p", "c", "dm", user_id=1.5), TypeError),  # type: ignore[arg-type]
+    (lambda: InboundEvent(None, source=SOURCE), TypeError),  # type: ignore[arg-type]
+    (lambda: InboundEvent("x", source=None), TypeError),  # type: ignore[arg-type]
+    (lambda: ErrorFrame("c", None), TypeError),  # type: ignore[arg-type]
+    (lambda: GoingIdleAck(3), TypeError),  # type: ignore[arg-type]
+]
+
+
+@pytest.mark.parametrize(("build", "error"), LOCAL_ERRORS)
+def test_building_a_frame_with_bad_values_is_a_local_error(
+    build: Any, error: type[Exception]
+) -> None:
+    """Constructors refuse bad values with TypeError/ValueError, never with ProtocolError."""
+    with pytest.raises(error):
+        build()
+
+
+def test_outbound_keeps_a_private_copy_of_its_action() -> None:
+    """Mutating the caller's action dict after building (or decoding) does not change the frame."""
+    action = {"op": "send", "content": "a"}
+    frame = Outbound("r", action)
+    action["content"] = "b"
+    assert frame.action["content"] == "a"
+    obj: dict[str, Any] = {
+        "type": "outbound",
+        "requestId": "r",
+        "action": {"op": "send", "content": "a"},
+    }
+    decoded = frame_from_wire(obj)
+    obj["action"]["content"] = "b"
+    assert isinstance(decoded, Outbound)
+    assert decoded.action["content"] == "a"
+
+
+def test_outbound_is_hashable_despite_its_dict_action() -> None:
+    """Outbound hashes by its other fields (the action dict is excluded from the hash only)."""
+    a = Outbound("r", {"op": "send"})
+    b = Outbound("r", {"op": "edit"})
+    assert hash(a) == hash(b)
+    assert a != b
+
+
+def test_descriptor_frame_keeps_legacy_ops_default() -> None:
+    """A descriptor frame without supported_ops reads with the legacy op set."""
+    obj = wire(DescriptorFrame(DESCRIPTOR))
+    del obj["descriptor"]["supported_ops"]
+    frame = frame_from_wire(obj)
+    assert isinstance(frame, DescriptorFrame)
+    assert frame.descriptor.supported_ops == LEGACY_OPS
+
+
+def test_outcome_declined_flags_the_tenant_guard_refusal() -> None:
+    """OutboundOutcome.declined is True exactly for code egress_declined."""
+    assert OutboundOutcome(False, code=EGRESS_DECLINED).declined
+    assert not OutboundOutcome(False, code="rate_limited").declined
+    assert not OutboundOutcome(True).declined
+
+
+@pytest.mark.parametrize("frame", SAMPLE_FRAMES, ids=lambda f: type(f).__name__)
+def test_frames_pickle(frame: Frame) -> None:
+    """Frames (decoded ones included) survive pickling, e.g. to cross a process boundary."""
+    decoded = frame_from_wire(wire(frame))
+    assert pickle.loads(pickle.dumps(decoded)) == frame
