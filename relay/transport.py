@@ -95,6 +95,7 @@ _LIVE = frozenset({T.HANDSHAKING, T.CONNECTED, T.GOING_IDLE})
 _SERVING = frozenset({T.CONNECTED, T.GOING_IDLE})
 _FINISHED = frozenset({T.CLOSED, T.REVOKED})
 _MAX_VIOLATIONS = 50
+_ACK_BATCH = 64  # acks per message at most, so a long replay is acked as it goes
 
 
 def default_disconnect_budget_s() -> float:
@@ -253,6 +254,7 @@ class WebSocketRelayTransport:
         self._supervisor: asyncio.Task[None] | None = None
         self._dispatcher: asyncio.Task[None] | None = None
         self._torn_down: asyncio.Event | None = None
+        self._background: set[asyncio.Task[None]] = set()
         self._inbound: asyncio.Queue[Inbound] | None = None
         self._handler: InboundHandler | None = None
         self._pending: dict[str, asyncio.Future[OutboundOutcome]] = {}
@@ -506,32 +508,57 @@ class WebSocketRelayTransport:
     async def _dispatch(self) -> None:
         queue = self._inbound
         assert queue is not None
-        while not queue.empty():
-            frame = queue.get_nowait()
-            buffer_id = frame.buffer_id
-            try:
-                dedupe = self._dedupe
-                if buffer_id is not None and dedupe is not None and await dedupe.seen(buffer_id):
-                    await self._ack(buffer_id)  # handled before a restart: ack, don't redo
-                    continue
-                if self._handler is not None:
-                    await self._handler(frame.event)
-                if buffer_id is not None:
-                    if self._dedupe is not None:
-                        await self._dedupe.remember(buffer_id)
-                    await self._ack(buffer_id)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                # The handler's failure is isolated to this event; a buffered one is replayed.
-                log.exception("relay inbound handler failed (bufferId %s)", buffer_id)
+        acks: list[str] = []
+        try:
+            while not queue.empty():
+                frame = queue.get_nowait()
+                buffer_id = frame.buffer_id
+                try:
+                    dedupe = self._dedupe
+                    if (
+                        buffer_id is not None
+                        and dedupe is not None
+                        and await dedupe.seen(buffer_id)
+                    ):
+                        acks.append(buffer_id)  # handled before a restart: ack, don't redo
+                        continue
+                    if self._handler is not None:
+                        await self._handler(frame.event)
+                    if buffer_id is not None:
+                        if dedupe is not None:
+                            await dedupe.remember(buffer_id)
+                        acks.append(buffer_id)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    # The handler's failure is isolated to this event; a buffered one stays
+                    # unacked, so the connector replays it.
+                    log.exception("relay inbound handler failed (bufferId %s)", buffer_id)
+                if len(acks) >= _ACK_BATCH:
+                    await self._ack(acks)
+                    acks = []
+        finally:
+            # Acks of handled events go out together, several lines in one message, once the
+            # backlog is drained (or the batch is full); a cancelled dispatcher still acks what
+            # it finished, without waiting.
+            if acks:
+                if asyncio.current_task() is not None and not _cancelling():
+                    await self._ack(acks)
+                else:
+                    self._ack_soon(acks)
 
-    async def _ack(self, buffer_id: str) -> None:
+    async def _ack(self, buffer_ids: list[str]) -> None:
         ws = self._ws
         if ws is None or self._current() not in _SERVING:
-            return  # unacked: the connector replays it on the next handshake
+            return  # unacked: the connector replays them on the next handshake
         with contextlib.suppress(ConnectionClosed):
-            await ws.send(encode(InboundAck(buffer_id)))
+            await ws.send("".join(encode(InboundAck(b)) for b in buffer_ids))
+
+    def _ack_soon(self, buffer_ids: list[str]) -> None:
+        if self._ws is not None and self._current() in _SERVING:
+            task = asyncio.get_running_loop().create_task(self._ack(buffer_ids))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -800,6 +827,12 @@ class WebSocketRelayTransport:
     def __repr__(self) -> str:
         where = f"{self.url} {self.platform}/{self.bot_id}"
         return f"<WebSocketRelayTransport {where} {self._current().value}>"
+
+
+def _cancelling() -> bool:
+    """True when the current task is being cancelled (it must not await any more)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _close_of(ws: ClientConnection) -> tuple[int | None, str | None]:
