@@ -21,8 +21,10 @@ strand a caller.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
+import json
 import logging
 import math
 import os
@@ -47,7 +49,6 @@ from relay.frames import (
     GoingIdleAck,
     Hello,
     Inbound,
-    InboundAck,
     InboundEvent,
     Outbound,
     OutboundOutcome,
@@ -255,7 +256,7 @@ class WebSocketRelayTransport:
         self._dispatcher: asyncio.Task[None] | None = None
         self._torn_down: asyncio.Event | None = None
         self._background: set[asyncio.Task[None]] = set()
-        self._inbound: asyncio.Queue[Inbound] | None = None
+        self._inbound: collections.deque[Inbound] = collections.deque()
         self._handler: InboundHandler | None = None
         self._pending: dict[str, asyncio.Future[OutboundOutcome]] = {}
         self._idle_waiters: dict[str, asyncio.Future[bool]] = {}
@@ -499,19 +500,16 @@ class WebSocketRelayTransport:
         self._handler = handler
 
     def _enqueue(self, frame: Inbound) -> None:
-        if self._inbound is None:
-            self._inbound = asyncio.Queue()
-        self._inbound.put_nowait(frame)
+        self._inbound.append(frame)
         if self._dispatcher is None or self._dispatcher.done():
             self._dispatcher = asyncio.create_task(self._dispatch(), name="relay-dispatcher")
 
     async def _dispatch(self) -> None:
         queue = self._inbound
-        assert queue is not None
         acks: list[str] = []
         try:
-            while not queue.empty():
-                frame = queue.get_nowait()
+            while queue:
+                frame = queue.popleft()
                 buffer_id = frame.buffer_id
                 try:
                     dedupe = self._dedupe
@@ -552,7 +550,7 @@ class WebSocketRelayTransport:
         if ws is None or self._current() not in _SERVING:
             return  # unacked: the connector replays them on the next handshake
         with contextlib.suppress(ConnectionClosed):
-            await ws.send("".join(encode(InboundAck(b)) for b in buffer_ids))
+            await ws.send("".join(_ack_line(b) for b in buffer_ids))
 
     def _ack_soon(self, buffer_ids: list[str]) -> None:
         if self._ws is not None and self._current() in _SERVING:
@@ -827,6 +825,11 @@ class WebSocketRelayTransport:
     def __repr__(self) -> str:
         where = f"{self.url} {self.platform}/{self.bot_id}"
         return f"<WebSocketRelayTransport {where} {self._current().value}>"
+
+
+def _ack_line(buffer_id: str) -> str:
+    """``encode(InboundAck(buffer_id))`` without building the frame: acks are per message."""
+    return f'{{"type":"inbound_ack","bufferId":{json.dumps(buffer_id, ensure_ascii=False)}}}\n'
 
 
 def _cancelling() -> bool:

@@ -134,7 +134,8 @@ def classify_close(code: int | None, reason: str | None, *, handshaken_before: b
     was acted on: the caller grants the legacy re-dial once, and classifies the 4401 that ends
     the re-dial with ``handshaken_before=False`` so that it becomes REVOKED. Raises nothing.
     """
-    if type(code) is not int or not 1000 <= code <= 4999:
+    # int subclasses (websockets' CloseCode IntEnum) are codes; bool is not.
+    if not isinstance(code, int) or isinstance(code, bool) or not 1000 <= code <= 4999:
         return CloseKind.OTHER
     if code == CLOSE_EXPIRED:
         return CloseKind.EXPIRED
