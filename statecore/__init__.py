@@ -6,6 +6,7 @@ pure core: declarations, the Store protocol, the delivery ledger, ownership, clo
 errors.  It performs no I/O of its own; stores live in ``stores``, the wire in ``relay``.
 """
 
+from statecore.adapter import PlatformAdapter, SendResult
 from statecore.async_ledger import AsyncLedger
 from statecore.clock import Clock, Deadline, FakeClock, SystemClock
 from statecore.entity import EntityKind, Field, Index
@@ -73,9 +74,11 @@ __all__ = [
     "Obligation",
     "ObligationState",
     "Owner",
+    "PlatformAdapter",
     "ProcessProbe",
     "PsutilProbe",
     "Row",
+    "SendResult",
     "StaleState",
     "StateMachine",
     "StatecoreError",
