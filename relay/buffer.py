@@ -1,0 +1,265 @@
+"""The connector's durable inbound buffer: what a sleeping gateway instance has not seen yet.
+
+While an instance is dormant, disconnected or flipped to buffered-only, every inbound event for
+it is appended here (``buffered``).  On its next handshake the backlog is replayed in order
+(``sent``); only the instance's ``inbound_ack`` retires an entry (``acked``).  An instance that
+dies mid-replay receives exactly the unacked tail again.  Entries older than the retention are
+``expired``: counted and logged, never dropped silently.  The lifecycle is declared once
+(:data:`BUFFER`) and enforced by the store like every other.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Iterable
+from enum import StrEnum
+
+import attrs
+
+from relay.frames import InboundEvent
+from statecore.clock import Clock, SystemClock
+from statecore.entity import EntityKind, Field, Index
+from statecore.errors import InvalidTransition, StaleState, UnknownEntity
+from statecore.lifecycle import Lifecycle, Transition
+from statecore.store import Audit, Row, Store, gt, lt
+
+__all__ = ["BUFFER", "BUFFER_KIND", "BufferEntry", "BufferState", "InboundBuffer"]
+
+log = logging.getLogger(__name__)
+
+
+class BufferState(StrEnum):
+    """One buffered inbound event for one gateway instance."""
+
+    BUFFERED = "buffered"
+    """Appended while the instance was not receiving live traffic."""
+    SENT = "sent"
+    """Replayed on a handshake; waiting for the instance's ack (replayed again if none)."""
+    ACKED = "acked"
+    """Terminal: the instance handled it."""
+    EXPIRED = "expired"
+    """Terminal: older than the retention before it was acked (counted and logged)."""
+
+
+_B = BufferState
+
+BUFFER: Lifecycle[BufferState] = Lifecycle(
+    "buffer",
+    BufferState,
+    initial=_B.BUFFERED,
+    terminal=(_B.ACKED, _B.EXPIRED),
+    description="One inbound event held for a sleeping gateway instance until it acks it.",
+    transitions=(
+        Transition("append", None, _B.BUFFERED),
+        # Replayed on a handshake; an unacked entry is replayed again on the next one.
+        Transition("send", (_B.BUFFERED, _B.SENT), _B.SENT),
+        Transition("ack", (_B.BUFFERED, _B.SENT), _B.ACKED),
+        Transition("expire", (_B.BUFFERED, _B.SENT), _B.EXPIRED),
+        Transition("prune", (_B.ACKED, _B.EXPIRED), None),
+    ),
+)
+
+BUFFER_KIND: EntityKind[BufferState] = EntityKind(
+    "buffer_entry",
+    BUFFER,
+    table="relay_inbound_buffer",
+    id_field="buffer_id",
+    fields=(
+        Field("gateway_id", str, nullable=False, immutable=True),
+        Field("platform", str, nullable=False, immutable=True),
+        Field("seq", int, nullable=False, immutable=True),
+        Field("event_json", str, nullable=False, immutable=True),
+        Field("created_at", float, nullable=False, immutable=True),
+        Field("updated_at", float, nullable=False),
+        Field("replays", int, nullable=False, default=0),
+    ),
+    indexes=(
+        # Replay: one instance's unacked entries, in order; settled rows stay out of it.
+        Index(("gateway_id", "seq"), states=frozenset({_B.BUFFERED, _B.SENT})),
+        Index(("updated_at",), states=frozenset({_B.ACKED, _B.EXPIRED})),
+    ),
+)
+
+
+@attrs.frozen
+class BufferEntry:
+    """One unacked entry, ready to replay."""
+
+    buffer_id: str
+    gateway_id: str
+    platform: str
+    seq: int
+    event: InboundEvent
+    created_at: float
+    replays: int
+
+
+class InboundBuffer:
+    """The buffer over any Store (synchronous: the connector calls it off the event loop).
+
+    ``retention_s`` bounds how long an unacked entry is kept before it expires.
+    """
+
+    def __init__(
+        self, store: Store, *, retention_s: float = 86_400.0, clock: Clock | None = None
+    ) -> None:
+        if not retention_s > 0:
+            raise ValueError(f"retention_s must be positive, not {retention_s!r}")
+        self.store = store
+        self.retention_s = float(retention_s)
+        self.clock: Clock = clock or SystemClock()
+        self.expired_total = 0
+        """Entries expired by this process (also logged at WARNING)."""
+        store.register(BUFFER_KIND)
+        self._lock = threading.Lock()
+        self._prefix = secrets.token_hex(3)
+        self._seq = time.time_ns()
+
+    def _next_seq(self) -> int:
+        # Monotonic within the process and, being time-based, after any earlier process's.
+        with self._lock:
+            self._seq = max(self._seq + 1, time.time_ns())
+            return self._seq
+
+    def append(self, gateway_id: str, platform: str, event: InboundEvent) -> str:
+        """Buffer ``event`` for ``gateway_id``; return its bufferId."""
+        seq = self._next_seq()
+        buffer_id = f"{self._prefix}-{seq:x}"
+        now = self.clock.now()
+        self.store.insert(
+            BUFFER_KIND,
+            buffer_id,
+            {
+                "gateway_id": gateway_id,
+                "platform": platform,
+                "seq": seq,
+                "event_json": json.dumps(event.to_wire(), ensure_ascii=False),
+                "created_at": now,
+                "updated_at": now,
+            },
+            event="append",
+            audit=Audit(now, gateway_id),
+        )
+        return buffer_id
+
+    def backlog(
+        self, gateway_id: str, *, limit: int | None = None, after_seq: int | None = None
+    ) -> list[BufferEntry]:
+        """The instance's unacked entries in order, after ``after_seq`` when given (the first
+        call of a replay also expires the entries past retention)."""
+        where: dict[str, object] = {"gateway_id": gateway_id}
+        if after_seq is None:
+            self.expire(gateway_id)
+        else:
+            where["seq"] = gt(after_seq)
+        rows = self.store.select(
+            BUFFER_KIND,
+            states=(_B.BUFFERED, _B.SENT),
+            where=where,
+            order_by="seq",
+            limit=limit,
+        )
+        return [_entry(row) for row in rows]
+
+    def mark_sent(self, entries: Iterable[BufferEntry]) -> None:
+        """Record that ``entries`` were replayed (one transaction)."""
+        now = self.clock.now()
+        with self.store.atomic():
+            for entry in entries:
+                try:
+                    self.store.transition(
+                        BUFFER_KIND,
+                        entry.buffer_id,
+                        "send",
+                        audit=Audit(now, entry.gateway_id),
+                        changes={"updated_at": now, "replays": entry.replays + 1},
+                    )
+                except (InvalidTransition, StaleState, UnknownEntity):
+                    continue  # acked or expired meanwhile: nothing to record
+
+    def ack(self, gateway_id: str, buffer_ids: Iterable[str]) -> int:
+        """Retire the entries the instance acked; return how many were retired.
+
+        Only the owning instance's entries are touched: an ack for an unknown, foreign or
+        already settled bufferId changes nothing (it is logged at INFO).
+        """
+        now = self.clock.now()
+        retired = 0
+        with self.store.atomic():
+            for buffer_id in buffer_ids:
+                try:
+                    self.store.transition(
+                        BUFFER_KIND,
+                        buffer_id,
+                        "ack",
+                        audit=Audit(now, gateway_id),
+                        expect={"gateway_id": gateway_id},
+                        changes={"updated_at": now},
+                    )
+                    retired += 1
+                except (InvalidTransition, StaleState, UnknownEntity):
+                    log.info(
+                        "ignoring ack of %r from %s: not an unacked entry of it",
+                        buffer_id,
+                        gateway_id,
+                    )
+        return retired
+
+    def expire(self, gateway_id: str | None = None) -> int:
+        """Expire unacked entries older than the retention; return how many (logged)."""
+        now = self.clock.now()
+        where: dict[str, object] = {"created_at": lt(now - self.retention_s)}
+        if gateway_id is not None:
+            where["gateway_id"] = gateway_id
+        stale = self.store.select(BUFFER_KIND, states=(_B.BUFFERED, _B.SENT), where=where)
+        expired = 0
+        with self.store.atomic():
+            for row in stale:
+                try:
+                    self.store.transition(
+                        BUFFER_KIND,
+                        row.id,
+                        "expire",
+                        audit=Audit(now, None, reason=f"older than {self.retention_s:g} s"),
+                        fence=row.fence,
+                        changes={"updated_at": now},
+                    )
+                    expired += 1
+                except (InvalidTransition, StaleState):
+                    continue
+        if expired:
+            self.expired_total += expired
+            log.warning(
+                "inbound buffer: %d unacked entries expired (retention %g s)",
+                expired,
+                self.retention_s,
+            )
+        return expired
+
+    def count(self, gateway_id: str) -> int:
+        """Unacked entries of ``gateway_id``."""
+        return self.store.count(
+            BUFFER_KIND, states=(_B.BUFFERED, _B.SENT), where={"gateway_id": gateway_id}
+        )
+
+    def prune(self, *, older_than_s: float) -> int:
+        """Delete acked and expired entries settled more than ``older_than_s`` ago."""
+        cutoff = self.clock.now() - older_than_s
+        return self.store.prune(BUFFER_KIND, "prune", where={"updated_at": lt(cutoff)})
+
+
+def _entry(row: Row[BufferState]) -> BufferEntry:
+    values = row.values
+    return BufferEntry(
+        buffer_id=row.id,
+        gateway_id=values["gateway_id"],
+        platform=values["platform"],
+        seq=values["seq"],
+        event=InboundEvent.from_wire(json.loads(values["event_json"])),
+        created_at=values["created_at"],
+        replays=values["replays"],
+    )

@@ -1,0 +1,443 @@
+"""The reference connector: the relay's server side, in front of the chat platforms.
+
+It holds the platform credentials (its drivers), authenticates each gateway at the upgrade,
+answers every hello with that platform's descriptor, performs outbound actions for the
+identities a connection said hello for (through the tenant guard), and buffers inbound events
+durably for an instance that is asleep, replaying them in order on its next handshake.
+
+One authenticated gateway id has at most one connection: a newer one replaces the older (closed
+with 4409).  Store work runs on one dedicated thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from relay.auth import token_from_header, verify_token
+from relay.buffer import BufferEntry, InboundBuffer
+from relay.codec import FrameDecoder, encode, error_frame_for
+from relay.descriptor import CapabilityDescriptor
+from relay.errors import AuthError, ProtocolError
+from relay.frames import (
+    DescriptorFrame,
+    ErrorFrame,
+    GoingIdle,
+    GoingIdleAck,
+    Hello,
+    Inbound,
+    InboundAck,
+    InboundEvent,
+    Interrupt,
+    Outbound,
+    OutboundOutcome,
+    OutboundResult,
+)
+from relay.platform import PlatformDriver
+from relay.urls import CLOSE_EXPIRED, CLOSE_PROTOCOL, CLOSE_REPLACED, CLOSE_REVOKED, RELAY_PATH
+from statecore.clock import Clock, SystemClock
+from statecore.store import Store
+
+__all__ = ["EGRESS_DECLINED_MESSAGE", "Connector", "WakeHook"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+WakeHook = Callable[[str], Awaitable[None]]
+"""``await hook(gateway_id)``: called when the first event is buffered for a sleeping
+instance, so a deployment can wake it (rate-limited per instance)."""
+
+EGRESS_DECLINED_MESSAGE = "egress declined: target not approved for this connection"
+"""The one refusal text of the tenant guard: it says nothing about other tenants."""
+
+_MAX_VIOLATIONS = 20
+_REPLAY_CHUNK = 500
+_IDEMPOTENCY_CACHE = 10_000
+
+
+class _Instance:
+    """One authenticated connection of one gateway."""
+
+    def __init__(self, gateway_id: str, ws: ServerConnection) -> None:
+        self.gateway_id = gateway_id
+        self.ws = ws
+        self.identities: list[tuple[str, str]] = []
+        self.handshaken = False
+        self.buffered_only = False
+        self.replaying = False
+        self.appended = 0  # events buffered for this instance while it replays
+        self.violations = 0
+
+    @property
+    def live(self) -> bool:
+        """True when inbound may be delivered live (not buffered) to this connection."""
+        return self.handshaken and not self.buffered_only and not self.replaying
+
+    def platforms(self) -> set[str]:
+        return {platform for platform, _ in self.identities}
+
+
+class Connector:
+    """The reference connector server (see the module docs).
+
+    ``Connector(store, *, secrets, descriptors=None, drivers, tenants=None, wake_hook=None,
+    wake_interval_s=30.0, retention_s=86400.0, max_frame_bytes=1 MiB, clock=None)``:
+
+    * ``secrets``: gateway id → its secrets, newest first (rotation);
+    * ``descriptors``: platform → descriptor (default: each driver's own);
+    * ``drivers``: platform → :class:`~relay.platform.PlatformDriver`;
+    * ``tenants``: gateway id → approved scope ids (and user ids).  With it, inbound events go
+      only to gateways approved for their scope (or user), and egress is refused
+      (``egress_declined``) for targets not approved.  Without it, every gateway that said hello
+      for a platform receives that platform's traffic and may answer chats that wrote to it.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        secrets: Mapping[str, Sequence[str | bytes]],
+        drivers: Mapping[str, PlatformDriver],
+        descriptors: Mapping[str, CapabilityDescriptor] | None = None,
+        tenants: Mapping[str, Iterable[str]] | None = None,
+        wake_hook: WakeHook | None = None,
+        wake_interval_s: float = 30.0,
+        retention_s: float = 86_400.0,
+        max_frame_bytes: int = 1_048_576,
+        clock: Clock | None = None,
+    ) -> None:
+        self.secrets = {gateway: list(values) for gateway, values in secrets.items()}
+        self.drivers = dict(drivers)
+        self.descriptors = dict(descriptors or {})
+        for platform, driver in self.drivers.items():
+            self.descriptors.setdefault(platform, driver.descriptor())
+        self.tenants = None if tenants is None else {g: frozenset(s) for g, s in tenants.items()}
+        self.wake_hook = wake_hook
+        self.wake_interval_s = wake_interval_s
+        self.max_frame_bytes = max_frame_bytes
+        self.clock: Clock = clock or SystemClock()
+        self.buffer = InboundBuffer(store, retention_s=retention_s, clock=self.clock)
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="connector-store"
+        )
+        self._server: Server | None = None
+        self._instances: dict[str, _Instance] = {}
+        # Platforms each gateway said hello for (remembered while it sleeps).
+        self._subscriptions: dict[str, set[str]] = collections.defaultdict(set)
+        # (platform, chat_id) -> scope learned from the platform's own inbound traffic.
+        self._chat_scopes: dict[tuple[str, str], str] = {}
+        self._outcomes: dict[tuple[str, str], asyncio.Future[OutboundOutcome]] = {}
+        self._outcome_order: collections.deque[tuple[str, str]] = collections.deque()
+        self._last_wake: dict[str, float] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.url = ""
+        """``ws://host:port`` once started; gateways dial it (``/relay`` is appended)."""
+        for driver in self.drivers.values():
+            driver.attach(self.intake)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        """Listen on ``host:port`` (0: any free port); ``url`` then says where."""
+        self._server = await serve(
+            self._serve,
+            host,
+            port,
+            process_request=self._check_path,
+            compression=None,
+            max_size=self.max_frame_bytes + 1024,
+        )
+        sockname = next(iter(self._server.sockets)).getsockname()
+        self.url = f"ws://{sockname[0]}:{sockname[1]}"
+
+    async def stop(self) -> None:
+        """Close every connection and stop listening; buffered entries stay in the store."""
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        for task in list(self._tasks):
+            task.cancel()
+        self._instances.clear()
+        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="connector-store"
+        )
+
+    def buffered(self, gateway_id: str) -> int:
+        """Unacked buffered entries for ``gateway_id``."""
+        return self.buffer.count(gateway_id)
+
+    def connected(self, gateway_id: str) -> bool:
+        """True while ``gateway_id`` has a handshaken connection."""
+        instance = self._instances.get(gateway_id)
+        return instance is not None and instance.handshaken
+
+    async def _store(self, fn: Callable[[], T]) -> T:
+        """Run store work on the connector's store thread (ordered, off the event loop)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    def _background(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- connections ---------------------------------------------------------------------------
+
+    def _check_path(self, connection: ServerConnection, request: Request) -> Response | None:
+        if request.path.split("?", 1)[0] != RELAY_PATH:
+            return connection.respond(404, "the relay lives at /relay\n")
+        return None
+
+    async def _serve(self, ws: ServerConnection) -> None:
+        gateway_id = await self._authenticate(ws)
+        if gateway_id is None:
+            return
+        instance = _Instance(gateway_id, ws)
+        older = self._instances.get(gateway_id)
+        self._instances[gateway_id] = instance
+        if older is not None:
+            log.info("connector: %s reconnected; closing its older connection (4409)", gateway_id)
+            with contextlib.suppress(ConnectionClosed):
+                await older.ws.close(CLOSE_REPLACED, "replaced by a newer connection")
+        decoder = FrameDecoder(max_frame_bytes=self.max_frame_bytes)
+        try:
+            async for message in ws:
+                for item in decoder.feed(message):
+                    if isinstance(item, ProtocolError):
+                        await self._violation(instance, item)
+                    else:
+                        await self._on_frame(instance, item)
+        except ConnectionClosed:
+            pass
+        finally:
+            if self._instances.get(gateway_id) is instance:
+                del self._instances[gateway_id]
+
+    async def _authenticate(self, ws: ServerConnection) -> str | None:
+        header = ws.request.headers.get("Authorization") if ws.request is not None else None
+        try:
+            token = token_from_header(header)
+            return verify_token(token, self.secrets, now=self.clock.now())
+        except AuthError as exc:
+            code = CLOSE_EXPIRED if exc.reason == "expired" else CLOSE_REVOKED
+            log.warning("connector: refused an upgrade (%s)", exc.reason)
+            with contextlib.suppress(ConnectionClosed):
+                await ws.close(code, exc.reason)
+            return None
+
+    async def _violation(self, instance: _Instance, error: ProtocolError) -> None:
+        instance.violations += 1
+        log.warning(
+            "connector: %s sent an invalid frame (%s): %s", instance.gateway_id, error.code, error
+        )
+        await self._send(instance, encode(error_frame_for(error)))
+        if instance.violations > _MAX_VIOLATIONS:
+            with contextlib.suppress(ConnectionClosed):
+                await instance.ws.close(CLOSE_PROTOCOL, "too many protocol violations")
+
+    async def _send(self, instance: _Instance, text: str) -> bool:
+        try:
+            await instance.ws.send(text)
+        except ConnectionClosed:
+            return False
+        return True
+
+    async def _on_frame(self, instance: _Instance, frame: object) -> None:
+        try:
+            if isinstance(frame, InboundAck):
+                await self._store(lambda: self.buffer.ack(instance.gateway_id, [frame.buffer_id]))
+            elif isinstance(frame, Outbound):
+                self._background(self._outbound(instance, frame))
+            elif isinstance(frame, Hello):
+                await self._hello(instance, frame)
+            elif isinstance(frame, GoingIdle):
+                # Identity comes from the upgrade, never from the frame.
+                instance.buffered_only = True
+                await self._send(instance, encode(GoingIdleAck(frame.request_id)))
+            elif isinstance(frame, Interrupt):
+                log.info("connector: interrupt for %s (%s)", frame.session_key, frame.reason)
+            else:
+                log.debug("connector: ignoring %s", type(frame).__name__)
+        except Exception:
+            log.exception("connector: handling a %s failed", type(frame).__name__)
+
+    async def _hello(self, instance: _Instance, hello: Hello) -> None:
+        descriptor = self.descriptors.get(hello.platform)
+        if descriptor is None or hello.platform not in self.drivers:
+            await self._send(
+                instance,
+                encode(
+                    ErrorFrame("unknown_platform", f"no platform {hello.platform!r} here", "hello")
+                ),
+            )
+            return
+        instance.identities.append((hello.platform, hello.bot_id))
+        self._subscriptions[instance.gateway_id].add(hello.platform)
+        await self._send(instance, encode(DescriptorFrame(descriptor)))
+        if not instance.handshaken:
+            instance.handshaken = True
+            instance.buffered_only = False
+            instance.replaying = True
+            self._background(self._replay(instance))
+
+    # -- outbound ------------------------------------------------------------------------------
+
+    async def _outbound(self, instance: _Instance, frame: Outbound) -> None:
+        outcome = await self._perform(instance, frame)
+        await self._send(instance, encode(OutboundResult(frame.request_id, outcome)))
+
+    async def _perform(self, instance: _Instance, frame: Outbound) -> OutboundOutcome:
+        if not instance.identities:
+            return OutboundOutcome(False, None, "say hello first", "no_hello")
+        platform = frame.platform or instance.identities[0][0]
+        if platform not in instance.platforms():
+            return OutboundOutcome(
+                False, None, f"no hello for platform {platform!r}", "unknown_identity"
+            )
+        if not self._egress_allowed(instance.gateway_id, platform, frame.action):
+            log.info(
+                "connector: declined egress of %s to a chat on %s", instance.gateway_id, platform
+            )
+            return OutboundOutcome(False, None, EGRESS_DECLINED_MESSAGE, "egress_declined")
+        if frame.idempotency_key is None:
+            return await self._drive(platform, frame.action)
+        key = (instance.gateway_id, frame.idempotency_key)
+        earlier = self._outcomes.get(key)
+        if earlier is not None:
+            # A retry of a request we executed (or are executing): never perform it twice.
+            return await asyncio.shield(earlier)
+        future: asyncio.Future[OutboundOutcome] = asyncio.get_running_loop().create_future()
+        self._remember_outcome(key, future)
+        outcome = await self._drive(platform, frame.action)
+        future.set_result(outcome)
+        if not outcome.success:
+            self._outcomes.pop(key, None)  # a definite failure may be retried for real
+        return outcome
+
+    async def _drive(self, platform: str, action: Mapping[str, Any]) -> OutboundOutcome:
+        try:
+            return await self.drivers[platform].perform(action)
+        except Exception as exc:
+            log.exception("connector: driver %s failed", platform)
+            return OutboundOutcome(False, None, f"driver error: {exc}", "driver_error")
+
+    def _remember_outcome(
+        self, key: tuple[str, str], future: asyncio.Future[OutboundOutcome]
+    ) -> None:
+        self._outcomes[key] = future
+        self._outcome_order.append(key)
+        while len(self._outcome_order) > _IDEMPOTENCY_CACHE:
+            self._outcomes.pop(self._outcome_order.popleft(), None)
+
+    def _egress_allowed(self, gateway_id: str, platform: str, action: Mapping[str, Any]) -> bool:
+        """The tenant guard: the target chat's tenant must be approved for this gateway."""
+        if self.tenants is None:
+            return True
+        approved = self.tenants.get(gateway_id, frozenset())
+        metadata = action.get("metadata")
+        meta = metadata if isinstance(metadata, Mapping) else {}
+        chat_id = action.get("chat_id")
+        # What the platform told us about the chat outranks what the gateway claims.
+        scope = self._chat_scopes.get((platform, str(chat_id))) if chat_id is not None else None
+        scope = scope or meta.get("scope_id")
+        if scope is not None:
+            return scope in approved
+        user = meta.get("user_id")
+        return user is not None and user in approved
+
+    # -- inbound -------------------------------------------------------------------------------
+
+    async def intake(self, platform: str, event: InboundEvent) -> None:
+        """Route one inbound event from ``platform`` to the gateways that should see it.
+
+        Delivered live to a listening instance; appended to the durable buffer for one that is
+        asleep, disconnected, buffered-only or still replaying its backlog (so order holds).
+        """
+        source = event.source
+        if source.scope_id is not None:
+            self._chat_scopes[(platform, source.chat_id)] = source.scope_id
+        for gateway_id in self._audience(platform, event):
+            instance = self._instances.get(gateway_id)
+            if (
+                instance is not None
+                and instance.live
+                and platform in instance.platforms()
+                and await self._send(instance, encode(Inbound(event)))
+            ):
+                continue  # delivered live (a failed live send falls back to the buffer)
+            await self._store(functools.partial(self.buffer.append, gateway_id, platform, event))
+            if instance is not None and instance.replaying:
+                instance.appended += 1
+            self._maybe_wake(gateway_id)
+
+    def _audience(self, platform: str, event: InboundEvent) -> list[str]:
+        if self.tenants is None:
+            return sorted(
+                g for g, platforms in self._subscriptions.items() if platform in platforms
+            )
+        scope, user = event.source.scope_id, event.source.user_id
+        return sorted(
+            gateway_id
+            for gateway_id, approved in self.tenants.items()
+            if (scope is not None and scope in approved)
+            or (scope is None and user is not None and user in approved)
+        )
+
+    def _maybe_wake(self, gateway_id: str) -> None:
+        if self.wake_hook is None:
+            return
+        instance = self._instances.get(gateway_id)
+        if instance is not None and instance.handshaken and not instance.buffered_only:
+            return  # awake, just replaying
+        now = self.clock.monotonic()
+        last = self._last_wake.get(gateway_id)
+        if last is not None and now - last < self.wake_interval_s:
+            return
+        self._last_wake[gateway_id] = now
+        self._background(self._wake(gateway_id))
+
+    async def _wake(self, gateway_id: str) -> None:
+        assert self.wake_hook is not None
+        try:
+            await self.wake_hook(gateway_id)
+        except Exception:
+            log.warning("connector: wake hook for %s failed", gateway_id, exc_info=True)
+
+    async def _replay(self, instance: _Instance) -> None:
+        """Send the instance's backlog in order with bufferIds, then switch it to live."""
+        gateway_id = instance.gateway_id
+        after: int | None = None
+        try:
+            while True:
+                instance.appended = 0
+                chunk: list[BufferEntry] = await self._store(
+                    functools.partial(
+                        self.buffer.backlog, gateway_id, limit=_REPLAY_CHUNK, after_seq=after
+                    )
+                )
+                if not chunk:
+                    if instance.appended == 0:
+                        instance.replaying = False  # nothing slipped in meanwhile: go live
+                        return
+                    continue
+                lines = [encode(Inbound(entry.event, entry.buffer_id)) for entry in chunk]
+                for line in lines:
+                    if not await self._send(instance, line):
+                        return  # gone mid-replay: the unacked tail is replayed next time
+                after = chunk[-1].seq
+                await self._store(functools.partial(self.buffer.mark_sent, chunk))
+        finally:
+            if self._instances.get(gateway_id) is not instance:
+                instance.replaying = False
