@@ -3,14 +3,36 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 from typing import Any, TextIO
 
 from statecore.lifecycle import Lifecycle
 from statecore.lifecycles import DECLARED_LIFECYCLES
 
-__all__ = ["main"]
+__all__ = ["all_lifecycles", "main"]
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "statecore.lifecycles"
+
+
+def all_lifecycles() -> tuple[Lifecycle[Any], ...]:
+    """statecore's own lifecycles, then those installed packages declare through the
+    ``statecore.lifecycles`` entry point group (each entry: a sequence of lifecycles)."""
+    found: dict[str, Lifecycle[Any]] = {lc.name: lc for lc in DECLARED_LIFECYCLES}
+    for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        try:
+            declared = entry.load()
+        except Exception:
+            log.warning("cannot load lifecycles from %s", entry.value, exc_info=True)
+            continue
+        for lifecycle in declared:
+            if isinstance(lifecycle, Lifecycle):
+                found.setdefault(lifecycle.name, lifecycle)
+    return tuple(found.values())
 
 _FORMATS = ("table", "mermaid", "dot")
 
@@ -41,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
         "name",
         nargs="*",
         help="only these lifecycles (default: all): "
-        + ", ".join(lc.name for lc in DECLARED_LIFECYCLES),
+        + ", ".join(lc.name for lc in all_lifecycles()),
     )
     lifecycles.add_argument(
         "--format",
@@ -53,11 +75,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _lifecycles(names: list[str], fmt: str, out: TextIO, parser: argparse.ArgumentParser) -> int:
-    known = {lc.name: lc for lc in DECLARED_LIFECYCLES}
+    declared = all_lifecycles()
+    known = {lc.name: lc for lc in declared}
     unknown = [n for n in names if n not in known]
     if unknown:
         parser.error(f"unknown lifecycle {unknown[0]!r}; known: {', '.join(known)}")
-    chosen = [known[n] for n in names] if names else list(DECLARED_LIFECYCLES)
+    chosen = [known[n] for n in names] if names else list(declared)
     for index, lifecycle in enumerate(chosen):
         if index:
             out.write("\n")

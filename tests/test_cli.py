@@ -15,6 +15,7 @@ import pytest
 
 from statecore.cli import main
 from statecore.lifecycle import Lifecycle
+from statecore.cli import all_lifecycles
 from statecore.lifecycles import DECLARED_LIFECYCLES, OBLIGATION, TRANSPORT
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,11 +37,18 @@ def test_declared_lifecycles_are_obligation_and_transport() -> None:
 def test_lifecycles_prints_table_and_mermaid_for_each() -> None:
     """'lifecycles' prints each lifecycle's title, transition table and exact mermaid block."""
     text = _run("lifecycles")
-    for lifecycle in (OBLIGATION, TRANSPORT):
+    declared = all_lifecycles()
+    assert declared[:2] == (OBLIGATION, TRANSPORT)
+    for lifecycle in declared:
         assert f"== {lifecycle.name} ==  {lifecycle.description}\n" in text
         assert lifecycle.describe() in text
-    assert MERMAID_BLOCK.findall(text) == [OBLIGATION.to_mermaid(), TRANSPORT.to_mermaid()]
+    assert MERMAID_BLOCK.findall(text) == [lc.to_mermaid() for lc in declared]
     assert text.index("== obligation ==") < text.index("== transport ==")
+
+
+def test_installed_packages_add_their_lifecycles() -> None:
+    """The relay's lifecycles (buffer, dedupe) are found through the entry point group."""
+    assert {"buffer", "dedupe"} <= {lc.name for lc in all_lifecycles()}
 
 
 def test_lifecycles_format_all_is_the_default() -> None:
@@ -61,7 +69,7 @@ def test_lifecycles_single_format_prints_only_that_form(
 ) -> None:
     """'--format table|mermaid|dot' prints only that rendering of each lifecycle."""
     text = _run("lifecycles", "--format", fmt)
-    assert text == "\n".join(render(lc) for lc in DECLARED_LIFECYCLES)
+    assert text == "\n".join(render(lc) for lc in all_lifecycles())
     assert "```" not in text
     assert "==" not in text
 

@@ -1,0 +1,15 @@
+"""The relay's declared lifecycles, for tooling (``statecore lifecycles`` finds them through the
+``statecore.lifecycles`` entry point)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relay.buffer import BUFFER
+from relay.dedupe import DEDUPE
+from statecore.lifecycle import Lifecycle
+
+__all__ = ["RELAY_LIFECYCLES"]
+
+RELAY_LIFECYCLES: tuple[Lifecycle[Any], ...] = (BUFFER, DEDUPE)
+"""Every lifecycle the relay declares."""
