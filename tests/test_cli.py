@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 
-from statecore.cli import main
+from statecore.cli import all_lifecycles, main
 from statecore.lifecycle import Lifecycle
-from statecore.cli import all_lifecycles
 from statecore.lifecycles import DECLARED_LIFECYCLES, OBLIGATION, TRANSPORT
 
 REPO = Path(__file__).resolve().parents[1]
