@@ -60,7 +60,18 @@ class Field:
             raise TypeError(
                 f"{kind}.{self.name} must be {expected.__name__}, not {type(value).__name__}"
             )
+        if expected is str and not value.isascii():  # type: ignore[attr-defined]
+            _check_utf8(kind, self.name, value)  # type: ignore[arg-type]
         return value
+
+
+def _check_utf8(kind: str, name: str, value: str) -> None:
+    # Text must survive every store: an unpaired surrogate (from surrogateescape decoding) has
+    # no UTF-8 form, so refuse it here rather than let one store keep what another cannot.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{kind}.{name} is not valid Unicode text (unpaired surrogate)") from None
 
 
 @attrs.frozen
@@ -144,8 +155,11 @@ class EntityKind(Generic[S]):
         out: dict[str, object] = {}
         for f in self.fields:
             value = values.get(f.name, f.default)
-            # Exact-type values (the common case) skip the full check.
-            if value is None or type(value) is not f.type:
+            # Exact-type values (the common case) skip the full check; text that is not plain
+            # ASCII still gets it (it must be encodable).
+            if value is None or type(value) is not f.type or (
+                f.type is str and not value.isascii()  # type: ignore[attr-defined]
+            ):
                 value = f.check(value, self.name)
             out[f.name] = value
         return out
@@ -157,9 +171,10 @@ class EntityKind(Generic[S]):
             f = self.field(name)
             if f.immutable:
                 raise ValueError(f"{self.name}.{name} is immutable once created")
-            checked[name] = (
-                value if value is not None and type(value) is f.type else f.check(value, self.name)
+            fast = value is not None and type(value) is f.type and (
+                f.type is not str or value.isascii()  # type: ignore[attr-defined]
             )
+            checked[name] = value if fast else f.check(value, self.name)
         return checked
 
     def coerce_state(self, value: object) -> S:

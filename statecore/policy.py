@@ -124,7 +124,10 @@ class LedgerPolicy:
         return now + self.retry_backoff[attempts]
 
     def truncate(self, error: str) -> str:
-        """Bound stored error text."""
+        """Bound stored error text, and make it storable: error text comes from platforms and
+        may carry undecodable bytes (unpaired surrogates), which are replaced."""
+        if not error.isascii():
+            error = error.encode("utf-8", "replace").decode("utf-8")
         if len(error) <= self.max_error_length:
             return error
         return error[: max(0, self.max_error_length - 1)] + "\u2026"

@@ -4,9 +4,13 @@ A Hypothesis state machine drives random ledger operations against two worlds si
 over an :class:`InMemoryStore`, one over a :class:`SQLiteStore` on a fresh temp file.  Both worlds
 share one :class:`FakeClock` and the same injected incarnations, and each has its own fake probe
 scripted identically, so every observable result -- return values, exceptions, rows and audit
-histories -- must be exactly equal.  Three owners act in each world: ``a`` (this process, always
-alive), ``b`` (another gateway on this host whose liveness a rule switches between alive, gone and
-pid-reused) and ``remote`` (a gateway on another host, dead once its lease has expired).
+histories -- must be exactly equal.  Three owners act in each world: ``a`` and ``b`` (gateways on
+this host; a rule switches each between alive, gone and pid-reused) and ``remote`` (a gateway on
+another host, dead once its lease has expired).  Each example uses the default policy or a
+smaller attempt budget, so the budget edge is reached within a few steps.
+
+A separate, strictly xfailed test pins a divergence found while exploring: text with a lone
+surrogate is stored by InMemoryStore but makes SQLiteStore raise ``UnicodeEncodeError``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -191,9 +196,21 @@ class LedgerEquivalence(RuleBasedStateMachine):
         event(f"claims returned: {min(len(claims), 3)}{'+' if len(claims) >= 3 else ''}")
         for claim in claims:
             assert claim.obligation_id not in self.delivered, f"delivered row re-claimed: {claim}"
-            assert claim.attempts <= self.policy.max_attempts
+            assert claim.attempts <= self.policy.max_attempts, f"claim over budget: {claim}"
             assert claim.obligation.attempts == claim.attempts
             assert claim.obligation.state is S.ATTEMPTING
+
+    def runtime_sweep(self, actor: str, platform: str, profile: str | None) -> None:
+        outcome = self.both(
+            "sweep_failed_for_runtime",
+            actor,
+            lambda ledger: ledger.sweep_failed_for_runtime(platform, profile=profile),
+        )
+        self.check_claims(outcome)
+        for claim in outcome[1]:
+            assert claim.needs_marker
+            assert claim.reason in ("reconnected", "rate_limited")
+            assert claim.obligation.owner.token == OWNERS[actor].token
 
     # -- rules -----------------------------------------------------------------------------------
 
@@ -343,16 +360,19 @@ class LedgerEquivalence(RuleBasedStateMachine):
             actor = self.settler("owner", row.obligation_id)
             platform = row.platform
             profile = None if row.adapter_profile == "default" else row.adapter_profile
-        outcome = self.both(
-            "sweep_failed_for_runtime",
-            actor,
-            lambda ledger: ledger.sweep_failed_for_runtime(platform, profile=profile),
-        )
-        self.check_claims(outcome)
-        for claim in outcome[1]:
-            assert claim.needs_marker
-            assert claim.reason in ("reconnected", "rate_limited")
-            assert claim.obligation.owner.token == OWNERS[actor].token
+        self.runtime_sweep(actor, platform, profile)
+
+    @precondition(lambda self: bool(self.ids_in(S.ATTEMPTING)))
+    @rule(error=st.sampled_from(ERRORS), data=st.data())
+    def fail_then_retry(self, error: str, data: st.DataObject) -> None:
+        """The in-process retry loop: a send fails, then its owner's runtime sweep runs."""
+        oid = data.draw(st.sampled_from(self.ids_in(S.ATTEMPTING)), label="oid")
+        who = self.settler("owner", oid)
+        self.both("mark_failed", who, lambda ledger: ledger.mark_failed(oid, error))
+        row = self.worlds[0]["a"].get(oid)
+        assert row is not None
+        profile = None if row.adapter_profile == "default" else row.adapter_profile
+        self.runtime_sweep(who, row.platform, profile)
 
     @rule(actor=st.sampled_from(ACTORS))
     def prune(self, actor: str) -> None:
@@ -402,7 +422,7 @@ class LedgerEquivalence(RuleBasedStateMachine):
             if row is None:
                 assert ledger.history(oid) == []
                 continue
-            assert 0 <= row.attempts <= self.policy.max_attempts
+            assert 0 <= row.attempts <= self.policy.max_attempts, f"over budget: {row}"
             if row.state is S.DELIVERED:
                 self.delivered.add(oid)
             elif row.state in OWED:
@@ -413,3 +433,67 @@ class TestLedgerStoreEquivalence(LedgerEquivalence.TestCase):  # type: ignore[mi
     """Random ledger operations give identical results over InMemoryStore and SQLiteStore."""
 
     settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+def _both_stores(call: Callable[[Ledger], object]) -> list[tuple[object, object, object]]:
+    """Run ``call`` on a fresh ledger over each store; (outcome, row, history) per store."""
+    results: list[tuple[object, object, object]] = []
+    tmpdir = tempfile.mkdtemp(prefix="statecore-equiv-")
+    try:
+        for store in (InMemoryStore(), SQLiteStore(Path(tmpdir) / "ledger.db")):
+            ledger = Ledger(store, clock=FakeClock(), incarnation=OWNERS["a"], probe=ToggleProbe())
+            ledger.record(
+                session_key="s", platform="slack", chat_id="C1", content="hi", obligation_id="ob-0"
+            )
+            ledger.mark_attempting("ob-0")
+            try:
+                outcome: object = ("ok", call(ledger))
+            except Exception as exc:  # any exception type is an observable result here
+                outcome = ("raised", type(exc))
+            results.append((outcome, ledger.get("ob-0"), ledger.history("ob-0")))
+            store.close()
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    return results
+
+
+UNENCODABLE = "HTTP 502: undecodable byte \udcff"
+"""Text with a lone surrogate, as ``surrogateescape`` decoding of platform output produces."""
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        pytest.param(lambda ledger: ledger.mark_failed("ob-0", UNENCODABLE), id="mark_failed"),
+        pytest.param(
+            lambda ledger: ledger.record(
+                session_key="s2", platform="slack", chat_id="C1", content=UNENCODABLE
+            ),
+            id="record",
+        ),
+    ],
+)
+def test_unencodable_text_gives_the_same_result_on_both_stores(
+    call: Callable[[Ledger], object],
+) -> None:
+    """Text that cannot be encoded as UTF-8 is handled identically by both stores."""
+    memory, sqlite = _both_stores(call)
+    assert memory == sqlite
+
+
+def test_unencodable_error_text_is_stored_with_replacements() -> None:
+    """A platform error with undecodable bytes still settles the row, the bytes replaced."""
+    memory, sqlite = _both_stores(lambda ledger: ledger.mark_failed("ob-0", UNENCODABLE))
+    assert memory == sqlite
+    assert "\udcff" not in repr(memory)
+
+
+def test_unencodable_content_is_refused_at_record_on_both_stores() -> None:
+    """Reply content that has no UTF-8 form is refused at record with a ValueError."""
+    memory, sqlite = _both_stores(
+        lambda ledger: ledger.record(
+            session_key="s2", platform="slack", chat_id="C1", content=UNENCODABLE
+        )
+    )
+    assert memory == sqlite
+    assert "ValueError" in repr(memory)
