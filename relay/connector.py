@@ -44,6 +44,7 @@ from relay.frames import (
     OutboundResult,
 )
 from relay.platform import PlatformDriver
+from relay.subscriptions import Subscriptions
 from relay.urls import CLOSE_EXPIRED, CLOSE_PROTOCOL, CLOSE_REPLACED, CLOSE_REVOKED, RELAY_PATH
 from statecore.clock import Clock, SystemClock
 from statecore.store import Store
@@ -128,15 +129,21 @@ class Connector:
         self.max_frame_bytes = max_frame_bytes
         self.clock: Clock = clock or SystemClock()
         self.buffer = InboundBuffer(store, retention_s=retention_s, clock=self.clock)
+        self.subscriptions = Subscriptions(store, clock=self.clock)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="connector-store"
         )
         self._server: Server | None = None
         self._instances: dict[str, _Instance] = {}
-        # Platforms each gateway said hello for (remembered while it sleeps).
+        # Platforms each gateway said hello for: durable, so a restart keeps buffering for a
+        # gateway that is asleep.
         self._subscriptions: dict[str, set[str]] = collections.defaultdict(set)
-        # (platform, chat_id) -> scope learned from the platform's own inbound traffic.
-        self._chat_scopes: dict[tuple[str, str], str] = {}
+        self._subscriptions.update(self.subscriptions.active())
+        self.undeliverable = 0
+        """Inbound events no gateway was subscribed to (each logged at WARNING)."""
+        # (platform, chat_id) -> the tenant key (scope id, or the user id of a DM) learned from
+        # the platform's own inbound traffic: it outranks whatever a gateway claims.
+        self._chat_tenants: dict[tuple[str, str], str] = {}
         self._outcomes: dict[tuple[str, str], asyncio.Future[OutboundOutcome]] = {}
         self._outcome_order: collections.deque[tuple[str, str]] = collections.deque()
         self._last_wake: dict[str, float] = {}
@@ -284,7 +291,11 @@ class Connector:
             )
             return
         instance.identities.append((hello.platform, hello.bot_id))
-        self._subscriptions[instance.gateway_id].add(hello.platform)
+        if hello.platform not in self._subscriptions[instance.gateway_id]:
+            self._subscriptions[instance.gateway_id].add(hello.platform)
+            await self._store(
+                functools.partial(self.subscriptions.add, instance.gateway_id, hello.platform)
+            )
         await self._send(instance, encode(DescriptorFrame(descriptor)))
         if not instance.handshaken:
             instance.handshaken = True
@@ -346,12 +357,15 @@ class Connector:
         if self.tenants is None:
             return True
         approved = self.tenants.get(gateway_id, frozenset())
+        chat_id = action.get("chat_id")
+        known = None if chat_id is None else self._chat_tenants.get((platform, str(chat_id)))
+        if known is not None:
+            # What the platform told us about the chat outranks what the gateway claims.
+            return known in approved
+        # A chat the platform never showed us: the gateway's metadata, scope first, then user.
         metadata = action.get("metadata")
         meta = metadata if isinstance(metadata, Mapping) else {}
-        chat_id = action.get("chat_id")
-        # What the platform told us about the chat outranks what the gateway claims.
-        scope = self._chat_scopes.get((platform, str(chat_id))) if chat_id is not None else None
-        scope = scope or meta.get("scope_id")
+        scope = meta.get("scope_id")
         if scope is not None:
             return scope in approved
         user = meta.get("user_id")
@@ -366,9 +380,21 @@ class Connector:
         asleep, disconnected, buffered-only or still replaying its backlog (so order holds).
         """
         source = event.source
-        if source.scope_id is not None:
-            self._chat_scopes[(platform, source.chat_id)] = source.scope_id
-        for gateway_id in self._audience(platform, event):
+        tenant = source.scope_id
+        if tenant is None and source.chat_type == "dm":
+            tenant = source.user_id  # a DM belongs to its user
+        if tenant is not None:
+            self._chat_tenants[(platform, source.chat_id)] = tenant
+        audience = self._audience(platform, event)
+        if not audience:
+            self.undeliverable += 1
+            log.warning(
+                "connector: no gateway listens to %s chat %s; event %s not delivered",
+                platform,
+                source.chat_id,
+                event.message_id,
+            )
+        for gateway_id in audience:
             instance = self._instances.get(gateway_id)
             if (
                 instance is not None
@@ -377,9 +403,11 @@ class Connector:
                 and await self._send(instance, encode(Inbound(event)))
             ):
                 continue  # delivered live (a failed live send falls back to the buffer)
-            await self._store(functools.partial(self.buffer.append, gateway_id, platform, event))
             if instance is not None and instance.replaying:
+                # Counted before the append is queued: the replay then knows to read again
+                # (the store thread runs the append before that read).
                 instance.appended += 1
+            await self._store(functools.partial(self.buffer.append, gateway_id, platform, event))
             self._maybe_wake(gateway_id)
 
     def _audience(self, platform: str, event: InboundEvent) -> list[str]:

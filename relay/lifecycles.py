@@ -7,9 +7,10 @@ from typing import Any
 
 from relay.buffer import BUFFER
 from relay.dedupe import DEDUPE
+from relay.subscriptions import SUBSCRIPTION
 from statecore.lifecycle import Lifecycle
 
 __all__ = ["RELAY_LIFECYCLES"]
 
-RELAY_LIFECYCLES: tuple[Lifecycle[Any], ...] = (BUFFER, DEDUPE)
+RELAY_LIFECYCLES: tuple[Lifecycle[Any], ...] = (BUFFER, DEDUPE, SUBSCRIPTION)
 """Every lifecycle the relay declares."""

@@ -95,6 +95,8 @@ _RESERVED_S = TEARDOWN_AWAITS * TEARDOWN_AWAIT_S + 0.5
 _LIVE = frozenset({T.HANDSHAKING, T.CONNECTED, T.GOING_IDLE})
 _SERVING = frozenset({T.CONNECTED, T.GOING_IDLE})
 _FINISHED = frozenset({T.CLOSED, T.REVOKED})
+_DIALING = frozenset({T.CONNECTING, T.HANDSHAKING})
+_WAITING = frozenset({T.RECONNECTING, T.DORMANT})
 _MAX_VIOLATIONS = 50
 _ACK_BATCH = 64  # acks per message at most, so a long replay is acked as it goes
 
@@ -267,6 +269,7 @@ class WebSocketRelayTransport:
         self._handshaken_once = False
         self._legacy_retry_used = False
         self._immediate_retry_used = False
+        self._redial_now = False
         self._violations = 0
         self.descriptor: CapabilityDescriptor | None = None
         """The descriptor of the first hello of the current (or last) connection."""
@@ -310,14 +313,14 @@ class WebSocketRelayTransport:
             except Exception:
                 log.exception("transport listener failed")
 
-    async def _wait_state(self, wanted: frozenset[TransportState], timeout_s: float) -> bool:
-        """Wait until the state is in ``wanted`` (True) or ``timeout_s`` passed (False)."""
+    async def _wait_leave(self, passing: frozenset[TransportState], timeout_s: float) -> bool:
+        """Wait until the state is not in ``passing`` (True) or ``timeout_s`` passed (False)."""
         deadline = Deadline.after(self._clock, timeout_s)
-        while self._current() not in wanted:
-            if self._current() in _FINISHED or deadline.expired:
+        while self._current() in passing:
+            if deadline.expired:
                 return False
             if not await _wait_event(self._clock, self._changed, deadline.remaining()):
-                return self._current() in wanted
+                return self._current() not in passing
         return True
 
     # -- connecting ----------------------------------------------------------------------------
@@ -336,8 +339,7 @@ class WebSocketRelayTransport:
         try:
             await self._dial_or_fail(waking=False)
         except RelayBroken:
-            if self._current() is T.RECONNECTING:
-                self._arm(self._next_delay())
+            self._arm()  # reconnecting: the supervisor takes over (a no-op otherwise)
             raise
 
     async def handshake(self, timeout_s: float | None = None) -> CapabilityDescriptor:
@@ -347,12 +349,20 @@ class WebSocketRelayTransport:
         handshake timeout) and :class:`RelayClosed` if the transport ends meanwhile.
         """
         wait = self.handshake_timeout_s if timeout_s is None else timeout_s
-        if not await self._wait_state(_SERVING, wait):
-            if self._current() in _FINISHED or self._current() is T.CLOSING:
-                raise RelayClosed(f"relay transport is {self._current().value}")
-            raise RelayBroken(f"no descriptor within {wait:g} s (state {self._current().value})")
-        assert self.descriptor is not None
-        return self.descriptor
+        await self._wait_leave(_DIALING, wait)
+        state = self._current()
+        if state in _SERVING:
+            assert self.descriptor is not None
+            return self.descriptor
+        if state in _FINISHED or state is T.CLOSING:
+            raise RelayClosed(f"relay transport is {state.value}")
+        if state is T.HANDSHAKING and self._ws is not None:
+            # A connector that accepted but never answers: cut this socket (a silent peer
+            # would not finish a closing handshake either), so the loss is handled like any
+            # other -- re-dial with backoff, or end when reconnect is off.
+            self._ws.transport.abort()
+            raise RelayBroken(f"no descriptor within {wait:g} s")
+        raise RelayBroken(f"the connection was lost before the handshake (state {state.value})")
 
     async def _dial_or_fail(self, *, waking: bool) -> None:
         """One dial.  On failure leave connecting: dormant again (a wake-up dial), reconnecting
@@ -582,8 +592,7 @@ class WebSocketRelayTransport:
         timeout = self.request_timeout_s if timeout_s is None else timeout_s
         state = self._current()
         if state is T.HANDSHAKING:
-            if not await self._wait_state(_SERVING, min(timeout, self.handshake_timeout_s)):
-                return RequestResult(RequestOutcome.NOT_SENT, error="relay not connected")
+            await self._wait_leave(_DIALING, min(timeout, self.handshake_timeout_s))
             state = self._current()
         if state not in _SERVING:
             closed = state in _FINISHED or state is T.CLOSING
@@ -671,7 +680,7 @@ class WebSocketRelayTransport:
         self._fail_pending(RelayBroken("relay transport went dormant"))
         if ws is not None:
             await _bounded(ws.close(1000, "dormant"), TEARDOWN_AWAIT_S)
-        self._arm(self.dormant_redial_s)
+        self._arm()
         return True
 
     async def _going_idle(self, timeout_s: float) -> bool:
@@ -732,9 +741,8 @@ class WebSocketRelayTransport:
         immediate = kind in (CloseKind.EXPIRED, CloseKind.RETRY_ONCE)
         if immediate and not self._immediate_retry_used:
             self._immediate_retry_used = True
-            self._arm(0.0)
-        else:
-            self._arm(self._next_delay())
+            self._redial_now = True
+        self._arm()
 
     def _next_delay(self) -> float:
         """Jittered exponential backoff: uniform in [d/2, d], d = min(cap, base * 2**attempt)."""
@@ -743,35 +751,41 @@ class WebSocketRelayTransport:
         self._attempt += 1
         return self._rng.uniform(ceiling / 2, ceiling)
 
-    def _arm(self, first_delay: float) -> None:
-        """Start the supervisor unless one is live: exactly one dialer at a time."""
+    def _arm(self) -> None:
+        """Start the supervisor unless one is live: exactly one dialer at a time.
+
+        A live supervisor needs no nudge: it re-reads the state after every dial.
+        """
+        if self._current() not in _WAITING:
+            return
         if self._supervisor is not None and not self._supervisor.done():
             return
-        self._supervisor = asyncio.create_task(self._supervise(first_delay), name="relay-dialer")
+        self._supervisor = asyncio.create_task(self._supervise(), name="relay-dialer")
 
-    async def _supervise(self, delay: float) -> None:
-        while True:
-            await self._clock.sleep(delay)
+    def _next_wait(self) -> float:
+        """How long the supervisor waits before its next dial, by state."""
+        if self._current() is T.DORMANT:
+            return self.dormant_redial_s  # the dormant cadence, independent of the backoff
+        if self._redial_now:
+            self._redial_now = False
+            return 0.0
+        return self._next_delay()
+
+    async def _supervise(self) -> None:
+        # Each turn reads the state afresh, without an await between the read and the dial's
+        # first state change: a loss anywhere before the next turn is this dialer's to retry.
+        while self._current() in _WAITING:
+            await self._clock.sleep(self._next_wait())
             state = self._current()
-            if state not in (T.RECONNECTING, T.DORMANT):
+            if state not in _WAITING:
                 return
-            waking = state is T.DORMANT
             try:
-                await self._dial_or_fail(waking=waking)
+                await self._dial_or_fail(waking=state is T.DORMANT)
                 await self.handshake()
             except RelayClosed:
                 return
             except RelayBroken as exc:
                 log.info("relay %s: re-dial failed: %s", self.url, exc)
-                if self._current() is T.HANDSHAKING and self._ws is not None:
-                    await _bounded(self._ws.close(), TEARDOWN_AWAIT_S)
-            # Re-check without awaiting: a loss between the handshake and here is ours to retry.
-            if self._current() is T.DORMANT:
-                delay = self.dormant_redial_s
-            elif self._current() is T.RECONNECTING:
-                delay = self._next_delay()
-            else:
-                return
 
     # -- teardown ------------------------------------------------------------------------------
 

@@ -345,6 +345,14 @@ def test_tail_exactly_at_the_limit_is_kept() -> None:
     assert decoder.feed("\n") == [GoingIdle()]
 
 
+def test_tail_one_byte_over_the_limit_is_reported() -> None:
+    """An unterminated tail of limit + 1 bytes (in one or several messages) is frame_too_large."""
+    assert codes(FrameDecoder(max_frame_bytes=100).feed(padded(101))) == ["!frame_too_large"]
+    decoder = FrameDecoder(max_frame_bytes=100)
+    assert decoder.feed(padded(101)[:100]) == []
+    assert codes(decoder.feed("x")) == ["!frame_too_large"]
+
+
 def test_a_smaller_buffer_limit_reports_buffer_overflow() -> None:
     """With max_buffer_bytes below max_frame_bytes, a long split line is buffer_overflow while
     the same line in one message still decodes."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from websockets.frames import CloseCode
 
 from relay.urls import (
     CLOSE_EXPIRED,
@@ -208,6 +209,12 @@ def test_4401_without_an_earlier_handshake_is_revocation(reason: str | None) -> 
 def test_garbage_codes_are_other(code: Any) -> None:
     """A missing, non-integer or out-of-range close code is OTHER, never an exception."""
     assert classify_close(code, "expired", handshaken_before=True) is CloseKind.OTHER
+
+
+def test_int_enum_close_codes_are_accepted() -> None:
+    """websockets' CloseCode (an IntEnum) classifies like the plain int it stands for."""
+    assert classify_close(CloseCode.NORMAL_CLOSURE, "", handshaken_before=False) is CloseKind.NORMAL
+    assert classify_close(CloseCode.GOING_AWAY, None, handshaken_before=True) is CloseKind.NORMAL
 
 
 def test_garbage_reason_does_not_crash() -> None:
