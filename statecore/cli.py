@@ -34,6 +34,7 @@ def all_lifecycles() -> tuple[Lifecycle[Any], ...]:
                 found.setdefault(lifecycle.name, lifecycle)
     return tuple(found.values())
 
+
 _FORMATS = ("table", "mermaid", "dot")
 
 

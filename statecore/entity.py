@@ -157,8 +157,12 @@ class EntityKind(Generic[S]):
             value = values.get(f.name, f.default)
             # Exact-type values (the common case) skip the full check; text that is not plain
             # ASCII still gets it (it must be encodable).
-            if value is None or type(value) is not f.type or (
-                f.type is str and not value.isascii()  # type: ignore[attr-defined]
+            if (
+                value is None
+                or type(value) is not f.type
+                or (
+                    f.type is str and not value.isascii()  # type: ignore[attr-defined]
+                )
             ):
                 value = f.check(value, self.name)
             out[f.name] = value
@@ -171,8 +175,12 @@ class EntityKind(Generic[S]):
             f = self.field(name)
             if f.immutable:
                 raise ValueError(f"{self.name}.{name} is immutable once created")
-            fast = value is not None and type(value) is f.type and (
-                f.type is not str or value.isascii()  # type: ignore[attr-defined]
+            fast = (
+                value is not None
+                and type(value) is f.type
+                and (
+                    f.type is not str or value.isascii()  # type: ignore[attr-defined]
+                )
             )
             checked[name] = value if fast else f.check(value, self.name)
         return checked
