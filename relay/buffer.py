@@ -23,7 +23,7 @@ import attrs
 from relay.frames import InboundEvent
 from statecore.clock import Clock, SystemClock
 from statecore.entity import EntityKind, Field, Index
-from statecore.errors import InvalidTransition, StaleState, UnknownEntity
+from statecore.errors import InvalidTransition, StaleState
 from statecore.lifecycle import Lifecycle, Transition
 from statecore.store import Audit, Row, Store, gt, lt
 
@@ -137,7 +137,9 @@ class InboundBuffer:
                 "gateway_id": gateway_id,
                 "platform": platform,
                 "seq": seq,
-                "event_json": json.dumps(event.to_wire(), ensure_ascii=False),
+                "event_json": json.dumps(
+                    event.to_wire(), ensure_ascii=False, separators=(",", ":")
+                ),
                 "created_at": now,
                 "updated_at": now,
             },
@@ -165,49 +167,94 @@ class InboundBuffer:
         )
         return [_entry(row) for row in rows]
 
-    def mark_sent(self, entries: Iterable[BufferEntry]) -> None:
-        """Record that ``entries`` were replayed (one transaction)."""
+    def replay_lines(
+        self, gateway_id: str, *, limit: int, after_seq: int | None = None
+    ) -> list[tuple[str, int, str]]:
+        """The next unacked entries as ready-to-send wire lines: ``(bufferId, seq, line)``.
+
+        The event was validated and serialised when it was appended; replay reuses that JSON
+        instead of parsing and re-encoding every event.  The first call of a replay (no
+        ``after_seq``) also expires the entries past retention.
+        """
+        where: dict[str, object] = {"gateway_id": gateway_id}
+        if after_seq is None:
+            self.expire(gateway_id)
+        else:
+            where["seq"] = gt(after_seq)
+        rows = self.store.select(
+            BUFFER_KIND, states=(_B.BUFFERED, _B.SENT), where=where, order_by="seq", limit=limit
+        )
+        return [
+            (
+                row.id,
+                row.values["seq"],
+                # Equal to encode(Inbound(event, buffer_id)): the same keys, compact JSON.
+                f'{{"type":"inbound","event":{row.values["event_json"]},'
+                f'"bufferId":{json.dumps(row.id)}}}\n',
+            )
+            for row in rows
+        ]
+
+    def mark_sent_ids(self, gateway_id: str, buffer_ids: list[str]) -> None:
+        """Record that these entries of ``gateway_id`` were replayed (one bulk write)."""
+        if not buffer_ids:
+            return
         now = self.clock.now()
-        with self.store.atomic():
-            for entry in entries:
-                try:
-                    self.store.transition(
-                        BUFFER_KIND,
-                        entry.buffer_id,
-                        "send",
-                        audit=Audit(now, entry.gateway_id),
-                        changes={"updated_at": now, "replays": entry.replays + 1},
-                    )
-                except (InvalidTransition, StaleState, UnknownEntity):
-                    continue  # acked or expired meanwhile: nothing to record
+        self.store.transition_many(
+            BUFFER_KIND,
+            buffer_ids,
+            "send",
+            audit=Audit(now, gateway_id),
+            expect={"gateway_id": gateway_id},
+            changes={"updated_at": now},
+            increments={"replays": 1},
+        )
+
+    def mark_sent(self, entries: Iterable[BufferEntry]) -> None:
+        """Record that ``entries`` were replayed (one guarded bulk write; entries acked or
+        expired meanwhile are left as they are)."""
+        batch = list(entries)
+        if not batch:
+            return
+        now = self.clock.now()
+        self.store.transition_many(
+            BUFFER_KIND,
+            [entry.buffer_id for entry in batch],
+            "send",
+            audit=Audit(now, batch[0].gateway_id),
+            expect={"gateway_id": batch[0].gateway_id},
+            changes={"updated_at": now},
+            increments={"replays": 1},
+        )
 
     def ack(self, gateway_id: str, buffer_ids: Iterable[str]) -> int:
         """Retire the entries the instance acked; return how many were retired.
 
-        Only the owning instance's entries are touched: an ack for an unknown, foreign or
-        already settled bufferId changes nothing (it is logged at INFO).
+        Only the owning instance's unacked entries are touched: an ack for an unknown, foreign
+        or already settled bufferId changes nothing (it is logged at INFO).
         """
+        wanted = list(dict.fromkeys(buffer_ids))
+        if not wanted:
+            return 0
         now = self.clock.now()
-        retired = 0
-        with self.store.atomic():
-            for buffer_id in buffer_ids:
-                try:
-                    self.store.transition(
-                        BUFFER_KIND,
-                        buffer_id,
-                        "ack",
-                        audit=Audit(now, gateway_id),
-                        expect={"gateway_id": gateway_id},
-                        changes={"updated_at": now},
-                    )
-                    retired += 1
-                except (InvalidTransition, StaleState, UnknownEntity):
+        retired = self.store.transition_many(
+            BUFFER_KIND,
+            wanted,
+            "ack",
+            audit=Audit(now, gateway_id),
+            expect={"gateway_id": gateway_id},
+            changes={"updated_at": now},
+        )
+        if len(retired) < len(wanted):
+            done = {row.id for row in retired}
+            for buffer_id in wanted:
+                if buffer_id not in done:
                     log.info(
                         "ignoring ack of %r from %s: not an unacked entry of it",
                         buffer_id,
                         gateway_id,
                     )
-        return retired
+        return len(retired)
 
     def expire(self, gateway_id: str | None = None) -> int:
         """Expire unacked entries older than the retention; return how many (logged)."""

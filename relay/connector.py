@@ -25,7 +25,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from relay.auth import token_from_header, verify_token
-from relay.buffer import BufferEntry, InboundBuffer
+from relay.buffer import InboundBuffer
 from relay.codec import FrameDecoder, encode, error_frame_for
 from relay.descriptor import CapabilityDescriptor
 from relay.errors import AuthError, ProtocolError
@@ -63,7 +63,7 @@ EGRESS_DECLINED_MESSAGE = "egress declined: target not approved for this connect
 """The one refusal text of the tenant guard: it says nothing about other tenants."""
 
 _MAX_VIOLATIONS = 20
-_REPLAY_CHUNK = 500
+_REPLAY_CHUNK = 1000
 _IDEMPOTENCY_CACHE = 10_000
 
 
@@ -79,6 +79,8 @@ class _Instance:
         self.replaying = False
         self.appended = 0  # events buffered for this instance while it replays
         self.violations = 0
+        self.acks: list[str] = []  # acked bufferIds not yet retired in the store
+        self.ack_flusher: asyncio.Task[None] | None = None
 
     @property
     def live(self) -> bool:
@@ -264,7 +266,10 @@ class Connector:
     async def _on_frame(self, instance: _Instance, frame: object) -> None:
         try:
             if isinstance(frame, InboundAck):
-                await self._store(lambda: self.buffer.ack(instance.gateway_id, [frame.buffer_id]))
+                # Acks arrive many per message during a replay: retire them together.
+                instance.acks.append(frame.buffer_id)
+                if instance.ack_flusher is None or instance.ack_flusher.done():
+                    instance.ack_flusher = asyncio.ensure_future(self._retire_acks(instance))
             elif isinstance(frame, Outbound):
                 self._background(self._outbound(instance, frame))
             elif isinstance(frame, Hello):
@@ -279,6 +284,16 @@ class Connector:
                 log.debug("connector: ignoring %s", type(frame).__name__)
         except Exception:
             log.exception("connector: handling a %s failed", type(frame).__name__)
+
+    async def _retire_acks(self, instance: _Instance) -> None:
+        """Retire every ack that has piled up, in one store transaction per round."""
+        while instance.acks:
+            batch, instance.acks = instance.acks, []
+            try:
+                await self._store(functools.partial(self.buffer.ack, instance.gateway_id, batch))
+            except Exception:
+                # Not retired: the entries stay unacked and are replayed again (never lost).
+                log.warning("connector: retiring %d acks failed", len(batch), exc_info=True)
 
     async def _hello(self, instance: _Instance, hello: Hello) -> None:
         descriptor = self.descriptors.get(hello.platform)
@@ -450,9 +465,9 @@ class Connector:
         try:
             while True:
                 instance.appended = 0
-                chunk: list[BufferEntry] = await self._store(
+                chunk = await self._store(
                     functools.partial(
-                        self.buffer.backlog, gateway_id, limit=_REPLAY_CHUNK, after_seq=after
+                        self.buffer.replay_lines, gateway_id, limit=_REPLAY_CHUNK, after_seq=after
                     )
                 )
                 if not chunk:
@@ -460,12 +475,16 @@ class Connector:
                         instance.replaying = False  # nothing slipped in meanwhile: go live
                         return
                     continue
-                lines = [encode(Inbound(entry.event, entry.buffer_id)) for entry in chunk]
-                for line in lines:
+                for _, _, line in chunk:
                     if not await self._send(instance, line):
                         return  # gone mid-replay: the unacked tail is replayed next time
-                after = chunk[-1].seq
-                await self._store(functools.partial(self.buffer.mark_sent, chunk))
+                after = chunk[-1][1]
+                # Recorded on the store thread while the next chunk is read (same thread, in
+                # order); its outcome changes nothing here, so it is not awaited.
+                sent = [buffer_id for buffer_id, _, _ in chunk]
+                self._background(
+                    self._store(functools.partial(self.buffer.mark_sent_ids, gateway_id, sent))
+                )
         finally:
             if self._instances.get(gateway_id) is not instance:
                 instance.replaying = False

@@ -530,8 +530,11 @@ class WebSocketRelayTransport:
                     ):
                         acks.append(buffer_id)  # handled before a restart: ack, don't redo
                         continue
-                    if self._handler is not None:
-                        await self._handler(frame.event)
+                    if self._handler is None:
+                        # Nobody handled it: leave a buffered delivery unacked (it is replayed
+                        # once a handler is set) rather than let the connector retire it.
+                        continue
+                    await self._handler(frame.event)
                     if buffer_id is not None:
                         if dedupe is not None:
                             await dedupe.remember(buffer_id)

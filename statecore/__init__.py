@@ -9,6 +9,13 @@ errors.  It performs no I/O of its own; stores live in ``stores``, the wire in `
 from statecore.adapter import PlatformAdapter, SendResult
 from statecore.async_ledger import AsyncLedger
 from statecore.clock import Clock, Deadline, FakeClock, SystemClock
+from statecore.delegations import (
+    DELEGATION,
+    DELEGATION_KIND,
+    Delegation,
+    Delegations,
+    DelegationState,
+)
 from statecore.entity import EntityKind, Field, Index
 from statecore.errors import (
     DeclarationError,
@@ -45,21 +52,37 @@ from statecore.ownership import (
     owner_alive,
 )
 from statecore.policy import ErrorKind, LedgerPolicy
+from statecore.routing import (
+    USER_BOUNDARY_END_REASONS,
+    Route,
+    RouteVerdict,
+    RoutingOrigin,
+    resolve_route,
+)
+from statecore.sessions import SESSION, SESSION_KIND, Session, SessionState, SessionStore
 from statecore.store import Audit, Row, Store, TransitionRecord
 
 __all__ = [
     "DECLARED_LIFECYCLES",
+    "DELEGATION",
+    "DELEGATION_KIND",
     "OBLIGATION",
     "OBLIGATION_KIND",
     "RECONNECTED_MARKER",
     "RECOVERED_MARKER",
+    "SESSION",
+    "SESSION_KIND",
     "TRANSPORT",
+    "USER_BOUNDARY_END_REASONS",
     "AsyncLedger",
     "Audit",
     "Claim",
     "Clock",
     "Deadline",
     "DeclarationError",
+    "Delegation",
+    "DelegationState",
+    "Delegations",
     "EntityKind",
     "ErrorKind",
     "FakeClock",
@@ -77,8 +100,14 @@ __all__ = [
     "PlatformAdapter",
     "ProcessProbe",
     "PsutilProbe",
+    "Route",
+    "RouteVerdict",
+    "RoutingOrigin",
     "Row",
     "SendResult",
+    "Session",
+    "SessionState",
+    "SessionStore",
     "StaleState",
     "StateMachine",
     "StatecoreError",
@@ -91,4 +120,5 @@ __all__ = [
     "UnknownEntity",
     "compute_obligation_id",
     "owner_alive",
+    "resolve_route",
 ]

@@ -15,7 +15,7 @@ from the same plan, so a fake store can never be looser than a real one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from enum import Enum
 from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
@@ -33,6 +33,7 @@ __all__ = [
     "TransitionPlan",
     "TransitionRecord",
     "Where",
+    "check_increments",
     "check_limit",
     "creation_target",
     "ge",
@@ -346,6 +347,27 @@ class Store(Protocol):
         """
         ...
 
+    def transition_many(
+        self,
+        kind: EntityKind[S],
+        entity_ids: Sequence[str],
+        event: str,
+        *,
+        audit: Audit,
+        expect: Mapping[str, object] | None = None,
+        changes: Mapping[str, object] | None = None,
+        increments: Mapping[str, int] | None = None,
+    ) -> list[Row[S]]:
+        """Apply ``event`` to every listed entity the guard admits, in one transaction.
+
+        The guard is the one :meth:`transition` uses, without a fence: state in
+        ``sources(event)`` and every ``expect`` condition.  Entities it does not admit (unknown,
+        in another state, failing ``expect``) are skipped, unchanged.  ``increments`` adds to
+        integer fields.  Returns the rows written, in the order of ``entity_ids``; each gets
+        its audit entry.  Raises as :meth:`transition` for bad input, before any write.
+        """
+        ...
+
     def select(
         self,
         kind: EntityKind[S],
@@ -417,6 +439,19 @@ def removal_sources(kind: EntityKind[S], event: str) -> frozenset[S]:
 def creation_target(kind: EntityKind[S], event: str) -> S:
     """The state a creation ``event`` starts entities in; raises :class:`InvalidTransition`."""
     return kind.lifecycle.target(None, event)
+
+
+def check_increments(kind: EntityKind[Any], increments: Mapping[str, int] | None) -> dict[str, int]:
+    """Check ``increments``: mutable, non-nullable int fields and int amounts."""
+    checked: dict[str, int] = {}
+    for name, amount in (increments or {}).items():
+        field = kind.field(name)
+        if field.type is not int or field.nullable or field.immutable:
+            raise ValueError(f"{kind.name}.{name} cannot be incremented (not a mutable int)")
+        if not isinstance(amount, int) or isinstance(amount, bool):
+            raise TypeError(f"increment of {kind.name}.{name} must be an int, not {amount!r}")
+        checked[name] = amount
+    return checked
 
 
 def check_limit(limit: int | None) -> None:

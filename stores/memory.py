@@ -9,7 +9,7 @@ with 100-byte content, audit entry included).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from enum import Enum
 from typing import Any, TypeVar
@@ -20,6 +20,7 @@ from statecore.store import (
     Audit,
     Row,
     TransitionRecord,
+    check_increments,
     check_limit,
     creation_target,
     normalize_where,
@@ -214,6 +215,49 @@ class InMemoryStore:
             self._write(table, entity_id, new)
             table.audit.setdefault(entity_id, []).append((event, state, target, *_audit(audit)))
             return _row(table, entity_id, new)
+
+    def transition_many(
+        self,
+        kind: EntityKind[S],
+        entity_ids: Sequence[str],
+        event: str,
+        *,
+        audit: Audit,
+        expect: Mapping[str, object] | None = None,
+        changes: Mapping[str, object] | None = None,
+        increments: Mapping[str, int] | None = None,
+    ) -> list[Row[S]]:
+        """The guarded transition for each listed entity the guard admits (others skipped)."""
+        if isinstance(entity_ids, str):
+            raise TypeError("entity_ids must be a sequence of ids, not one str")
+        ids = list(dict.fromkeys(entity_ids))
+        plans = [
+            plan_transition(kind, entity_id, event, expect=expect, changes=changes)
+            for entity_id in ids
+        ]
+        added = check_increments(kind, increments)
+        written: list[Row[S]] = []
+        with self.atomic():
+            table = self._table(kind)
+            for plan in plans:
+                rec = table.rows.get(plan.entity_id)
+                if rec is None:
+                    continue
+                current: Row[S] = _row(table, plan.entity_id, rec)
+                if not plan.matches(current.state, current.fence, current.values):
+                    continue
+                state, target = current.state, plan.targets[current.state]
+                mapping = dict(current.values)
+                mapping.update(plan.changes)
+                for name, amount in added.items():
+                    mapping[name] = mapping[name] + amount
+                new: _Rec = (target, current.fence + 1, tuple(mapping[n] for n in table.names))
+                self._write(table, plan.entity_id, new)
+                table.audit.setdefault(plan.entity_id, []).append(
+                    (event, state, target, *_audit(audit))
+                )
+                written.append(_row(table, plan.entity_id, new))
+        return written
 
     def prune(
         self,

@@ -35,6 +35,7 @@ from statecore.store import (
     TransitionPlan,
     TransitionRecord,
     Where,
+    check_increments,
     check_limit,
     creation_target,
     normalize_where,
@@ -54,6 +55,7 @@ SCHEMA_VERSION = 1
 _SQL_TYPES = {str: "TEXT", int: "INTEGER", float: "REAL", bool: "INTEGER"}
 _AUDIT_TABLE = "statecore_audit"
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+_BULK_CHUNK = 500  # ids per bulk UPDATE (well under SQLite's bound-parameter limit)
 _AUDIT_INSERT = (
     f"INSERT INTO {_AUDIT_TABLE} (kind, entity_id, event, from_state, to_state, at, owner, "
     "attempts, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -523,6 +525,61 @@ class SQLiteStore:
                 return row
             current = conn.execute(c.get_sql, (entity_id,)).fetchone()
         raise plan.miss(None if current is None else c.row(current, self.path))
+
+    def transition_many(
+        self,
+        kind: EntityKind[S],
+        entity_ids: Sequence[str],
+        event: str,
+        *,
+        audit: Audit,
+        expect: Mapping[str, object] | None = None,
+        changes: Mapping[str, object] | None = None,
+        increments: Mapping[str, int] | None = None,
+    ) -> list[Row[S]]:
+        """One guarded ``UPDATE ... WHERE id IN (...) RETURNING`` per chunk of ids, plus their
+        audit entries, all in one transaction; entities the guard does not admit are skipped."""
+        c = self._compiled(kind)
+        if isinstance(entity_ids, str):
+            raise TypeError("entity_ids must be a sequence of ids, not one str")
+        ids = list(dict.fromkeys(entity_ids))
+        for entity_id in ids:
+            if not isinstance(entity_id, str):
+                raise TypeError(f"an id must be a str, not {type(entity_id).__name__}")
+        plan = plan_transition(kind, "-", event, expect=expect, changes=changes)
+        added = check_increments(kind, increments)
+        head, _, tail = _update_sql(plan, c.select_cols).partition(f" WHERE {kind.id_field} = ?")
+        for name in added:
+            head += f", {name} = {name} + ?"
+        rows: dict[str, Row[S]] = {}
+        with _Txn(self, "transition_many", savepoint=False):
+            conn = self._conn()
+            for start in range(0, len(ids), _BULK_CHUNK):
+                chunk = ids[start : start + _BULK_CHUNK]
+                where = f" WHERE {kind.id_field} IN ({', '.join('?' * len(chunk))})"
+                params: list[Any] = [*plan.changes.values(), *added.values(), *chunk]
+                params.extend(_params(plan.expect))
+                raws = conn.execute(head + where + tail, params).fetchall()
+                conn.executemany(
+                    _AUDIT_INSERT,
+                    [
+                        (
+                            kind.name,
+                            raw[0],
+                            event,
+                            raw[-1],
+                            raw[1],
+                            audit.at,
+                            audit.owner,
+                            audit.attempts,
+                            audit.reason,
+                        )
+                        for raw in raws
+                    ],
+                )
+                for raw in raws:
+                    rows[raw[0]] = c.row(raw, self.path)
+        return [rows[i] for i in ids if i in rows]
 
     def prune(
         self,

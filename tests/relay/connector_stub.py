@@ -10,7 +10,6 @@
 * :class:`FaultProxy` is a TCP proxy (asyncio streams) between a transport and a connector that
   passes bytes through, stalls (accepts, then forwards nothing), or cuts the next
   connector-to-gateway message in half and drops the connection.
-
 * :class:`TransportFactory` builds transports aimed at the connector with short timings and
   tears them all down; :func:`eventually` and :func:`next_sleep` are bounded waits.
 """

@@ -57,10 +57,10 @@ async def eventually(predicate: Callable[[], bool], what: str, timeout: float = 
 def is_live(connector: Connector, gateway_id: str) -> bool:
     """True once the connector delivers ``gateway_id``'s inbound live (its replay finished).
 
-    Reads the connector's private instance table: an event injected while the post-handshake
-    replay is still running can be stranded in the buffer (a library bug, pinned by
-    ``test_event_arriving_as_replay_finishes_is_delivered``), so tests that are about something
-    else wait for this first.
+    Reads the connector's private instance table (falling back to ``connected``).  An event
+    injected while the post-handshake replay runs is buffered and replayed rather than sent
+    live; tests that assert live delivery (no bufferId, nothing buffered) wait for this first.
+    The race itself is pinned by ``test_event_arriving_as_replay_finishes_is_delivered``.
     """
     instances = getattr(connector, "_instances", None)
     if not isinstance(instances, dict):
@@ -876,6 +876,42 @@ class GatedStore(InMemoryStore):
             self.entered.set()
             self.release.wait(BOUND)
         return rows
+
+
+@pytest.mark.asyncio
+async def test_events_injected_right_after_the_handshake_are_delivered_in_order(
+    harness: Harness,
+) -> None:
+    """Events a user sends the moment a gateway's handshake completes (while the connector may
+    still be replaying) all reach it, in order, and nothing stays buffered."""
+    connector = await harness.start(tenants={"gw-a": {"scope-a", "user-a"}})
+    recorder = Recorder()
+    transport = harness.transport(connector, "gw-a")
+    transport.set_inbound_handler(recorder)
+    await transport.connect()
+    await transport.handshake(BOUND)
+    texts = [f"n{n}" for n in range(5)]
+    for text in texts:
+        await harness.platform.inject("dm", text, user_id="user-a")
+    await eventually(lambda: recorder.texts == texts, "every event", timeout=3)
+    await eventually(lambda: connector.buffered("gw-a") == 0, "nothing left buffered")
+    await harness.platform.inject("dm", "later", user_id="user-a")
+    await eventually(lambda: recorder.texts == [*texts, "later"], "a later event", timeout=3)
+
+
+@pytest.mark.asyncio
+async def test_event_nobody_listens_to_is_counted_and_warned(
+    mh: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An inbound event no gateway is subscribed to is counted as undeliverable and logged at
+    WARNING (never dropped silently), and nothing is buffered."""
+    connector = await mh.start()
+    with caplog.at_level(logging.DEBUG):
+        await mh.platform.inject("c1", "into the void")
+    assert connector.undeliverable == 1
+    assert [r.levelno for r in caplog.records if "c1" in r.getMessage()] == [logging.WARNING]
+    assert no_errors(caplog) == []
+    assert connector.buffered("gw-a") == 0
 
 
 @pytest.mark.asyncio

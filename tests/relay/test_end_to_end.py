@@ -49,9 +49,8 @@ async def eventually(predicate: Callable[[], bool], what: str, timeout: float = 
 def is_live(connector: Connector, gateway_id: str) -> bool:
     """True once the connector delivers ``gateway_id``'s inbound live (its replay finished).
 
-    Reads a private table: an event injected while the post-handshake replay is finishing can
-    be stranded in the buffer (a library bug pinned in test_connector.py), so tests wait for
-    this before injecting live traffic.
+    Reads the connector's private instance table (falling back to ``connected``): tests that
+    mean to exercise live delivery, rather than a replay, wait for this first.
     """
     instances = getattr(connector, "_instances", None)
     if not isinstance(instances, dict):

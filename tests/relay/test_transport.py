@@ -61,6 +61,11 @@ def counted(events: list[str], name: str, count: int) -> Callable[[], bool]:
     return lambda: events.count(name) == count
 
 
+def connections_reach(connector: Connector, count: int) -> Callable[[], bool]:
+    """A predicate: the connector accepted exactly ``count`` connections."""
+    return lambda: connector.connections == count
+
+
 async def request(
     transport: WebSocketRelayTransport,
     *,
@@ -293,16 +298,20 @@ async def test_buffered_delivery_is_acked_only_after_the_handler_returned(
 async def test_live_delivery_is_never_acked(
     connector: Connector, transports: TransportFactory
 ) -> None:
-    """A delivery without bufferId is handled but never acked."""
+    """A delivery without bufferId is handled but never acked (both pushed at the handshake)."""
     seen: list[str] = []
 
     async def handler(event: InboundEvent) -> None:
         seen.append(event.text)
 
-    transport = await transports.connected()
+    connector.push_on_handshake = [
+        {"type": "inbound", "event": inbound_event("live")},
+        {"type": "inbound", "event": inbound_event("buffered"), "bufferId": "buf-1"},
+    ]
+    transport = transports()
     transport.set_inbound_handler(handler)
-    await connector.push_inbound(inbound_event("live"))
-    await connector.push_inbound(inbound_event("buffered"), "buf-1")
+    await asyncio.wait_for(transport.connect(), GUARD)
+    await asyncio.wait_for(transport.handshake(), GUARD)
     await eventually(lambda: connector.inbound_acks == ["buf-1"], what="the buffered ack")
     await asyncio.sleep(0.05)
     assert seen == ["live", "buffered"]
@@ -718,18 +727,19 @@ async def test_request_fails_fast_not_sent_when_not_serving(
 # -- reconnecting ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("how", ["close_1011", "abrupt"])
+@pytest.mark.parametrize("how", ["1011", "1000", "4400", "abrupt"])
 async def test_unexpected_close_redials_and_rehandshakes(
     connector: Connector, transports: TransportFactory, how: str
 ) -> None:
-    """An unexpected close (1011 or a cut TCP stream) is followed by a re-dial and handshake."""
+    """A close we did not ask for (1011, 1000, 4400 or a cut TCP stream) is followed by a re-dial
+    and a new handshake."""
     transport = await transports.connected()
     states = record_states(transport)
     connector.descriptor = {**connector.descriptor, "label": "Discord v2"}
     if how == "abrupt":
         connector.abort_current()
     else:
-        await connector.close_current(1011, "crash")
+        await connector.close_current(int(how), "going")
     await eventually(
         lambda: transport.connections == 2 and state_of(transport) is T.CONNECTED,
         what="re-handshake",
@@ -810,6 +820,30 @@ async def test_exactly_one_dialer_connections_never_overlap(
     assert connector.max_live == 1
     assert connector.connections == 6
     assert events.count("dial") == 6
+
+
+async def test_exactly_one_dialer_is_armed_when_redials_die_before_the_handshake(
+    connector: Connector, clock: FakeClock, transports: TransportFactory
+) -> None:
+    """Re-dials closed before their descriptor never leave more than one dialer waiting."""
+    connector.close_on_connect = dict.fromkeys(range(2, 5), (1011, "crash loop"))
+    transport = await transports.connected(
+        clock=clock, handshake_timeout_s=1000.0, reconnect_backoff_s=1.0, reconnect_max_s=8.0
+    )
+    await connector.close_current(1011, "crash")
+    for number in range(2, 5):
+        clock.advance(await next_sleep(clock))
+        await eventually(connections_reach(connector, number), what="the re-dial")
+        await eventually(
+            lambda: state_of(transport) is T.RECONNECTING and clock.sleepers >= 1,
+            what="waiting to re-dial",
+        )
+        await asyncio.sleep(0.05)
+        assert clock.sleepers == 1  # one dialer waiting, nothing else
+    clock.advance(await next_sleep(clock))
+    await eventually(lambda: state_of(transport) is T.CONNECTED, what="connected")
+    assert connector.max_live == 1
+    assert connector.connections == 5
 
 
 @pytest.mark.parametrize("start", ["connected", "reconnecting", "dormant"])

@@ -1,0 +1,443 @@
+"""The gateway runtime: where a bot is built.
+
+``Gateway`` binds platform adapters (a :class:`~relay.adapter.RelayAdapter` per connector
+identity, or any object with ``async send(chat_id, content, metadata)``) to the delivery ledger:
+
+* every final reply goes through :meth:`Gateway.send_final`: recorded (pending), marked
+  attempting, sent, settled -- all store work off the event loop (``AsyncLedger``);
+* at :meth:`~Gateway.start` it claims dead owners' rows for the (platform, profile) pairs that
+  are connected now (no attempt is spent on a send that cannot happen), clears each session's
+  ``resume_pending`` flag **before** any send, then redelivers in the background -- plainly when
+  the send never began, labelled when it may have;
+* on an adapter's reconnect and on a timer it retries this incarnation's transient failures,
+  scoped to platform and profile; a claim that cannot be sent is released, its attempt refunded.
+
+The bot's logic is an inbound handler: ``gateway.on_message(handler)``; the handler receives a
+:class:`Turn` whose :meth:`Turn.reply` is ``send_final`` for that message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+import attrs
+
+from relay.frames import InboundEvent
+from statecore.adapter import SendResult
+from statecore.async_ledger import AsyncLedger
+from statecore.clock import Clock, Deadline, SystemClock
+from statecore.errors import InvalidTransition, StaleState
+from statecore.lifecycles import ObligationState, TransportState
+from statecore.obligation import Claim
+from statecore.ownership import Incarnation, ProcessProbe
+from statecore.policy import LedgerPolicy
+from statecore.sessions import SessionStore
+from statecore.store import Store
+
+__all__ = ["Gateway", "Message", "MessageHandler", "SessionFlags", "Turn", "session_key_for"]
+
+log = logging.getLogger(__name__)
+
+_DEFAULT_STOP_BUDGET_S = 10.0
+
+
+class SessionFlags(Protocol):
+    """What the runtime needs from the session store: clear the flag that would replay a turn."""
+
+    async def clear_resume_pending(self, session_key: str) -> object:
+        """Clear ``resume_pending`` for ``session_key`` (may raise if the store is down)."""
+        ...
+
+
+class _Sendable(Protocol):
+    async def send(
+        self, chat_id: str, content: str, metadata: Mapping[str, Any] | None = None
+    ) -> SendResult: ...
+
+
+def session_key_for(
+    profile: str, platform: str, chat_type: str, chat_id: str, thread_id: str | None = None
+) -> str:
+    """The session key of a conversation: one per (bot profile, platform, chat, thread)."""
+    key = f"agent:{profile}:{platform}:{chat_type}:{chat_id}"
+    return key if thread_id is None else f"{key}:{thread_id}"
+
+
+@attrs.frozen
+class Message:
+    """One inbound user message, as the bot's handler sees it."""
+
+    platform: str
+    profile: str
+    chat_id: str
+    chat_type: str
+    text: str
+    message_id: str | None
+    thread_id: str | None
+    user_id: str | None
+    user_name: str | None
+    scope_id: str | None
+    session_key: str
+
+    @classmethod
+    def from_event(cls, event: InboundEvent, *, profile: str) -> Message:
+        """Build from a relay inbound event for the adapter of ``profile``."""
+        source = event.source
+        return cls(
+            platform=source.platform,
+            profile=profile,
+            chat_id=source.chat_id,
+            chat_type=source.chat_type,
+            text=event.text,
+            message_id=event.message_id,
+            thread_id=source.thread_id,
+            user_id=source.user_id,
+            user_name=source.user_name,
+            scope_id=source.scope_id,
+            session_key=session_key_for(
+                profile, source.platform, source.chat_type, source.chat_id, source.thread_id
+            ),
+        )
+
+
+class Turn:
+    """One message being handled: reply with :meth:`reply` (each reply is ledgered)."""
+
+    def __init__(self, gateway: Gateway, message: Message) -> None:
+        self.gateway = gateway
+        self.message = message
+
+    async def reply(self, text: str) -> SendResult:
+        """Send a final reply to the message's chat (thread), durably: see ``send_final``."""
+        m = self.message
+        return await self.gateway.send_final(
+            session_key=m.session_key,
+            platform=m.platform,
+            chat_id=m.chat_id,
+            content=text,
+            message_ref=m.message_id,
+            thread_id=m.thread_id,
+            reply_to=m.message_id,
+            profile=m.profile,
+        )
+
+
+MessageHandler = Callable[[Turn], Awaitable[None]]
+
+
+class Gateway:
+    """The runtime (see the module docs).
+
+    ``Gateway(store, *, sessions=None, clock=None, incarnation=None, probe=None, policy=None,
+    retry_interval_s=15.0)``.  ``sessions`` is any object with ``async
+    clear_resume_pending(session_key)``; the default is the persisted session store over the
+    same ``store``.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        sessions: SessionFlags | None = None,
+        clock: Clock | None = None,
+        incarnation: Incarnation | None = None,
+        probe: ProcessProbe | None = None,
+        policy: LedgerPolicy | None = None,
+        retry_interval_s: float = 15.0,
+    ) -> None:
+        self.store = store
+        self.clock: Clock = clock or SystemClock()
+        self.ledger = AsyncLedger(
+            store, policy=policy, clock=self.clock, incarnation=incarnation, probe=probe
+        )
+        self.sessions: SessionFlags = (
+            sessions if sessions is not None else _default_sessions(store, self.clock)
+        )
+        self.retry_interval_s = retry_interval_s
+        self._adapters: dict[tuple[str, str], _Sendable] = {}
+        self._handler: MessageHandler | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._retry_loop: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.delivered = 0
+        """Replies delivered by this process (first sends and redeliveries)."""
+        self.redelivered = 0
+        """Of those, redeliveries of claimed rows."""
+        self.labelled = 0
+        """Of those, redeliveries sent with a possible-duplicate label."""
+
+    # -- wiring --------------------------------------------------------------------------------
+
+    def add_adapter(self, platform: str, adapter: _Sendable, *, profile: str = "default") -> None:
+        """Send replies for ``(platform, profile)`` through ``adapter``.
+
+        An adapter with ``on_message`` delivers its inbound messages to the bot's handler; one
+        whose transport reports state changes triggers the runtime retry on every reconnect.
+        """
+        self._adapters[(platform, profile)] = adapter
+        on_message = getattr(adapter, "on_message", None)
+        if on_message is not None:
+
+            async def inbound(event: InboundEvent) -> None:
+                await self._dispatch(Message.from_event(event, profile=profile))
+
+            on_message(inbound)
+        listeners = getattr(getattr(adapter, "transport", None), "listeners", None)
+        if isinstance(listeners, list):
+            listeners.append(self._reconnect_listener(platform, profile))
+
+    def on_message(self, handler: MessageHandler | None) -> None:
+        """Run ``await handler(turn)`` for every inbound message (outside the socket reader).
+
+        An exception in the handler is logged and never kills the gateway; a buffered message
+        whose handler raised is not acked, so the connector replays it -- replies the handler
+        had already sent are not sent twice (their obligations already exist).
+        """
+        self._handler = handler
+
+    async def _dispatch(self, message: Message) -> None:
+        if self._handler is None:
+            return
+        await self._handler(Turn(self, message))
+
+    def _reconnect_listener(
+        self, platform: str, profile: str
+    ) -> Callable[[TransportState, TransportState, str], None]:
+        def changed(before: TransportState, after: TransportState, event: str) -> None:
+            del before
+            if event == "establish" and after is TransportState.CONNECTED and not self._stopping:
+                self._spawn(self.redeliver_failed(platform, profile=profile))
+
+        return changed
+
+    def adapter(self, platform: str, profile: str = "default") -> _Sendable | None:
+        """The adapter for ``(platform, profile)``, or None."""
+        return self._adapters.get((platform, profile))
+
+    # -- sending -------------------------------------------------------------------------------
+
+    async def send_final(
+        self,
+        *,
+        session_key: str,
+        platform: str,
+        chat_id: str,
+        content: str,
+        message_ref: str | int | None,
+        thread_id: str | None = None,
+        reply_to: str | None = None,
+        profile: str = "default",
+    ) -> SendResult:
+        """Send a bot's final reply durably: record, mark attempting, send, settle.
+
+        The same reply to the same message (same session key, message and text) is recorded
+        once: a repeat returns the first one's outcome instead of sending twice.  No adapter for
+        ``(platform, profile)`` → the reply is kept owed (released with ``send_path_degraded``)
+        and sent when that adapter connects.  Raises ``TypeError``/``ValueError`` for bad input
+        (nothing is recorded then) and ``StoreError`` when the ledger cannot record it.
+        """
+        obligation = await self.ledger.record(
+            session_key=session_key,
+            platform=platform,
+            chat_id=chat_id,
+            content=content,
+            message_ref=message_ref,
+            thread_id=thread_id,
+            reply_to=reply_to,
+            adapter_profile=profile,
+        )
+        oid = obligation.obligation_id
+        mine = obligation.owner.token == self.ledger.incarnation.token
+        if obligation.state is not ObligationState.PENDING or not mine:
+            # Recorded before (a replayed turn): its ledger row, not this call, owns the send.
+            if obligation.state is ObligationState.DELIVERED:
+                return SendResult.ok()
+            return SendResult.failed("already owed; the ledger will deliver it")
+        try:
+            await self.ledger.mark_attempting(oid)
+        except (InvalidTransition, StaleState):
+            return SendResult.failed("already being sent")
+        adapter = self.adapter(platform, profile)
+        if adapter is None:
+            await self.ledger.release(oid, "send_path_degraded")
+            return SendResult.failed(f"no adapter for {platform}/{profile}; kept owed")
+        result = await self._send(
+            adapter,
+            chat_id,
+            content=content,
+            thread_id=thread_id,
+            reply_to=reply_to,
+            obligation_id=oid,
+        )
+        await self._settle(oid, result)
+        return result
+
+    async def _send(
+        self,
+        adapter: _Sendable,
+        chat_id: str,
+        *,
+        content: str,
+        thread_id: str | None,
+        reply_to: str | None,
+        obligation_id: str,
+    ) -> SendResult:
+        metadata: dict[str, Any] = {"idempotency_key": obligation_id}
+        if thread_id is not None:
+            metadata["thread_id"] = thread_id
+        if reply_to is not None:
+            metadata["reply_to"] = reply_to
+        try:
+            return await adapter.send(chat_id, content, metadata)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("adapter send raised for %s: %s", obligation_id, exc, exc_info=True)
+            return SendResult.failed(f"send raised: {exc}", ambiguous=True)
+
+    async def _settle(self, obligation_id: str, result: SendResult) -> None:
+        if result.success:
+            await self.ledger.mark_delivered(obligation_id)
+            self.delivered += 1
+        else:
+            await self.ledger.mark_failed(obligation_id, result.error or "send failed")
+
+    # -- recovery ------------------------------------------------------------------------------
+
+    def connected_targets(self) -> set[tuple[str, str]]:
+        """(platform, profile) pairs whose adapter can send now."""
+        targets = set()
+        for (platform, profile), adapter in self._adapters.items():
+            if getattr(adapter, "connected", True):
+                targets.add((platform, profile))
+        return targets
+
+    async def start(self) -> int:
+        """Connect adapters, claim what dead owners left for connected targets, clear their
+        sessions' ``resume_pending`` flags, then redeliver in the background; start the retry
+        timer.  Returns how many rows were claimed.
+        """
+        self._stopping = False
+        for adapter in self._adapters.values():
+            connect = getattr(adapter, "connect", None)
+            if connect is not None and not getattr(adapter, "connected", False):
+                try:
+                    await connect()
+                except Exception:
+                    log.warning("adapter failed to connect at start", exc_info=True)
+        claims = await self._claim_recoverable()
+        if claims:
+            self._spawn(self._redeliver(claims))
+        if self._retry_loop is None or self._retry_loop.done():
+            self._retry_loop = asyncio.create_task(self._retry_timer(), name="gateway-retry")
+        return len(claims)
+
+    async def redeliver_pending(self) -> int:
+        """The startup path, awaited to the end: claim, clear flags, send; returns how many
+        replies were delivered."""
+        return await self._redeliver(await self._claim_recoverable())
+
+    async def _claim_recoverable(self) -> list[Claim]:
+        claims = await self.ledger.sweep_recoverable(deliverable_targets=self.connected_targets())
+        for claim in claims:
+            try:
+                # Before any send: a turn whose reply is owed must never also be resumed.
+                await self.sessions.clear_resume_pending(claim.obligation.session_key)
+            except Exception:
+                log.warning(
+                    "could not clear resume_pending for %s; sending anyway",
+                    claim.obligation.session_key,
+                    exc_info=True,
+                )
+        return claims
+
+    async def redeliver_failed(self, platform: str, *, profile: str | None = None) -> int:
+        """The runtime path: re-claim this incarnation's retryable failures on ``platform``
+        (and ``profile``) and send them labelled; returns how many were delivered."""
+        claims = await self.ledger.sweep_failed_for_runtime(platform, profile=profile)
+        ready: list[Claim] = []
+        for claim in claims:
+            try:
+                await self.sessions.clear_resume_pending(claim.obligation.session_key)
+            except Exception:
+                # At runtime a failed clear sends nothing: hand the claim back, refunded.
+                log.warning("could not clear resume_pending; releasing %s", claim.obligation_id)
+                await self.ledger.release(claim.obligation_id)
+                continue
+            ready.append(claim)
+        return await self._redeliver(ready)
+
+    async def _redeliver(self, claims: list[Claim]) -> int:
+        delivered = 0
+        for claim in claims:
+            ob = claim.obligation
+            adapter = self.adapter(ob.platform, claim.profile)
+            if adapter is None:
+                await self.ledger.release(claim.obligation_id)  # refund; never strand it
+                continue
+            result = await self._send(
+                adapter,
+                ob.chat_id,
+                content=claim.render(),
+                thread_id=ob.thread_id,
+                reply_to=ob.reply_to,
+                obligation_id=ob.obligation_id,
+            )
+            await self._settle(ob.obligation_id, result)
+            if result.success:
+                delivered += 1
+                self.redelivered += 1
+                self.labelled += int(claim.needs_marker)
+        return delivered
+
+    async def _retry_timer(self) -> None:
+        while not self._stopping:
+            await self.clock.sleep(self.retry_interval_s)
+            for platform, profile in sorted(self.connected_targets()):
+                try:
+                    await self.redeliver_failed(platform, profile=profile)
+                except Exception:
+                    log.warning("runtime retry for %s/%s failed", platform, profile, exc_info=True)
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    async def stop(self, budget_s: float | None = None) -> None:
+        """Stop within ``budget_s`` (default 10 s): let in-flight redeliveries finish while the
+        budget allows, disconnect adapters with what remains, close the ledger."""
+        self._stopping = True
+        deadline = Deadline.after(
+            SystemClock(), _DEFAULT_STOP_BUDGET_S if budget_s is None else budget_s
+        )
+        if self._retry_loop is not None:
+            self._retry_loop.cancel()
+        pending = [t for t in self._tasks if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=deadline.remaining() / 2)
+            for task in pending:
+                task.cancel()
+        for adapter in self._adapters.values():
+            disconnect = getattr(adapter, "disconnect", None)
+            if disconnect is None:
+                continue
+            with contextlib.suppress(Exception):
+                try:
+                    await asyncio.wait_for(
+                        disconnect(budget_s=deadline.remaining()), deadline.remaining() + 1
+                    )
+                except TypeError:
+                    await asyncio.wait_for(disconnect(), deadline.remaining() + 1)
+        await self.ledger.aclose()
+
+
+def _default_sessions(store: Store, clock: Clock) -> SessionFlags:
+    sessions: SessionFlags = SessionStore(store, clock=clock)
+    return sessions
