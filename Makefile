@@ -18,7 +18,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/statecore lifecycles
+	$(BIN)/python -m relay.demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(CODE)
