@@ -323,7 +323,8 @@ def bench_sweep(tmp: Path, total: int, dead: int, rounds: int) -> None:
                     conn.execute(
                         "UPDATE delivery_obligations "
                         "SET owner_pid = 900000 + ((rowid - 1) / ?) % ?, owner_started_at = 1, "
-                        "attempts = 0 WHERE state IN ('pending', 'attempting', 'failed')",
+                        "owner_token = 'dead', attempts = 0 "
+                        "WHERE state IN ('pending', 'attempting', 'failed')",
                         (max(1, total // dead), owners),
                     )
                     conn.close()
