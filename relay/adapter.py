@@ -21,10 +21,14 @@ from relay.frames import InboundEvent
 from relay.transport import RequestOutcome, RequestResult, default_disconnect_budget_s
 from statecore.adapter import SendResult
 from statecore.clock import Clock, Deadline, SystemClock
+from statecore.lifecycles import TransportState
 
-__all__ = ["ChatRoute", "RelayAdapter", "RelayTransportLike"]
+__all__ = ["SEND_PATH_DEGRADED", "ChatRoute", "RelayAdapter", "RelayTransportLike"]
 
 log = logging.getLogger(__name__)
+
+SEND_PATH_DEGRADED = "send_path_degraded"
+"""The send error meaning the platform never saw the request (the ledger's reconnect error)."""
 
 _GO_IDLE_MAX_S = 10.0
 
@@ -88,13 +92,28 @@ class RelayAdapter:
         self._clock: Clock = clock or SystemClock()
         self._routes: dict[str, ChatRoute] = {}
         self._handler: Callable[[InboundEvent], Awaitable[None]] | None = None
-        self.connected = False
+        # Only for transports that do not report a state (stubs): set by connect().
+        self._stub_connected = False
+
+    @property
+    def connected(self) -> bool:
+        """True while the transport can carry a send now (derived from its lifecycle state, so
+        it turns False during a reconnect and True again after it)."""
+        state = getattr(self.transport, "state", None)
+        if isinstance(state, TransportState):
+            return state in (TransportState.CONNECTED, TransportState.GOING_IDLE)
+        return self._stub_connected
 
     # -- connecting ----------------------------------------------------------------------------
 
     def on_message(self, handler: Callable[[InboundEvent], Awaitable[None]] | None) -> None:
-        """Deliver inbound events to ``handler`` (after the adapter has learned their route)."""
+        """Deliver inbound events to ``handler`` (after the adapter has learned their route).
+
+        Until a handler is set, the transport has none either, so buffered deliveries stay
+        unacked (and are replayed) instead of being acked unhandled.
+        """
         self._handler = handler
+        self.transport.set_inbound_handler(self._on_inbound if handler is not None else None)  # type: ignore[arg-type]
 
     async def connect(self, is_reconnect: bool = False) -> bool:
         """Register the inbound handler, dial, handshake and adopt the connector's descriptor.
@@ -104,15 +123,16 @@ class RelayAdapter:
         reached or refuses us; never raises for the network.
         """
         del is_reconnect
-        self.transport.set_inbound_handler(self._on_inbound)
+        if self._handler is not None:
+            self.transport.set_inbound_handler(self._on_inbound)
         try:
             await self.transport.connect()
             self.descriptor = await self.transport.handshake()
         except (RelayBroken, RelayClosed, OSError) as exc:
             log.warning("relay adapter %s/%s: connect failed: %s", self.platform, self.profile, exc)
-            self.connected = False
+            self._stub_connected = False
             return False
-        self.connected = True
+        self._stub_connected = True
         return True
 
     async def _on_inbound(self, event: InboundEvent) -> None:
@@ -173,6 +193,10 @@ class RelayAdapter:
         result: RequestResult = await request(action, idempotency_key=meta.get("idempotency_key"))
         if result.outcome is RequestOutcome.OK:
             return SendResult.ok(result.message_id)
+        if result.outcome is RequestOutcome.NOT_SENT:
+            # It never left: the platform did not see it.  Reported as the reconnect error, so
+            # the ledger retries it as soon as the relay is back instead of spending attempts.
+            return SendResult.failed(SEND_PATH_DEGRADED)
         return SendResult.failed(
             result.error or result.outcome.value, ambiguous=result.outcome is RequestOutcome.UNKNOWN
         )
@@ -204,7 +228,7 @@ class RelayAdapter:
         if deadline is None:
             budget = default_disconnect_budget_s() if budget_s is None else budget_s
             deadline = Deadline.after(self._clock, budget)
-        self.connected = False
+        self._stub_connected = False
         go_idle = getattr(self.transport, "go_idle", None)
         if go_idle is not None:
             try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
@@ -163,6 +164,7 @@ class Gateway:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._retry_loop: asyncio.Task[None] | None = None
         self._stopping = False
+        self._started = False
         self.delivered = 0
         """Replies delivered by this process (first sends and redeliveries)."""
         self.redelivered = 0
@@ -179,13 +181,7 @@ class Gateway:
         whose transport reports state changes triggers the runtime retry on every reconnect.
         """
         self._adapters[(platform, profile)] = adapter
-        on_message = getattr(adapter, "on_message", None)
-        if on_message is not None:
-
-            async def inbound(event: InboundEvent) -> None:
-                await self._dispatch(Message.from_event(event, profile=profile))
-
-            on_message(inbound)
+        self._listen(adapter, profile)
         listeners = getattr(getattr(adapter, "transport", None), "listeners", None)
         if isinstance(listeners, list):
             listeners.append(self._reconnect_listener(platform, profile))
@@ -198,6 +194,23 @@ class Gateway:
         had already sent are not sent twice (their obligations already exist).
         """
         self._handler = handler
+        for (_, profile), adapter in self._adapters.items():
+            self._listen(adapter, profile)
+
+    def _listen(self, adapter: _Sendable, profile: str) -> None:
+        """Route the adapter's inbound messages to the handler -- only once there is one, so
+        that nothing is acknowledged before a handler has seen it."""
+        on_message = getattr(adapter, "on_message", None)
+        if on_message is None:
+            return
+        if self._handler is None:
+            on_message(None)
+            return
+
+        async def inbound(event: InboundEvent) -> None:
+            await self._dispatch(Message.from_event(event, profile=profile))
+
+        on_message(inbound)
 
     async def _dispatch(self, message: Message) -> None:
         if self._handler is None:
@@ -209,10 +222,21 @@ class Gateway:
     ) -> Callable[[TransportState, TransportState, str], None]:
         def changed(before: TransportState, after: TransportState, event: str) -> None:
             del before
-            if event == "establish" and after is TransportState.CONNECTED and not self._stopping:
-                self._spawn(self.redeliver_failed(platform, profile=profile))
+            # A connection made during start() is covered by start()'s own sweep.
+            if event == "establish" and after is TransportState.CONNECTED and self._started:
+                self._spawn(self._reconnected(platform, profile))
 
         return changed
+
+    async def _reconnected(self, platform: str, profile: str) -> None:
+        """An adapter (re)connected: what a dead process left for it can be sent now (the
+        startup path, scoped to this target), and so can this process's own failures."""
+        try:
+            claims = await self._claim_recoverable({(platform, profile)})
+            await self._redeliver(claims)
+            await self.redeliver_failed(platform, profile=profile)
+        except Exception:
+            log.warning("recovery after %s/%s reconnected failed", platform, profile, exc_info=True)
 
     def adapter(self, platform: str, profile: str = "default") -> _Sendable | None:
         """The adapter for ``(platform, profile)``, or None."""
@@ -330,6 +354,7 @@ class Gateway:
                 except Exception:
                     log.warning("adapter failed to connect at start", exc_info=True)
         claims = await self._claim_recoverable()
+        self._started = True
         if claims:
             self._spawn(self._redeliver(claims))
         if self._retry_loop is None or self._retry_loop.done():
@@ -341,8 +366,9 @@ class Gateway:
         replies were delivered."""
         return await self._redeliver(await self._claim_recoverable())
 
-    async def _claim_recoverable(self) -> list[Claim]:
-        claims = await self.ledger.sweep_recoverable(deliverable_targets=self.connected_targets())
+    async def _claim_recoverable(self, targets: set[tuple[str, str]] | None = None) -> list[Claim]:
+        deliverable = self.connected_targets() if targets is None else targets
+        claims = await self.ledger.sweep_recoverable(deliverable_targets=deliverable)
         for claim in claims:
             try:
                 # Before any send: a turn whose reply is owed must never also be resumed.
@@ -374,25 +400,37 @@ class Gateway:
     async def _redeliver(self, claims: list[Claim]) -> int:
         delivered = 0
         for claim in claims:
-            ob = claim.obligation
-            adapter = self.adapter(ob.platform, claim.profile)
-            if adapter is None:
-                await self.ledger.release(claim.obligation_id)  # refund; never strand it
-                continue
-            result = await self._send(
-                adapter,
-                ob.chat_id,
-                content=claim.render(),
-                thread_id=ob.thread_id,
-                reply_to=ob.reply_to,
-                obligation_id=ob.obligation_id,
-            )
-            await self._settle(ob.obligation_id, result)
-            if result.success:
-                delivered += 1
-                self.redelivered += 1
-                self.labelled += int(claim.needs_marker)
+            try:
+                delivered += await self._redeliver_one(claim)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # One claim's trouble (a store hiccup settling it) never strands the others.
+                log.warning("redelivery of %s failed", claim.obligation_id, exc_info=True)
         return delivered
+
+    async def _redeliver_one(self, claim: Claim) -> int:
+        """Send one claim, labelled if needed; hand it back (refunded) when its adapter is
+        missing.  Returns 1 if it was delivered."""
+        ob = claim.obligation
+        adapter = self.adapter(ob.platform, claim.profile)
+        if adapter is None:
+            await self.ledger.release(claim.obligation_id)  # refund; never strand it
+            return 0
+        result = await self._send(
+            adapter,
+            ob.chat_id,
+            content=claim.render(),
+            thread_id=ob.thread_id,
+            reply_to=ob.reply_to,
+            obligation_id=ob.obligation_id,
+        )
+        await self._settle(ob.obligation_id, result)
+        if not result.success:
+            return 0
+        self.redelivered += 1
+        self.labelled += int(claim.needs_marker)
+        return 1
 
     async def _retry_timer(self) -> None:
         while not self._stopping:
@@ -414,6 +452,7 @@ class Gateway:
         """Stop within ``budget_s`` (default 10 s): let in-flight redeliveries finish while the
         budget allows, disconnect adapters with what remains, close the ledger."""
         self._stopping = True
+        self._started = False
         deadline = Deadline.after(
             SystemClock(), _DEFAULT_STOP_BUDGET_S if budget_s is None else budget_s
         )
@@ -428,14 +467,20 @@ class Gateway:
             disconnect = getattr(adapter, "disconnect", None)
             if disconnect is None:
                 continue
+            # Each adapter gets what is left of the budget, and no more.
             with contextlib.suppress(Exception):
-                try:
-                    await asyncio.wait_for(
-                        disconnect(budget_s=deadline.remaining()), deadline.remaining() + 1
-                    )
-                except TypeError:
-                    await asyncio.wait_for(disconnect(), deadline.remaining() + 1)
+                remaining = deadline.remaining()
+                call = disconnect(budget_s=remaining) if _takes_budget(disconnect) else disconnect()
+                await asyncio.wait_for(call, max(0.01, remaining))
         await self.ledger.aclose()
+
+
+def _takes_budget(function: Any) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+    return "budget_s" in parameters
 
 
 def _default_sessions(store: Store, clock: Clock) -> SessionFlags:

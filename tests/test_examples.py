@@ -1,0 +1,325 @@
+"""The runnable examples, exercised: each one runs as a real subprocess (as a user would run it)
+and must exit 0 and print the lines that show its point; the custom store passes the whole
+store contract kit."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import itertools
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from statecore import RECONNECTED_MARKER
+
+if "stores.testing" not in sys.modules:  # detailed assertion messages from the kit's asserts
+    pytest.register_assert_rewrite("stores.testing")
+
+from relay.adapter import RelayAdapter
+from relay.connector import Connector
+from relay.gateway import Gateway
+from relay.platform import LoopbackPlatform
+from relay.transport import WebSocketRelayTransport
+from statecore import RECOVERED_MARKER, Audit, LedgerPolicy, Store
+from stores import InMemoryStore, SQLiteStore
+from stores.testing import TICKET_KIND, StoreContract, StoreFactory
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+TIMEOUT_S = 60.0
+
+posix_only = pytest.mark.skipif(sys.platform == "win32", reason="the example sends SIGKILL")
+
+
+def run_example(name: str) -> str:
+    """Run ``examples/<name>.py`` from the repository root; return its stdout (exit 0 asserted)."""
+    done = subprocess.run(
+        [sys.executable, f"examples/{name}.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, (
+        f"{name}.py exited with {done.returncode}\n"
+        f"--- stdout ---\n{done.stdout}\n--- stderr ---\n{done.stderr}"
+    )
+    return done.stdout
+
+
+def load_example(name: str) -> ModuleType:
+    """Import ``examples/<name>.py`` as a module (the examples are scripts, not a package)."""
+    module_name = f"statecore_example_{name}"
+    found = sys.modules.get(module_name)
+    if found is not None:
+        return found
+    spec = importlib.util.spec_from_file_location(module_name, EXAMPLES / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def section(output: str, title: str) -> str:
+    """The part of ``output`` from the line starting with ``title`` to the end."""
+    start = output.find(title)
+    assert start >= 0, f"no {title!r} in:\n{output}"
+    return output[start:]
+
+
+# -- echo ------------------------------------------------------------------------------------------
+
+
+def test_echo_bot_answers_every_message_in_order() -> None:
+    out = run_example("echo_bot")
+    chat = section(out, "the chat, as alice sees it:")
+    lines = [line.strip() for line in chat.splitlines()[1:7]]
+    assert lines == [
+        "[alice] hello",
+        "[bot] echo: hello",
+        "[alice] how are you?",
+        "[bot] echo: how are you?",
+        "[alice] bye",
+        "[bot] echo: bye",
+    ]
+    assert "replies delivered by the gateway: 3" in out
+
+
+# -- crash recovery --------------------------------------------------------------------------------
+
+
+@posix_only
+def test_crash_recovery_delivers_the_reply_labelled_after_sigkill() -> None:
+    out = run_example("crash_recovery")
+    # The first life hung in the send with its ledger row attempting, and was SIGKILLed.
+    assert "HANGING in the send of obligation" in out
+    assert "the bot exited with -9: killed by SIGKILL = True" in out
+    assert "bot replies so far: 0" in out
+    # The second life claimed the dead process's row and redelivered it, labelled.
+    assert "claimed 1 owed reply(s) left by a dead process" in out
+    assert "redelivered 1 reply(s), 1 of them labelled" in out
+    outcome = section(out, "5. the outcome")
+    assert f"[bot]   {RECOVERED_MARKER}" in outcome
+    assert "The answer to everything is 42." in outcome
+    assert outcome.count("[bot]") == 1  # exactly one reply: nothing lost, nothing doubled
+    assert "recovered reply delivered: True; labelled: True" in out
+    assert "replies sent 1, lost 0" in out
+
+
+# -- scale to zero ---------------------------------------------------------------------------------
+
+
+def test_scale_to_zero_buffers_while_dormant_and_answers_in_order_once() -> None:
+    out = run_example("scale_to_zero")
+    assert "going_idle -> dormant (sleep)" in out
+    assert "dormant -> connecting (dial)" in out  # woken by the dormant cadence
+    counts = [int(n) for n in re.findall(r"connector\.buffered\('sleepy-gateway'\) = (\d+)", out)]
+    # Buffered while asleep, all acked after the wake; the dead instance's two stay unacked.
+    assert counts == [3, 0, 2, 2, 0]
+    assert "= 2 after bot#1 is gone (unacked)" in out
+    assert "handled in the order written: True" in out
+    assert "was handled before -> acked, not handled" in out
+    assert "messages handled: 6, handled twice: none" in out
+    assert "replies sent: 6; replays skipped by dedupe: 1" in out
+    chats = section(out, "the chats:")
+    answers_a = re.findall(r"chat-a \[bot\] got it: (.+)", chats)
+    assert answers_a == ["hi", "are you there?", "one more thing"]
+    answers_b = re.findall(r"chat-b \[bot\] got it: (.+)", chats)
+    assert answers_b == ["good morning", "ping", "pong"]
+
+
+# -- delegating bot --------------------------------------------------------------------------------
+
+
+@posix_only
+def test_delegating_bot_routes_late_results_to_the_right_chats_after_restart() -> None:
+    out = run_example("delegating_bot")
+    assert "killed by SIGKILL = True" in out
+    assert out.count("of a dead process: status unknown") == 2
+    verdicts = dict(re.findall(r"route \w+ -> loopback/([\w-]+) \(scope [\w-]+\): (.+)", out))
+    assert verdicts == {
+        "team-a-room": "deliver, pinned_live",
+        "bo-dm": "deliver, pinned_live",
+        "cy-dm": "terminal, user_boundary:session_reset",
+    }
+    assert "startup routing sent 2 late result(s)" in out
+    chats = section(out, "4. the chats")
+    assert re.search(r"team-a-room +\[bot\] Your summary of 'the Q3 report' .* is ready", chats)
+    assert re.search(r"bo-dm +\[bot\] Your research of 'cold fusion' .* outcome is unknown", chats)
+    assert not re.search(r"cy-dm +\[bot\] Your", chats)  # dropped: the user reset that session
+    assert "late result to team-a-room carried scope_id=team-a" in out
+    assert "late result to bo-dm carried scope_id=team-b" in out
+    assert "late results delivered to the right chats: True" in out
+
+
+# -- custom store ----------------------------------------------------------------------------------
+
+
+def test_custom_store_example_runs() -> None:
+    out = run_example("custom_store")
+    feed = section(out, "the change feed")
+    assert "3 committed changes" in feed
+    assert "rolled back" not in feed
+    assert "feed matches the delivered reply's lifecycle: True" in out
+
+
+class TestCustomStoreContract(StoreContract):
+    """The example's ChangeFeedStore passes the whole store contract kit."""
+
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> StoreFactory:
+        """A fresh ChangeFeedStore (new feed file) per call."""
+        change_feed_store = load_example("custom_store").ChangeFeedStore
+        paths = (tmp_path / f"feed-{n}.jsonl" for n in itertools.count())
+        return lambda: change_feed_store(next(paths))
+
+
+def insert_then_raise(store: Store, ticket_id: str) -> None:
+    """Insert a ticket inside a block that then raises: the insert must be undone."""
+    with store.atomic():
+        store.insert(TICKET_KIND, ticket_id, {"title": "undone"}, event="file", audit=Audit(1.0))
+        raise RuntimeError("the block fails")
+
+
+def test_change_feed_holds_exactly_the_committed_changes(tmp_path: Path) -> None:
+    """Beyond the contract: a nested block that raises drops only its own feed lines, an outer
+    block that raises drops everything, and commit order is feed order."""
+    example = load_example("custom_store")
+    path = tmp_path / "feed.jsonl"
+    store = example.ChangeFeedStore(path)
+    store.register(TICKET_KIND)
+    audit = Audit(at=1.0)
+    try:
+        with store.atomic():
+            store.insert(TICKET_KIND, "t1", {"title": "kept"}, event="file", audit=audit)
+            with pytest.raises(RuntimeError):
+                insert_then_raise(store, "t2")
+            store.transition(TICKET_KIND, "t1", "hold", audit=audit)
+        with pytest.raises(RuntimeError):
+            insert_then_raise(store, "t3")
+        store.insert(TICKET_KIND, "t1", {"title": "kept"}, event="file", audit=audit)  # no-op
+    finally:
+        store.close()
+    feed = example.ChangeFeedStore.read_feed(path)
+    assert [(c["id"], c["event"], c["state"], c["fence"]) for c in feed] == [
+        ("t1", "file", "open", 0),
+        ("t1", "hold", "held", 1),
+    ]
+
+
+# -- library bugs found while writing the examples ------------------------------------------------
+#
+# Each test below is the scenario of an example with one twist the examples avoid (the connector
+# is unreachable for a moment).  They fail today; strict xfail makes a fix show up as XPASS.
+
+BUG_WAIT_S = 3.0
+SECRET = "bug-secret"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def eventually(predicate: Callable[[], bool], timeout: float = BUG_WAIT_S) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+def quick_transport(url: str) -> WebSocketRelayTransport:
+    return WebSocketRelayTransport(
+        url,
+        "loopback",
+        "bot",
+        gateway_id="gw",
+        secret=SECRET,
+        reconnect_backoff_s=0.05,
+        reconnect_max_s=0.1,
+    )
+
+
+@pytest.mark.asyncio
+async def test_crash_recovery_when_the_connector_comes_up_after_the_bot(tmp_path: Path) -> None:
+    db = tmp_path / "bot.db"
+    # A reply owed by a process that is dead now: recorded, marked attempting, then it exited.
+    record = (
+        "from statecore import Ledger; from stores import SQLiteStore; "
+        f"ledger = Ledger(SQLiteStore({str(db)!r})); "
+        "ob = ledger.record(session_key='k', platform='loopback', chat_id='c1', "
+        "content='owed', message_ref='m1'); ledger.mark_attempting(ob.obligation_id)"
+    )
+    subprocess.run([sys.executable, "-c", record], check=True, timeout=TIMEOUT_S)
+    port = free_port()
+    store = SQLiteStore(db)
+    transport = quick_transport(f"ws://127.0.0.1:{port}")
+    adapter = RelayAdapter(transport)
+    gateway = Gateway(store, retry_interval_s=0.1)
+    gateway.add_adapter("loopback", adapter)
+    platform = LoopbackPlatform()
+    connector = Connector(InMemoryStore(), secrets={"gw": [SECRET]}, drivers={"loopback": platform})
+    try:
+        assert await gateway.start() == 0  # the connector is down: nothing can be claimed yet
+        await connector.start("127.0.0.1", port)
+        assert await eventually(lambda: transport.state.value == "connected")
+        assert await eventually(lambda: bool(platform.texts("c1"))), (
+            f"owed reply not redelivered; adapter.connected={adapter.connected}"
+        )
+    finally:
+        await gateway.stop(budget_s=2.0)
+        await connector.stop()
+        store.close()
+
+
+@pytest.mark.asyncio
+async def test_reply_sent_during_a_connector_blip_is_delivered_after_reconnect() -> None:
+    platform = LoopbackPlatform()
+    first = Connector(InMemoryStore(), secrets={"gw": [SECRET]}, drivers={"loopback": platform})
+    await first.start("127.0.0.1", 0)
+    port = int(first.url.rsplit(":", 1)[1])
+    second = Connector(InMemoryStore(), secrets={"gw": [SECRET]}, drivers={"loopback": platform})
+    transport = quick_transport(first.url)
+    gateway = Gateway(
+        InMemoryStore(), policy=LedgerPolicy(retry_backoff=(0.05, 0.05)), retry_interval_s=0.1
+    )
+    gateway.add_adapter("loopback", RelayAdapter(transport))
+    try:
+        await gateway.start()
+        await first.stop()  # the blip begins
+        assert await eventually(lambda: transport.state.value != "connected")
+        result = await gateway.send_final(
+            session_key="k", platform="loopback", chat_id="c1", content="hi", message_ref="m1"
+        )
+        assert not result.success  # not sent: the reply is owed
+        # Through the outage the adapter is down: no retry spends an attempt on it.
+        await asyncio.sleep(0.5)
+        owed = await gateway.ledger.owed()
+        assert [(o.state.value, o.attempts, o.last_error) for o in owed] == [
+            ("failed", 0, "send_path_degraded")
+        ]
+        await second.start("127.0.0.1", port)  # the blip ends
+        assert await eventually(lambda: transport.state.value == "connected")
+        # Runtime retries are labelled (the ledger cannot know what the platform saw).
+        assert await eventually(lambda: platform.texts("c1") == [f"{RECONNECTED_MARKER}\n\nhi"]), (
+            f"owed reply not delivered after reconnect: {platform.texts('c1')}"
+        )
+    finally:
+        await gateway.stop(budget_s=2.0)
+        await second.stop()
