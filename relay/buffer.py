@@ -153,19 +153,19 @@ class InboundBuffer:
     ) -> list[BufferEntry]:
         """The instance's unacked entries in order, after ``after_seq`` when given (the first
         call of a replay also expires the entries past retention)."""
+        return [_entry(row) for row in self._unacked(gateway_id, limit, after_seq)]
+
+    def _unacked(
+        self, gateway_id: str, limit: int | None, after_seq: int | None
+    ) -> list[Row[BufferState]]:
         where: dict[str, object] = {"gateway_id": gateway_id}
         if after_seq is None:
             self.expire(gateway_id)
         else:
             where["seq"] = gt(after_seq)
-        rows = self.store.select(
-            BUFFER_KIND,
-            states=(_B.BUFFERED, _B.SENT),
-            where=where,
-            order_by="seq",
-            limit=limit,
+        return self.store.select(
+            BUFFER_KIND, states=(_B.BUFFERED, _B.SENT), where=where, order_by="seq", limit=limit
         )
-        return [_entry(row) for row in rows]
 
     def replay_lines(
         self, gateway_id: str, *, limit: int, after_seq: int | None = None
@@ -176,14 +176,7 @@ class InboundBuffer:
         instead of parsing and re-encoding every event.  The first call of a replay (no
         ``after_seq``) also expires the entries past retention.
         """
-        where: dict[str, object] = {"gateway_id": gateway_id}
-        if after_seq is None:
-            self.expire(gateway_id)
-        else:
-            where["seq"] = gt(after_seq)
-        rows = self.store.select(
-            BUFFER_KIND, states=(_B.BUFFERED, _B.SENT), where=where, order_by="seq", limit=limit
-        )
+        rows = self._unacked(gateway_id, limit, after_seq)
         return [
             (
                 row.id,
@@ -211,21 +204,11 @@ class InboundBuffer:
         )
 
     def mark_sent(self, entries: Iterable[BufferEntry]) -> None:
-        """Record that ``entries`` were replayed (one guarded bulk write; entries acked or
-        expired meanwhile are left as they are)."""
+        """Record that ``entries`` (of one instance) were replayed: one guarded bulk write;
+        entries acked or expired meanwhile are left as they are."""
         batch = list(entries)
-        if not batch:
-            return
-        now = self.clock.now()
-        self.store.transition_many(
-            BUFFER_KIND,
-            [entry.buffer_id for entry in batch],
-            "send",
-            audit=Audit(now, batch[0].gateway_id),
-            expect={"gateway_id": batch[0].gateway_id},
-            changes={"updated_at": now},
-            increments={"replays": 1},
-        )
+        if batch:
+            self.mark_sent_ids(batch[0].gateway_id, [entry.buffer_id for entry in batch])
 
     def ack(self, gateway_id: str, buffer_ids: Iterable[str]) -> int:
         """Retire the entries the instance acked; return how many were retired.

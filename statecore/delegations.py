@@ -29,7 +29,13 @@ from statecore.entity import EntityKind, Field, Index
 from statecore.errors import InvalidTransition, StaleState, StoreError, UnknownEntity
 from statecore.lifecycle import Lifecycle, Transition
 from statecore.obligation import Owner
-from statecore.ownership import Incarnation, LivenessCache, ProcessProbe, PsutilProbe
+from statecore.ownership import (
+    Incarnation,
+    LivenessCache,
+    ProcessProbe,
+    PsutilProbe,
+    recorded_owner_alive,
+)
 from statecore.routing import COMPRESSION_END_REASON, Route, RoutingOrigin, resolve_route
 from statecore.sessions import Session, SessionStore
 from statecore.store import Audit, Row, Store, TransitionRecord, lt
@@ -464,14 +470,7 @@ class Delegations:
         return Delegation.from_row(row)
 
     def _owner_alive(self, row: Row[DelegationState], liveness: LivenessCache, now: float) -> bool:
-        if row["owner_token"] == self.incarnation.token:
-            return True  # this incarnation is alive by definition, whatever a probe says
-        host = row["owner_host"]
-        if host is not None and host != self.incarnation.host:
-            # Another host: its processes cannot be probed; only an expired lease proves death.
-            lease = row["lease_expires_at"]
-            return lease is None or lease > now
-        return liveness.alive(row["owner_pid"], row["owner_started_at"])
+        return recorded_owner_alive(row.values, self.incarnation, liveness, now)
 
 
 def _text(name: str, value: object) -> None:

@@ -28,7 +28,13 @@ from statecore.obligation import (
     Claim,
     Obligation,
 )
-from statecore.ownership import Incarnation, LivenessCache, ProcessProbe, PsutilProbe
+from statecore.ownership import (
+    Incarnation,
+    LivenessCache,
+    ProcessProbe,
+    PsutilProbe,
+    recorded_owner_alive,
+)
 from statecore.policy import ErrorKind, LedgerPolicy
 from statecore.store import Audit, Row, Store, TransitionRecord, lt
 
@@ -451,14 +457,7 @@ class Ledger:
         )
 
     def _owner_alive(self, row: Row[ObligationState], liveness: LivenessCache, now: float) -> bool:
-        if row["owner_token"] == self.incarnation.token:
-            return True  # this incarnation is alive by definition, whatever a probe says
-        host = row["owner_host"]
-        if host is not None and host != self.incarnation.host:
-            # Another host: its processes cannot be probed; only an expired lease proves death.
-            lease = row["lease_expires_at"]
-            return lease is None or lease > now
-        return liveness.alive(row["owner_pid"], row["owner_started_at"])
+        return recorded_owner_alive(row.values, self.incarnation, liveness, now)
 
     def _remember(self, row: Row[ObligationState]) -> None:
         with self._fence_lock:

@@ -21,7 +21,8 @@ import os
 import secrets
 import socket
 import threading
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 import psutil
@@ -32,6 +33,7 @@ __all__ = [
     "ProcessProbe",
     "PsutilProbe",
     "owner_alive",
+    "recorded_owner_alive",
 ]
 
 log = logging.getLogger(__name__)
@@ -153,6 +155,24 @@ class LivenessCache:
             self.probes += 1
             answer = self._answers[key] = owner_alive(pid, started_at, self._probe)
         return answer
+
+
+def recorded_owner_alive(
+    owner: Mapping[str, Any], me: Incarnation, liveness: LivenessCache, now: float
+) -> bool:
+    """Whether the owner recorded in a row's ``owner_*`` / ``lease_expires_at`` columns lives.
+
+    This incarnation is alive by definition, whatever a probe says; an owner on another host
+    cannot be probed, so only an expired lease proves it dead; on this host the liveness rule
+    applies (each owner probed once per ``liveness`` cache).
+    """
+    if owner["owner_token"] == me.token:
+        return True
+    host = owner["owner_host"]
+    if host is not None and host != me.host:
+        lease = owner["lease_expires_at"]
+        return lease is None or lease > now
+    return liveness.alive(owner["owner_pid"], owner["owner_started_at"])
 
 
 def _valid_pid(pid: object) -> bool:
