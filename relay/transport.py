@@ -259,6 +259,7 @@ class WebSocketRelayTransport:
         self._torn_down: asyncio.Event | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._inbound: collections.deque[Inbound] = collections.deque()
+        self._inbound_ready = asyncio.Event()
         self._handler: InboundHandler | None = None
         self._pending: dict[str, asyncio.Future[OutboundOutcome]] = {}
         self._idle_waiters: dict[str, asyncio.Future[bool]] = {}
@@ -511,14 +512,25 @@ class WebSocketRelayTransport:
 
     def _enqueue(self, frame: Inbound) -> None:
         self._inbound.append(frame)
+        self._inbound_ready.set()
         if self._dispatcher is None or self._dispatcher.done():
             self._dispatcher = asyncio.create_task(self._dispatch(), name="relay-dispatcher")
 
     async def _dispatch(self) -> None:
+        """The one long-lived inbound worker: handles events in order, acks in batches."""
         queue = self._inbound
         acks: list[str] = []
         try:
-            while queue:
+            while True:
+                if not queue:
+                    # Drained: the handled events' acks go out together, then wait for more.
+                    if acks:
+                        await self._ack(acks)
+                        acks = []
+                    if not queue:
+                        self._inbound_ready.clear()
+                        await self._inbound_ready.wait()
+                    continue
                 frame = queue.popleft()
                 buffer_id = frame.buffer_id
                 try:
@@ -549,9 +561,7 @@ class WebSocketRelayTransport:
                     await self._ack(acks)
                     acks = []
         finally:
-            # Acks of handled events go out together, several lines in one message, once the
-            # backlog is drained (or the batch is full); a cancelled dispatcher still acks what
-            # it finished, without waiting.
+            # A cancelled dispatcher still acks what it finished, without waiting.
             if acks:
                 if asyncio.current_task() is not None and not _cancelling():
                     await self._ack(acks)
