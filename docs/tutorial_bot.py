@@ -28,12 +28,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from relay.adapter import RelayAdapter
-from relay.connector import Connector
-from relay.dedupe import StoreBufferDedupe
-from relay.gateway import Gateway, Turn, session_key_for
-from relay.platform import LoopbackPlatform
-from relay.transport import WebSocketRelayTransport
+from relay import (
+    Connector,
+    Gateway,
+    LoopbackPlatform,
+    RelayAdapter,
+    StoreBufferDedupe,
+    Turn,
+    WebSocketRelayTransport,
+)
+from relay.gateway import session_key_for
 from statecore import RECOVERED_MARKER, SendResult, compute_obligation_id
 from stores import SQLiteStore
 

@@ -8,6 +8,7 @@ with 100-byte content, audit entry included).
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from statecore.store import (
     Audit,
     Row,
     TransitionRecord,
+    Where,
     check_increments,
     check_limit,
     creation_target,
@@ -128,12 +130,33 @@ class InMemoryStore:
         check_limit(limit)
         wanted = valid_states(kind, states)
         conditions = normalize_where(kind, where)
-        key = order_key(kind, order_by)
+        order_key(kind, order_by)  # validates the column
         with self._lock:
             table = self._table(kind)
-            found = list(rows_matching(self._candidates(table, wanted), None, conditions, kind))
-        found.sort(key=key)
-        return found if limit is None else found[:limit]
+            # Filter and order the stored tuples; build rows only for what is returned.
+            found = self._matching(table, wanted, conditions)
+            key = _raw_key(table, order_by)
+            if limit is not None and limit < len(found):
+                found = heapq.nsmallest(limit, found, key=key)
+            else:
+                found.sort(key=key)
+            return [_row(table, entity_id, rec) for entity_id, rec in found]
+
+    def _matching(
+        self, table: _Table, states: Iterable[Enum] | None, conditions: Where
+    ) -> list[tuple[str, _Rec]]:
+        """(id, stored tuple) of every entity in ``states`` satisfying ``conditions``."""
+        kind, rows = table.kind, table.rows
+        ids: Iterable[str] = (
+            rows if states is None else [i for s in states for i in table.by_state[s]]
+        )
+        tests = [(_getter(table, kind, column), cmp.test) for column, cmp in conditions]
+        found: list[tuple[str, _Rec]] = []
+        for entity_id in ids:
+            rec = rows[entity_id]
+            if all(test(get(entity_id, rec)) for get, test in tests):
+                found.append((entity_id, rec))
+        return found
 
     def count(
         self,
@@ -340,6 +363,29 @@ def _apply(table: _Table, entity_id: str, old: _Rec | None, new: _Rec | None) ->
     else:
         table.rows[entity_id] = new
         table.by_state[new[0]][entity_id] = None
+
+
+def _getter(table: _Table, kind: EntityKind[Any], column: str) -> Any:
+    """Read ``column`` from an (id, stored tuple) pair, as :func:`statecore.store` does."""
+    if column == kind.id_field:
+        return lambda entity_id, rec: entity_id
+    if column == "fence":
+        return lambda entity_id, rec: rec[1]
+    index = table.names.index(column)
+    return lambda entity_id, rec: rec[2][index]
+
+
+def _raw_key(table: _Table, order_by: str | None) -> Any:
+    """The sort key of (id, stored tuple) pairs: SQL's ``ORDER BY col (NULLs first), id``."""
+    if order_by is None or order_by == table.kind.id_field:
+        return lambda item: item[0]
+    get = _getter(table, table.kind, order_by)
+
+    def key(item: tuple[str, _Rec]) -> tuple[Any, ...]:
+        value = get(item[0], item[1])
+        return (value is not None, 0 if value is None else value, item[0])
+
+    return key
 
 
 def _row(table: _Table, entity_id: str, rec: _Rec) -> Row[Any]:
