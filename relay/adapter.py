@@ -197,9 +197,10 @@ class RelayAdapter:
             # It never left: the platform did not see it.  Reported as the reconnect error, so
             # the ledger retries it as soon as the relay is back instead of spending attempts.
             return SendResult.failed(SEND_PATH_DEGRADED)
-        return SendResult.failed(
-            result.error or result.outcome.value, ambiguous=result.outcome is RequestOutcome.UNKNOWN
-        )
+        error = result.error or result.outcome.value
+        if result.outcome is RequestOutcome.DECLINED and "egress" not in error:
+            error = f"egress_declined: {error}"  # final: the ledger never retries it
+        return SendResult.failed(error, ambiguous=result.outcome is RequestOutcome.UNKNOWN)
 
     # -- idle, dormancy, teardown --------------------------------------------------------------
 

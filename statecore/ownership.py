@@ -32,6 +32,7 @@ __all__ = [
     "LivenessCache",
     "ProcessProbe",
     "PsutilProbe",
+    "host_identity",
     "owner_alive",
     "recorded_owner_alive",
 ]
@@ -157,6 +158,20 @@ class LivenessCache:
         return answer
 
 
+def host_identity() -> str:
+    """This host as an owner is recorded: the hostname plus, where the kernel tells it, this
+    boot's id.  Start times are boot-relative, so after a reboot a pid and start time could
+    repeat; the boot id makes the previous boot's owners "another host", whose only proof of
+    death is an expired lease -- never mistaken for a live local process."""
+    name = socket.gethostname() or "localhost"
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read().strip().replace("-", "")[:12]
+    except OSError:
+        return name
+    return f"{name}/boot-{boot}" if boot else name
+
+
 def recorded_owner_alive(
     owner: Mapping[str, Any], me: Incarnation, liveness: LivenessCache, now: float
 ) -> bool:
@@ -232,7 +247,7 @@ class Incarnation:
             started = probe.start_time(pid)
         except Exception:
             started = None
-        return cls(socket.gethostname() or "localhost", pid, started, secrets.token_hex(8))
+        return cls(host_identity(), pid, started, secrets.token_hex(8))
 
     def is_self(self, pid: int | None, started_at: int | None) -> bool:
         """True when a recorded (pid, start time) is provably this incarnation's process.

@@ -81,6 +81,8 @@ class LedgerPolicy:
         "kicked",
         "chat gone",
         "unauthorized",
+        "egress_declined",  # the connector's tenant guard: a definite, final refusal
+        "egress declined",
     )
     rate_limit_markers: tuple[str, ...] = (
         "rate limit",

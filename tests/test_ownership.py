@@ -22,6 +22,7 @@ from statecore.ownership import (
     LivenessCache,
     ProcessProbe,
     PsutilProbe,
+    host_identity,
     owner_alive,
 )
 
@@ -367,7 +368,8 @@ def test_current_incarnation_is_stable_in_process() -> None:
 def test_current_incarnation_matches_this_process() -> None:
     """Incarnation.current() records this host, pid and psutil start time, with a hex token."""
     inc = Incarnation.current()
-    assert inc.host == (socket.gethostname() or "localhost")
+    assert inc.host == host_identity()
+    assert inc.host.split("/")[0] == (socket.gethostname() or "localhost")
     assert inc.pid == os.getpid()
     assert inc.started_at == kernel_start_ticks(os.getpid())
     assert len(inc.token) == 16

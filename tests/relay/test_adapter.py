@@ -16,6 +16,7 @@ from relay.adapter import RelayAdapter
 from relay.descriptor import CONTRACT_VERSION, CapabilityDescriptor
 from relay.frames import InboundEvent
 from relay.transport import DISCONNECT_TIMEOUT_ENV, default_disconnect_budget_s
+from statecore import ErrorKind, LedgerPolicy
 from statecore.adapter import SendResult
 from statecore.clock import Deadline, FakeClock
 from statecore.lifecycles import TransportState as T
@@ -321,7 +322,11 @@ async def test_send_refusal_is_a_definite_failure(
     result = await asyncio.wait_for(adapter.send("c1", "hi"), GUARD)
     assert not result.success
     assert not result.ambiguous
-    assert result.error == reply.error
+    assert result.error is not None
+    assert reply.error is not None
+    assert result.error.endswith(reply.error)
+    # Both refusals ("chat not found", the tenant guard) are final for the ledger.
+    assert LedgerPolicy().classify(result.error) is ErrorKind.PERMANENT
 
 
 async def test_send_timeout_is_ambiguous(
