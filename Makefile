@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Every Python tree that the gates check (those that exist in this checkout).
-CODE := $(wildcard statecore stores relay tests benchmarks examples)
+CODE := $(wildcard statecore stores relay tests benchmarks examples docs)
 
 .PHONY: demo test lint typecheck pytest bench clean
 

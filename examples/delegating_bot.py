@@ -45,7 +45,7 @@ from relay.connector import Connector
 from relay.gateway import Gateway, Turn
 from relay.platform import LoopbackPlatform
 from relay.transport import WebSocketRelayTransport
-from statecore import Delegation, Delegations, RouteVerdict, RoutingOrigin, SessionStore
+from statecore import Delegation, Delegations, RoutingOrigin, SessionStore
 from stores import InMemoryStore, SQLiteStore
 
 GATEWAY_ID = "delegating-gateway"
@@ -133,40 +133,13 @@ class DelegatingBot:
     async def route_completions(self) -> int:
         """Route every owed completion with the one resolver; returns how many were sent."""
         sent = 0
-        for job in await asyncio.to_thread(self.delegations.pending_completions):
-            route = await asyncio.to_thread(
-                self.delegations.route_completion, job.delegation_id, self.sessions
-            )
+        for job, route, result in await self.gateway.deliver_completions(
+            self.delegations, self.sessions, render
+        ):
             origin = job.origin
             where = f"{origin.platform}/{origin.chat_id} (scope {origin.scope_id})"
             say(f"route {job.delegation_id[:8]} -> {where}: {route.verdict.value}, {route.reason}")
-            if route.verdict is RouteVerdict.TERMINAL:
-                await asyncio.to_thread(
-                    self.delegations.mark_dropped, job.delegation_id, route.reason
-                )
-                continue
-            if route.verdict is RouteVerdict.RETRY:
-                await asyncio.to_thread(self.delegations.defer, job.delegation_id, route.reason)
-                continue
-            # deliver: rebuild the route from the persisted origin (the adapter has not seen
-            # this chat since the restart), then send through the ledger like any reply.
-            self.adapter.prime(origin)
-            assert route.session is not None  # a deliver route always names its session
-            result = await self.gateway.send_final(
-                session_key=route.session.session_key,
-                platform=origin.platform,
-                chat_id=origin.chat_id,
-                content=render(job),
-                # One obligation per job: if this process dies between the send and
-                # mark_delivered, the next round's send_final finds it delivered and returns
-                # ok without sending twice; a failed send stays owed in the ledger meanwhile.
-                message_ref=f"delegation:{job.delegation_id}",
-                thread_id=origin.thread_id,
-            )
-            if result.success:
-                await asyncio.to_thread(
-                    self.delegations.mark_delivered, job.delegation_id, session_id=route.session_id
-                )
+            if result is not None and result.success:
                 sent += 1
         return sent
 

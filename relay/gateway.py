@@ -31,12 +31,14 @@ from relay.frames import InboundEvent
 from statecore.adapter import SendResult
 from statecore.async_ledger import AsyncLedger
 from statecore.clock import Clock, Deadline, SystemClock
+from statecore.delegations import Delegation, Delegations
 from statecore.errors import InvalidTransition, StaleState
 from statecore.lifecycles import ObligationState, TransportState
-from statecore.obligation import Claim
+from statecore.obligation import DEFAULT_PROFILE, Claim
 from statecore.ownership import Incarnation, ProcessProbe
 from statecore.policy import LedgerPolicy
-from statecore.sessions import SessionStore
+from statecore.routing import Route, RouteVerdict
+from statecore.sessions import Session, SessionStore
 from statecore.store import Store
 
 __all__ = ["Gateway", "Message", "MessageHandler", "SessionFlags", "Turn", "session_key_for"]
@@ -431,6 +433,54 @@ class Gateway:
         self.redelivered += 1
         self.labelled += int(claim.needs_marker)
         return 1
+
+    async def deliver_completions(
+        self,
+        delegations: Delegations,
+        sessions: SessionStore,
+        render: Callable[[Delegation], str],
+    ) -> list[tuple[Delegation, Route[Session], SendResult | None]]:
+        """Route every owed delegation completion with the one resolver and deliver it.
+
+        ``route_completion`` decides (the same function a caller uses before acknowledging a
+        completion): *deliver* sends ``render(job)`` through :meth:`send_final` into the route's
+        session, after priming the adapter with the persisted routing origin (scope and user
+        survive a restart), then marks the job delivered; *terminal* drops it; *retry* defers
+        it.  One obligation per job (``message_ref`` ``delegation:<id>``): a crash between the
+        send and the mark cannot send it twice.  Returns each job with its route and send result.
+        """
+        outcomes: list[tuple[Delegation, Route[Session], SendResult | None]] = []
+        for job in await asyncio.to_thread(delegations.pending_completions):
+            route = await asyncio.to_thread(
+                delegations.route_completion, job.delegation_id, sessions
+            )
+            if route.verdict is RouteVerdict.TERMINAL:
+                await asyncio.to_thread(delegations.mark_dropped, job.delegation_id, route.reason)
+                outcomes.append((job, route, None))
+                continue
+            if route.verdict is RouteVerdict.RETRY or route.session is None:
+                await asyncio.to_thread(delegations.defer, job.delegation_id, route.reason)
+                outcomes.append((job, route, None))
+                continue
+            origin = job.origin
+            adapter = self.adapter(origin.platform, DEFAULT_PROFILE)
+            prime = getattr(adapter, "prime", None)
+            if prime is not None:
+                prime(origin)  # the rebuilt route carries scope_id/user_id to the connector
+            result = await self.send_final(
+                session_key=route.session.session_key,
+                platform=origin.platform,
+                chat_id=origin.chat_id,
+                content=render(job),
+                message_ref=f"delegation:{job.delegation_id}",
+                thread_id=origin.thread_id,
+            )
+            if result.success:
+                await asyncio.to_thread(
+                    delegations.mark_delivered, job.delegation_id, session_id=route.session_id
+                )
+            outcomes.append((job, route, result))
+        return outcomes
 
     async def _retry_timer(self) -> None:
         while not self._stopping:
