@@ -54,7 +54,9 @@ def _refuse_constant(name: str) -> Any:
 # One encoder/decoder each, built once: json.dumps/json.loads with arguments would rebuild them
 # per call (measurably slower on the hot path). Both use the C accelerators.
 _ENCODE: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
-_DECODE: Final = json.JSONDecoder(parse_constant=_refuse_constant).decode
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+_DECODE: Final = _DECODER.decode
+_RAW_DECODE: Final = _DECODER.raw_decode
 
 
 def encode(frame: Frame, *, max_frame_bytes: int | None = None) -> str:
@@ -271,8 +273,19 @@ class FrameDecoder:
         if not line or line.isspace():
             return
         try:
-            obj = _DECODE(line)
-        except (ValueError, RecursionError):
+            # The common line is one compact object: raw_decode skips the two whitespace scans
+            # of a full decode; anything else (surrounding whitespace, garbage after the object)
+            # takes the full, strict path.
+            obj, end = _RAW_DECODE(line)
+            if end != len(line):
+                obj = _DECODE(line)
+        except ValueError:
+            try:
+                obj = _DECODE(line)
+            except (ValueError, RecursionError):
+                out.append(ProtocolError("malformed_json", "line is not valid JSON"))
+                return
+        except RecursionError:
             # ValueError covers JSONDecodeError, NaN/Infinity and over-long integers;
             # RecursionError a pathologically nested document.
             out.append(ProtocolError("malformed_json", "line is not valid JSON"))

@@ -516,9 +516,11 @@ class WebSocketRelayTransport:
 
     def _enqueue(self, frame: Inbound) -> None:
         self._inbound.append(frame)
-        self._inbound_ready.set()
-        if self._dispatcher is None or self._dispatcher.done():
-            self._dispatcher = asyncio.create_task(self._dispatch(), name="relay-dispatcher")
+        ready = self._inbound_ready
+        if not ready.is_set():
+            ready.set()
+            if self._dispatcher is None or self._dispatcher.done():
+                self._dispatcher = asyncio.create_task(self._dispatch(), name="relay-dispatcher")
 
     async def _dispatch(self) -> None:
         """The one long-lived inbound worker: handles events in order, acks in batches."""
@@ -565,6 +567,8 @@ class WebSocketRelayTransport:
                     await self._ack(acks)
                     acks = []
         finally:
+            # The next frame starts a new dispatcher (this one is gone).
+            self._inbound_ready.clear()
             # A cancelled dispatcher still acks what it finished, without waiting.
             if acks:
                 if asyncio.current_task() is not None and not _cancelling():
