@@ -45,8 +45,10 @@ class RelayTransportLike(Protocol):
         """Wait for the descriptor."""
         ...
 
-    def set_inbound_handler(self, handler: Callable[[InboundEvent], Awaitable[None]]) -> None:
-        """Receive inbound events."""
+    def set_inbound_handler(
+        self, handler: Callable[[InboundEvent], Awaitable[None]] | None
+    ) -> None:
+        """Receive inbound events (None: stop receiving them)."""
         ...
 
 
@@ -113,7 +115,7 @@ class RelayAdapter:
         unacked (and are replayed) instead of being acked unhandled.
         """
         self._handler = handler
-        self.transport.set_inbound_handler(self._on_inbound if handler is not None else None)  # type: ignore[arg-type]
+        self.transport.set_inbound_handler(self._on_inbound if handler is not None else None)
 
     async def connect(self, is_reconnect: bool = False) -> bool:
         """Register the inbound handler, dial, handshake and adopt the connector's descriptor.

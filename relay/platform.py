@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import attrs
 
 from relay.descriptor import CONTRACT_VERSION, CapabilityDescriptor
-from relay.frames import EventSource, InboundEvent, OutboundOutcome
+from relay.frames import CHAT_TYPES, ChatType, EventSource, InboundEvent, OutboundOutcome
 
 __all__ = ["ChatMessage", "Intake", "LoopbackPlatform", "PlatformDriver", "SentAction"]
 
@@ -147,7 +147,7 @@ class LoopbackPlatform:
             source=EventSource(
                 platform=self.platform,
                 chat_id=chat_id,
-                chat_type=chat_type,  # type: ignore[arg-type]
+                chat_type=_chat_type(chat_type),
                 user_id=user_id,
                 user_name=user_name,
                 thread_id=thread_id,
@@ -209,6 +209,12 @@ class LoopbackPlatform:
     def texts(self, chat_id: str) -> list[str]:
         """What the bot sent to ``chat_id``, in order (edits applied)."""
         return [m.text for m in self.transcript.get(chat_id, []) if m.sender == "bot"]
+
+
+def _chat_type(value: str) -> ChatType:
+    if value not in CHAT_TYPES:
+        raise ValueError(f"chat_type must be one of {sorted(CHAT_TYPES)}, not {value!r}")
+    return cast(ChatType, value)
 
 
 def _opt_str(value: object) -> str | None:

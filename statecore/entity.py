@@ -60,8 +60,8 @@ class Field:
             raise TypeError(
                 f"{kind}.{self.name} must be {expected.__name__}, not {type(value).__name__}"
             )
-        if expected is str and not value.isascii():  # type: ignore[attr-defined]
-            _check_utf8(kind, self.name, value)  # type: ignore[arg-type]
+        if isinstance(value, str) and not value.isascii():
+            _check_utf8(kind, self.name, value)
         return value
 
 
@@ -160,9 +160,7 @@ class EntityKind(Generic[S]):
             if (
                 value is None
                 or type(value) is not f.type
-                or (
-                    f.type is str and not value.isascii()  # type: ignore[attr-defined]
-                )
+                or (isinstance(value, str) and not value.isascii())
             ):
                 value = f.check(value, self.name)
             out[f.name] = value
@@ -178,9 +176,7 @@ class EntityKind(Generic[S]):
             fast = (
                 value is not None
                 and type(value) is f.type
-                and (
-                    f.type is not str or value.isascii()  # type: ignore[attr-defined]
-                )
+                and (not isinstance(value, str) or value.isascii())
             )
             checked[name] = value if fast else f.check(value, self.name)
         return checked
