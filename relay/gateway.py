@@ -136,7 +136,7 @@ class Gateway:
     """The runtime (see the module docs).
 
     ``Gateway(store, *, sessions=None, clock=None, incarnation=None, probe=None, policy=None,
-    retry_interval_s=15.0)``.  ``sessions`` is any object with ``async
+    retry_interval_s=15.0, prune_interval_s=3600.0)``.  ``sessions`` is any object with ``async
     clear_resume_pending(session_key)``; the default is the persisted session store over the
     same ``store``.
     """
@@ -151,7 +151,16 @@ class Gateway:
         probe: ProcessProbe | None = None,
         policy: LedgerPolicy | None = None,
         retry_interval_s: float = 15.0,
+        prune_interval_s: float = 3600.0,
     ) -> None:
+        for name, value in (
+            ("retry_interval_s", retry_interval_s),
+            ("prune_interval_s", prune_interval_s),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValueError(f"{name} must be a non-negative number, not {value!r}")
+        if not retry_interval_s:
+            raise ValueError("retry_interval_s must be positive")
         self.store = store
         self.clock: Clock = clock or SystemClock()
         self.ledger = AsyncLedger(
@@ -161,6 +170,9 @@ class Gateway:
             sessions if sessions is not None else _default_sessions(store, self.clock)
         )
         self.retry_interval_s = retry_interval_s
+        self.prune_interval_s = prune_interval_s
+        """How often the retry timer also prunes settled obligations past the policy's
+        retention (0: never; pruning never touches an owed row)."""
         self._adapters: dict[tuple[str, str], _Sendable] = {}
         self._handler: MessageHandler | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -483,6 +495,7 @@ class Gateway:
         return outcomes
 
     async def _retry_timer(self) -> None:
+        last_prune = self.clock.monotonic()
         while not self._stopping:
             await self.clock.sleep(self.retry_interval_s)
             for platform, profile in sorted(self.connected_targets()):
@@ -490,6 +503,18 @@ class Gateway:
                     await self.redeliver_failed(platform, profile=profile)
                 except Exception:
                     log.warning("runtime retry for %s/%s failed", platform, profile, exc_info=True)
+            if (
+                self.prune_interval_s
+                and self.clock.monotonic() - last_prune >= self.prune_interval_s
+            ):
+                last_prune = self.clock.monotonic()
+                try:
+                    pruned = await self.ledger.prune()  # settled rows past the retention only
+                except Exception:
+                    log.warning("pruning the ledger failed", exc_info=True)
+                else:
+                    if pruned:
+                        log.info("pruned %d settled obligations past their retention", pruned)
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
