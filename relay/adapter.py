@@ -23,7 +23,13 @@ from statecore.adapter import SendResult
 from statecore.clock import Clock, Deadline, SystemClock
 from statecore.lifecycles import TransportState
 
-__all__ = ["SEND_PATH_DEGRADED", "ChatRoute", "RelayAdapter", "RelayTransportLike"]
+__all__ = [
+    "SEND_PATH_DEGRADED",
+    "ChatRoute",
+    "RelayAdapter",
+    "RelayTransportLike",
+    "accepts_budget",
+]
 
 log = logging.getLogger(__name__)
 
@@ -241,13 +247,14 @@ class RelayAdapter:
         disconnect = getattr(self.transport, "disconnect", None)
         if disconnect is None:
             return
-        if _takes_budget(disconnect):
+        if accepts_budget(disconnect):
             await disconnect(budget_s=deadline.remaining())
         else:
             await disconnect()
 
 
-def _takes_budget(function: Callable[..., Any]) -> bool:
+def accepts_budget(function: Callable[..., Any]) -> bool:
+    """True when ``function`` takes a ``budget_s`` keyword (or any keyword)."""
     try:
         parameters = inspect.signature(function).parameters
     except (TypeError, ValueError):

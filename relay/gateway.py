@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import attrs
 
+from relay.adapter import accepts_budget
 from relay.frames import InboundEvent
 from statecore.adapter import SendResult
 from statecore.async_ledger import AsyncLedger
@@ -545,17 +545,11 @@ class Gateway:
             # Each adapter gets what is left of the budget, and no more.
             with contextlib.suppress(Exception):
                 remaining = deadline.remaining()
-                call = disconnect(budget_s=remaining) if _takes_budget(disconnect) else disconnect()
+                call = (
+                    disconnect(budget_s=remaining) if accepts_budget(disconnect) else disconnect()
+                )
                 await asyncio.wait_for(call, max(0.01, remaining))
         await self.ledger.aclose()
-
-
-def _takes_budget(function: Any) -> bool:
-    try:
-        parameters = inspect.signature(function).parameters
-    except (TypeError, ValueError):
-        return False
-    return "budget_s" in parameters
 
 
 def _default_sessions(store: Store, clock: Clock) -> SessionFlags:

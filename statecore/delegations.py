@@ -24,6 +24,7 @@ from typing import Any
 
 import attrs
 
+from statecore.checks import require_text
 from statecore.clock import Clock, SystemClock
 from statecore.entity import EntityKind, Field, Index
 from statecore.errors import InvalidTransition, StaleState, StoreError, UnknownEntity
@@ -249,7 +250,7 @@ class Delegations:
             raise TypeError(f"payload must be a mapping, not {type(payload).__name__}")
         payload_json = _dumps("payload", dict(payload))
         if delegation_id is not None:
-            _text("delegation_id", delegation_id)
+            require_text("delegation_id", delegation_id)
         new_id = delegation_id or uuid.uuid4().hex
         now = self.clock.now()
         me = self.incarnation
@@ -283,7 +284,7 @@ class Delegations:
         ``TypeError``/``ValueError`` for a result JSON cannot hold (nothing written).  Next:
         route it with :meth:`route_completion`.
         """
-        _text("delegation_id", delegation_id)
+        require_text("delegation_id", delegation_id)
         result_json = _dumps("result", result)
         now = self.clock.now()
         row = self.store.transition(
@@ -368,7 +369,7 @@ class Delegations:
         :class:`UnknownEntity` for an unknown id; nothing changes then.
         """
         if session_id is not None:
-            _text("session_id", session_id)
+            require_text("session_id", session_id)
         return self._move(
             delegation_id,
             "deliver",
@@ -380,14 +381,14 @@ class Delegations:
         """The completion's route is terminal: completed | unknown -> dropped, with ``reason``
         (the route's reason).  Raises as :meth:`mark_delivered`, and ``TypeError`` /
         ``ValueError`` for a missing reason."""
-        _text("reason", reason)
+        require_text("reason", reason)
         return self._move(delegation_id, "drop", {"last_reason": reason}, reason)
 
     def defer(self, delegation_id: str, reason: str) -> Delegation:
         """The route said retry: count it (``attempts`` + 1) and keep ``reason``; the completion
         stays owed.  Raises as :meth:`mark_dropped`."""
-        _text("reason", reason)
-        _text("delegation_id", delegation_id)
+        require_text("reason", reason)
+        require_text("delegation_id", delegation_id)
         row = self._row(delegation_id)
         return self._move(
             delegation_id,
@@ -402,7 +403,7 @@ class Delegations:
 
     def get(self, delegation_id: str) -> Delegation | None:
         """The delegation, or None if it was never dispatched (or was pruned)."""
-        _text("delegation_id", delegation_id)
+        require_text("delegation_id", delegation_id)
         row = self.store.get(_K, delegation_id)
         return None if row is None else Delegation.from_row(row)
 
@@ -437,7 +438,7 @@ class Delegations:
     # -- internals ---------------------------------------------------------------------------
 
     def _row(self, delegation_id: str) -> Row[DelegationState]:
-        _text("delegation_id", delegation_id)
+        require_text("delegation_id", delegation_id)
         row = self.store.get(_K, delegation_id)
         if row is None:
             raise UnknownEntity(_K.name, delegation_id)
@@ -456,7 +457,7 @@ class Delegations:
         fence: int | None = None,
         attempts: int | None = None,
     ) -> Delegation:
-        _text("delegation_id", delegation_id)
+        require_text("delegation_id", delegation_id)
         now = self.clock.now()
         changes["updated_at"] = now
         row = self.store.transition(
@@ -471,13 +472,6 @@ class Delegations:
 
     def _owner_alive(self, row: Row[DelegationState], liveness: LivenessCache, now: float) -> bool:
         return recorded_owner_alive(row.values, self.incarnation, liveness, now)
-
-
-def _text(name: str, value: object) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
-    if not value:
-        raise ValueError(f"{name} must not be empty")
 
 
 def _dumps(name: str, value: object) -> str:

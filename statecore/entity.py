@@ -180,10 +180,3 @@ class EntityKind(Generic[S]):
             )
             checked[name] = value if fast else f.check(value, self.name)
         return checked
-
-    def coerce_state(self, value: object) -> S:
-        """Turn a persisted state value back into the lifecycle's member.
-
-        Raises ``ValueError`` for a value no state has (a corrupt or foreign row).
-        """
-        return self.lifecycle.state_type(value)

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Collection, Iterable
 from typing import Any
 
+from statecore.checks import require_text
 from statecore.clock import Clock, SystemClock
 from statecore.errors import StaleState, UnknownEntity
 from statecore.ids import compute_obligation_id
@@ -101,17 +102,17 @@ class Ledger:
         for non-text content or ids and ``ValueError`` for empty session key, platform or chat
         id; nothing is written then.
         """
-        _text("session_key", session_key)
-        _text("platform", platform)
+        require_text("session_key", session_key)
+        require_text("platform", platform)
         chat = _ident("chat_id", chat_id, required=True)
         if not isinstance(content, str):
             raise TypeError(f"content must be a str, not {type(content).__name__}")
         profile = DEFAULT_PROFILE if adapter_profile is None else adapter_profile
-        _text("adapter_profile", profile)
+        require_text("adapter_profile", profile)
         if obligation_id is None:
             obligation_id = compute_obligation_id(session_key, message_ref, content)
         else:
-            _text("obligation_id", obligation_id)
+            require_text("obligation_id", obligation_id)
         now = self.clock.now()
         me = self.incarnation
         row, created = self.store.insert(
@@ -273,7 +274,7 @@ class Ledger:
         transient and rate-limit errors once their backoff passed.  Claims carry
         ``needs_marker=True`` with reason ``"reconnected"`` or ``"rate_limited"``.
         """
-        _text("platform", platform)
+        require_text("platform", platform)
         wanted = DEFAULT_PROFILE if profile is None else profile
         me = self.incarnation
         if me.started_at is None:
@@ -353,7 +354,7 @@ class Ledger:
             self._fences.clear()
 
     def _row(self, obligation_id: str) -> Row[ObligationState]:
-        _text("obligation_id", obligation_id)
+        require_text("obligation_id", obligation_id)
         row = self.store.get(_K, obligation_id)
         if row is None:
             raise UnknownEntity(_K.name, obligation_id)
@@ -371,7 +372,7 @@ class Ledger:
     ) -> Obligation:
         """One owner-guarded transition, fenced by the fence this ledger last wrote or,
         failing that, the fence of the row the changes were computed from."""
-        _text("obligation_id", obligation_id)
+        require_text("obligation_id", obligation_id)
         now = self.clock.now()
         me = self.incarnation
         with self._fence_lock:
@@ -467,20 +468,13 @@ class Ledger:
                 self._fences[row.id] = (row.fence, row["attempts"])
 
 
-def _text(name: str, value: object) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
-    if not value:
-        raise ValueError(f"{name} must not be empty")
-
-
 def _ident(name: str, value: object, *, required: bool = False) -> str | None:
     """Platform ids arrive as str or int; they are stored as text."""
     if value is None and not required:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    _text(name, value)
+    require_text(name, value)
     assert isinstance(value, str)
     return value
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import attrs
 
+from statecore.checks import require_text
 from statecore.clock import Clock, SystemClock
 from statecore.entity import EntityKind, Field, Index
 from statecore.errors import UnknownEntity
@@ -173,11 +174,11 @@ class SessionStore:
         is ended.  Raises ``TypeError``/``ValueError`` for a bad key, id, platform or chat id
         (nothing is written).
         """
-        _text("session_key", session_key)
+        require_text("session_key", session_key)
         if session_id is not None:
-            _text("session_id", session_id)
+            require_text("session_id", session_id)
         if platform is not None:
-            _text("platform", platform)
+            require_text("platform", platform)
         chat = _chat_id(chat_id)
         new_id = session_id or uuid.uuid4().hex
         now = self.clock.now()
@@ -212,8 +213,8 @@ class SessionStore:
         :class:`InvalidTransition` if the session has already ended, :class:`UnknownEntity`
         for an unknown id, ``TypeError``/``ValueError`` for a bad reason.
         """
-        _text("session_id", session_id)
-        _text("reason", reason)
+        require_text("session_id", session_id)
+        require_text("reason", reason)
         if reason == COMPRESSION_END_REASON:
             raise ValueError(
                 "end a session by compression with compress(), which links a successor"
@@ -238,9 +239,9 @@ class SessionStore:
         :class:`InvalidTransition` if the session has ended, :class:`UnknownEntity` for an
         unknown id, :class:`StaleState` if it changed concurrently; nothing is written then.
         """
-        _text("session_id", session_id)
+        require_text("session_id", session_id)
         if successor_id is not None:
-            _text("successor_id", successor_id)
+            require_text("successor_id", successor_id)
         new_id = successor_id or uuid.uuid4().hex
         now = self.clock.now()
         with self.store.atomic():
@@ -281,7 +282,7 @@ class SessionStore:
 
         Raises ``TypeError`` for a non-bool flag or a non-text key.
         """
-        _text("session_key", session_key)
+        require_text("session_key", session_key)
         if not isinstance(flag, bool):
             raise TypeError(f"flag must be a bool, not {type(flag).__name__}")
         with self.store.atomic():
@@ -323,13 +324,13 @@ class SessionStore:
 
     def get(self, session_id: str) -> Session | None:
         """The session, or None if it never existed (or was pruned)."""
-        _text("session_id", session_id)
+        require_text("session_id", session_id)
         row = self.store.get(_K, session_id)
         return None if row is None else Session.from_row(row)
 
     def current(self, session_key: str) -> Session | None:
         """The key's active session, or None when it has none."""
-        _text("session_key", session_key)
+        require_text("session_key", session_key)
         rows = self._active_rows(session_key)
         return Session.from_row(rows[-1]) if rows else None
 
@@ -389,18 +390,11 @@ class SessionStore:
         )
 
 
-def _text(name: str, value: object) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
-    if not value:
-        raise ValueError(f"{name} must not be empty")
-
-
 def _chat_id(value: object) -> str | None:
     if value is None:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    _text("chat_id", value)
+    require_text("chat_id", value)
     assert isinstance(value, str)
     return value
