@@ -18,6 +18,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -47,9 +48,10 @@ from relay.platform import PlatformDriver
 from relay.subscriptions import Subscriptions
 from relay.urls import CLOSE_EXPIRED, CLOSE_PROTOCOL, CLOSE_REPLACED, CLOSE_REVOKED, RELAY_PATH
 from statecore.clock import Clock, SystemClock
+from statecore.lifecycle import Lifecycle, Transition
 from statecore.store import Store
 
-__all__ = ["EGRESS_DECLINED_MESSAGE", "Connector", "WakeHook"]
+__all__ = ["CONNECTION", "EGRESS_DECLINED_MESSAGE", "ConnectionState", "Connector", "WakeHook"]
 
 log = logging.getLogger(__name__)
 
@@ -67,25 +69,72 @@ _REPLAY_CHUNK = 1000
 _IDEMPOTENCY_CACHE = 10_000
 
 
+class ConnectionState(StrEnum):
+    """One authenticated gateway connection, as the connector serves it."""
+
+    AWAITING_HELLO = "awaiting_hello"
+    """Authenticated; no identity announced yet: nothing is delivered to it."""
+    REPLAYING = "replaying"
+    """Said hello; its buffered backlog is being replayed: new inbound is buffered behind it."""
+    LIVE = "live"
+    """Caught up: inbound is delivered live."""
+    BUFFERED_ONLY = "buffered_only"
+    """It said going_idle: inbound is buffered durably until its next connection."""
+    CLOSED = "closed"
+    """Terminal: the connection ended."""
+
+
+_C = ConnectionState
+
+CONNECTION: Lifecycle[ConnectionState] = Lifecycle(
+    "connection",
+    ConnectionState,
+    initial=_C.AWAITING_HELLO,
+    terminal=(_C.CLOSED,),
+    description="One gateway connection at the connector: hello, replay, live or buffered.",
+    transitions=(
+        Transition("hello", _C.AWAITING_HELLO, _C.REPLAYING),
+        Transition("caught_up", _C.REPLAYING, _C.LIVE),
+        # going_idle: stop live delivery (and any replay); a repeat is acked again.
+        Transition(
+            "go_idle",
+            (_C.AWAITING_HELLO, _C.REPLAYING, _C.LIVE, _C.BUFFERED_ONLY),
+            _C.BUFFERED_ONLY,
+        ),
+        Transition(
+            "close", (_C.AWAITING_HELLO, _C.REPLAYING, _C.LIVE, _C.BUFFERED_ONLY), _C.CLOSED
+        ),
+    ),
+)
+
+
 class _Instance:
-    """One authenticated connection of one gateway."""
+    """One authenticated connection of one gateway; its state is the CONNECTION machine."""
 
     def __init__(self, gateway_id: str, ws: ServerConnection) -> None:
         self.gateway_id = gateway_id
         self.ws = ws
         self.identities: list[tuple[str, str]] = []
-        self.handshaken = False
-        self.buffered_only = False
-        self.replaying = False
+        self.machine = CONNECTION.attach()
         self.appended = 0  # events buffered for this instance while it replays
         self.violations = 0
         self.acks: list[str] = []  # acked bufferIds not yet retired in the store
         self.ack_flusher: asyncio.Task[None] | None = None
 
     @property
+    def state(self) -> ConnectionState:
+        """Where the connection is in its lifecycle."""
+        return self.machine.state
+
+    @property
     def live(self) -> bool:
         """True when inbound may be delivered live (not buffered) to this connection."""
-        return self.handshaken and not self.buffered_only and not self.replaying
+        return self.machine.state is _C.LIVE
+
+    @property
+    def awake(self) -> bool:
+        """True when the gateway said hello and has not asked to be buffered for."""
+        return self.machine.state in (_C.REPLAYING, _C.LIVE)
 
     def platforms(self) -> set[str]:
         return {platform for platform, _ in self.identities}
@@ -191,7 +240,11 @@ class Connector:
     def connected(self, gateway_id: str) -> bool:
         """True while ``gateway_id`` has a handshaken connection."""
         instance = self._instances.get(gateway_id)
-        return instance is not None and instance.handshaken
+        return instance is not None and instance.state in (
+            _C.REPLAYING,
+            _C.LIVE,
+            _C.BUFFERED_ONLY,
+        )
 
     async def _store(self, fn: Callable[[], T]) -> T:
         """Run store work on the connector's store thread (ordered, off the event loop)."""
@@ -231,6 +284,8 @@ class Connector:
         except ConnectionClosed:
             pass
         finally:
+            if instance.machine.can("close"):
+                instance.machine.fire("close")
             if self._instances.get(gateway_id) is instance:
                 del self._instances[gateway_id]
 
@@ -276,7 +331,7 @@ class Connector:
                 await self._hello(instance, frame)
             elif isinstance(frame, GoingIdle):
                 # Identity comes from the upgrade, never from the frame.
-                instance.buffered_only = True
+                instance.machine.fire("go_idle")
                 await self._send(instance, encode(GoingIdleAck(frame.request_id)))
             elif isinstance(frame, Interrupt):
                 log.info("connector: interrupt for %s (%s)", frame.session_key, frame.reason)
@@ -312,10 +367,8 @@ class Connector:
                 functools.partial(self.subscriptions.add, instance.gateway_id, hello.platform)
             )
         await self._send(instance, encode(DescriptorFrame(descriptor)))
-        if not instance.handshaken:
-            instance.handshaken = True
-            instance.buffered_only = False
-            instance.replaying = True
+        if instance.machine.can("hello"):
+            instance.machine.fire("hello")
             self._background(self._replay(instance))
 
     # -- outbound ------------------------------------------------------------------------------
@@ -418,7 +471,7 @@ class Connector:
                 and await self._send(instance, encode(Inbound(event)))
             ):
                 continue  # delivered live (a failed live send falls back to the buffer)
-            if instance is not None and instance.replaying:
+            if instance is not None and instance.state is _C.REPLAYING:
                 # Counted before the append is queued: the replay then knows to read again
                 # (the store thread runs the append before that read).
                 instance.appended += 1
@@ -442,7 +495,7 @@ class Connector:
         if self.wake_hook is None:
             return
         instance = self._instances.get(gateway_id)
-        if instance is not None and instance.handshaken and not instance.buffered_only:
+        if instance is not None and instance.awake:
             return  # awake, just replaying
         now = self.clock.monotonic()
         last = self._last_wake.get(gateway_id)
@@ -463,7 +516,7 @@ class Connector:
         gateway_id = instance.gateway_id
         after: int | None = None
         try:
-            while True:
+            while instance.state is _C.REPLAYING:  # going_idle or a close ends the replay
                 instance.appended = 0
                 chunk = await self._store(
                     functools.partial(
@@ -471,8 +524,8 @@ class Connector:
                     )
                 )
                 if not chunk:
-                    if instance.appended == 0:
-                        instance.replaying = False  # nothing slipped in meanwhile: go live
+                    if instance.appended == 0 and instance.machine.can("caught_up"):
+                        instance.machine.fire("caught_up")  # nothing slipped in: go live
                         return
                     continue
                 for _, _, line in chunk:
@@ -486,5 +539,5 @@ class Connector:
                     self._store(functools.partial(self.buffer.mark_sent_ids, gateway_id, sent))
                 )
         finally:
-            if self._instances.get(gateway_id) is not instance:
-                instance.replaying = False
+            if self._instances.get(gateway_id) is not instance and instance.machine.can("close"):
+                instance.machine.fire("close")  # replaced while replaying: this one is done

@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from relay.buffer import BUFFER
+from relay.connector import CONNECTION
 from relay.dedupe import DEDUPE
 from relay.subscriptions import SUBSCRIPTION
 from statecore.lifecycle import Lifecycle
 
 __all__ = ["RELAY_LIFECYCLES"]
 
-RELAY_LIFECYCLES: tuple[Lifecycle[Any], ...] = (BUFFER, DEDUPE, SUBSCRIPTION)
+RELAY_LIFECYCLES: tuple[Lifecycle[Any], ...] = (BUFFER, CONNECTION, DEDUPE, SUBSCRIPTION)
 """Every lifecycle the relay declares."""
