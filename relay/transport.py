@@ -29,7 +29,6 @@ import logging
 import math
 import os
 import random
-import re
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from enum import StrEnum
@@ -525,6 +524,7 @@ class WebSocketRelayTransport:
     async def _dispatch(self) -> None:
         """The one long-lived inbound worker: handles events in order, acks in batches."""
         queue = self._inbound
+        popleft = queue.popleft
         acks: list[str] = []
         try:
             while True:
@@ -537,35 +537,37 @@ class WebSocketRelayTransport:
                         self._inbound_ready.clear()
                         await self._inbound_ready.wait()
                     continue
-                frame = queue.popleft()
+                frame = popleft()
                 buffer_id = frame.buffer_id
+                # Read per event: either may be replaced while a handler runs.
+                handler, dedupe = self._handler, self._dedupe
                 try:
-                    dedupe = self._dedupe
                     if (
                         buffer_id is not None
                         and dedupe is not None
                         and await dedupe.seen(buffer_id)
                     ):
                         acks.append(buffer_id)  # handled before a restart: ack, don't redo
-                        continue
-                    if self._handler is None:
+                    elif handler is None:
                         # Nobody handled it: leave a buffered delivery unacked (it is replayed
                         # once a handler is set) rather than let the connector retire it.
                         continue
-                    await self._handler(frame.event)
-                    if buffer_id is not None:
+                    else:
+                        await handler(frame.event)
+                        if buffer_id is None:
+                            continue
                         if dedupe is not None:
                             await dedupe.remember(buffer_id)
                         acks.append(buffer_id)
+                    if len(acks) >= _ACK_BATCH:
+                        await self._ack(acks)
+                        acks = []
                 except asyncio.CancelledError:
                     raise
                 except Exception:
                     # The handler's failure is isolated to this event; a buffered one stays
                     # unacked, so the connector replays it.
                     log.exception("relay inbound handler failed (bufferId %s)", buffer_id)
-                if len(acks) >= _ACK_BATCH:
-                    await self._ack(acks)
-                    acks = []
         finally:
             # The next frame starts a new dispatcher (this one is gone).
             self._inbound_ready.clear()
@@ -864,12 +866,11 @@ class WebSocketRelayTransport:
 
 def _ack_line(buffer_id: str) -> str:
     """``encode(InboundAck(buffer_id))`` without building the frame: acks are per message."""
-    if _PLAIN_ID.fullmatch(buffer_id):  # nothing to escape: the common case, cheaply
+    # Printable ASCII without a quote or backslash needs no escaping: the common case, cheaply.
+    plain = buffer_id.isascii() and buffer_id.isprintable()
+    if plain and '"' not in buffer_id and "\\" not in buffer_id:
         return f'{{"type":"inbound_ack","bufferId":"{buffer_id}"}}\n'
     return f'{{"type":"inbound_ack","bufferId":{json.dumps(buffer_id, ensure_ascii=False)}}}\n'
-
-
-_PLAIN_ID = re.compile(r"[A-Za-z0-9_.:-]*")
 
 
 def _cancelling() -> bool:

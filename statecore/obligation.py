@@ -14,6 +14,7 @@ import attrs
 from statecore.entity import EntityKind, Field, Index
 from statecore.lifecycles import OBLIGATION, ObligationState
 from statecore.store import Row
+from statecore.trusted import trusted_constructor
 
 __all__ = [
     "DEFAULT_PROFILE",
@@ -114,26 +115,31 @@ class Obligation:
     def from_row(cls, row: Row[ObligationState]) -> Obligation:
         """Build the record from a store row of :data:`OBLIGATION_KIND`."""
         v: Any = row.values
-        return cls(
-            obligation_id=row.id,
-            session_key=v["session_key"],
-            platform=v["platform"],
-            chat_id=v["chat_id"],
-            thread_id=v["thread_id"],
-            reply_to=v["reply_to"],
-            content=v["content"],
-            state=row.state,
-            attempts=v["attempts"],
-            created_at=v["created_at"],
-            updated_at=v["updated_at"],
-            owner=Owner(v["owner_host"], v["owner_pid"], v["owner_started_at"], v["owner_token"]),
-            fence=row.fence,
-            last_error=v["last_error"],
-            adapter_profile=v["adapter_profile"] or DEFAULT_PROFILE,
-            error_kind=v["error_kind"],
-            next_attempt_at=v["next_attempt_at"],
-            lease_expires_at=v["lease_expires_at"],
+        # The store checked every value against OBLIGATION_KIND: no second check (hot path).
+        return _new_obligation(
+            row.id,
+            v["session_key"],
+            v["platform"],
+            v["chat_id"],
+            v["thread_id"],
+            v["reply_to"],
+            v["content"],
+            row.state,
+            v["attempts"],
+            v["created_at"],
+            v["updated_at"],
+            _new_owner(v["owner_host"], v["owner_pid"], v["owner_started_at"], v["owner_token"]),
+            row.fence,
+            v["last_error"],
+            v["adapter_profile"] or DEFAULT_PROFILE,
+            v["error_kind"],
+            v["next_attempt_at"],
+            v["lease_expires_at"],
         )
+
+
+_new_owner = trusted_constructor(Owner)
+_new_obligation = trusted_constructor(Obligation)
 
 
 @attrs.frozen

@@ -44,6 +44,7 @@ from statecore.store import (
     removal_sources,
     valid_states,
 )
+from statecore.trusted import trusted_constructor
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
@@ -68,6 +69,7 @@ class _Compiled:
     __slots__ = (
         "columns",
         "decoders",
+        "fast",
         "get_sql",
         "insert_sql",
         "kind",
@@ -89,6 +91,8 @@ class _Compiled:
         )
         # Guarded UPDATE statements by shape (event, fenced?, changed columns, conditions).
         self.updates: dict[tuple[Any, ...], str] = {}
+        # Shapes seen with plain values only: (event, fenced?, expect keys, change keys).
+        self.fast: dict[tuple[Any, ...], _FastUpdate] = {}
         # SQLite may hand back a REAL column's whole number as an int (RETURNING does), and
         # stores bools as ints: these columns are converted back on read.
         self.decoders = tuple(
@@ -110,7 +114,58 @@ class _Compiled:
             value = values[name]
             if value is not None and type(value) is not decode:
                 values[name] = decode(value)
-        return Row(raw[0], state, raw[2] or 0, values)
+        return _new_row(raw[0], state, raw[2] or 0, values)
+
+
+# The row decoder above checked the state and the field types: Rows skip a second check.
+_new_row = trusted_constructor(Row)
+
+
+def _plain(values: Mapping[str, object], types: tuple[type, ...], out: list[Any]) -> bool:
+    """Append ``values`` to ``out`` if each has exactly its expected type (text: ASCII)."""
+    for value, expected in zip(values.values(), types, strict=True):
+        if type(value) is not expected or (isinstance(value, str) and not value.isascii()):
+            return False
+        out.append(value)
+    return True
+
+
+class _FastUpdate:
+    """A transition shape already planned once: its SQL and the exact type of each bound value.
+
+    A later call of the same shape whose values all have exactly those types (and text is plain
+    ASCII) is admitted by the very checks plan_transition would run, so it skips planning; any
+    other value (None, a comparison, a convertible type) takes the full path.
+    """
+
+    __slots__ = ("change_types", "expect_types", "sql")
+
+    def __init__(
+        self, sql: str, change_types: tuple[type, ...], expect_types: tuple[type, ...]
+    ) -> None:
+        self.sql = sql
+        self.change_types = change_types
+        self.expect_types = expect_types
+
+    def params(
+        self,
+        entity_id: object,
+        fence: object,
+        expect: Mapping[str, object] | None,
+        changes: Mapping[str, object] | None,
+    ) -> list[Any] | None:
+        """The bound values in SQL order, or None when any needs the full checks."""
+        if type(entity_id) is not str or (fence is not None and type(fence) is not int):
+            return None
+        params: list[Any] = []
+        if changes and not _plain(changes, self.change_types, params):
+            return None
+        params.append(entity_id)
+        if fence is not None:
+            params.append(fence)
+        if expect and not _plain(expect, self.expect_types, params):
+            return None
+        return params
 
 
 class _Local(threading.local):
@@ -493,16 +548,30 @@ class SQLiteStore:
     ) -> Row[S]:
         """One guarded ``UPDATE ... RETURNING`` plus its audit entry, in one transaction."""
         c = self._compiled(kind)
-        plan = plan_transition(kind, entity_id, event, fence=fence, expect=expect, changes=changes)
-        shape = (event, plan.fence is not None, tuple(plan.changes), _shape(plan.expect))
-        sql = c.updates.get(shape)
-        if sql is None:
-            sql = c.updates[shape] = _update_sql(plan, c.select_cols)
-        params: list[Any] = [*plan.changes.values(), entity_id]
-        if plan.fence is not None:
-            params.append(plan.fence)
-        if plan.expect:
-            params.extend(_params(plan.expect))
+        key = (event, fence is None, tuple(expect) if expect else (), tuple(changes or ()))
+        fast = c.fast.get(key)
+        params = None if fast is None else fast.params(entity_id, fence, expect, changes)
+        plan: TransitionPlan[S] | None = None
+        if fast is not None and params is not None:
+            sql = fast.sql
+        else:
+            plan = plan_transition(
+                kind, entity_id, event, fence=fence, expect=expect, changes=changes
+            )
+            shape = (event, plan.fence is not None, tuple(plan.changes), _shape(plan.expect))
+            cached = c.updates.get(shape)
+            if cached is None:
+                cached = c.updates[shape] = _update_sql(plan, c.select_cols)
+            sql = cached
+            params = [*plan.changes.values(), entity_id]
+            if plan.fence is not None:
+                params.append(plan.fence)
+            if plan.expect:
+                params.extend(_params(plan.expect))
+            if fast is None:
+                learned = _learn(kind, plan, sql)
+                if learned is not None:
+                    c.fast[key] = learned
         with _Txn(self, "transition", savepoint=False):
             conn = self._conn()
             raw = conn.execute(sql, params).fetchone()
@@ -524,6 +593,10 @@ class SQLiteStore:
                 )
                 return row
             current = conn.execute(c.get_sql, (entity_id,)).fetchone()
+        if plan is None:
+            plan = plan_transition(
+                kind, entity_id, event, fence=fence, expect=expect, changes=changes
+            )
         raise plan.miss(None if current is None else c.row(current, self.path))
 
     def transition_many(
@@ -646,6 +719,22 @@ def _shape(where: Where) -> tuple[tuple[str, str, bool, int], ...]:
     return tuple(
         (col, cmp.op, cmp.value is None, len(cmp.value) if cmp.op == "in" else 1)
         for col, cmp in where
+    )
+
+
+def _learn(kind: EntityKind[Any], plan: TransitionPlan[Any], sql: str) -> _FastUpdate | None:
+    """The fast path for a plan's shape, when every value it binds is a plain, non-NULL value of
+    a declared field compared by equality (the shape a ledger's writes take)."""
+    fields = kind.by_name
+    if not all(v is not None for v in plan.changes.values()):
+        return None
+    for column, cmp in plan.expect:
+        if column not in fields or cmp.op != "=" or cmp.value is None:
+            return None
+    return _FastUpdate(
+        sql,
+        tuple(fields[name].type for name in plan.changes),
+        tuple(fields[col].type for col, _ in plan.expect),
     )
 
 

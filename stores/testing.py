@@ -726,6 +726,47 @@ class StoreContract:
             _move(db, "t1", "hold", changes={"priority": None})
         assert _snapshot(db, "t1") == before
 
+    def test_a_shape_that_succeeded_still_checks_every_later_value(self, db: Store) -> None:
+        """A store may plan a transition shape once and reuse it; every later call of that shape
+        is still checked in full: wrong types and unencodable text are refused, values of a
+        convertible type are converted, and a refused call writes nothing."""
+        _file(db, "t1")
+        shape: dict[str, Any] = {"fence": 0, "expect": {"queue": "general"}}
+        _move(db, "t1", "touch", changes={"priority": 5, "assignee": "a", "score": 1.5}, **shape)
+        before = _snapshot(db, "t1")
+        refused: list[tuple[dict[str, object], type[Exception]]] = [
+            ({"priority": "high", "assignee": "a", "score": 1.5}, TypeError),
+            ({"priority": True, "assignee": "a", "score": 1.5}, TypeError),
+            ({"priority": None, "assignee": "a", "score": 1.5}, ValueError),
+            ({"priority": 5, "assignee": 7, "score": 1.5}, TypeError),
+            ({"priority": 5, "assignee": "\ud800", "score": 1.5}, ValueError),
+            ({"priority": 5, "assignee": "a", "score": "1.5"}, TypeError),
+        ]
+        for changes, error in refused:
+            with pytest.raises(error):
+                _move(db, "t1", "touch", fence=1, expect={"queue": "general"}, changes=changes)
+        with pytest.raises(TypeError):
+            _move(
+                db,
+                "t1",
+                "touch",
+                fence=1,
+                expect={"queue": 5},
+                changes={"priority": 5, "assignee": "a", "score": 1.5},
+            )
+        assert _snapshot(db, "t1") == before
+        row = _move(
+            db,
+            "t1",
+            "touch",
+            fence=1,
+            expect={"queue": "general"},
+            changes={"priority": 6, "assignee": "é", "score": 2},
+        )
+        assert (row["priority"], row["assignee"], row["score"]) == (6, "é", 2.0)
+        assert type(row["score"]) is float
+        assert _get(db, "t1")["assignee"] == "é"
+
     def test_creation_and_removal_events_via_transition_raise_invalid_transition(
         self, db: Store
     ) -> None:

@@ -27,6 +27,7 @@ from relay.frames import (
     OutboundOutcome,
     OutboundResult,
 )
+from relay.transport import _ack_line
 from statecore.errors import StatecoreError
 from tests.relay.test_frames import SAMPLE_FRAMES, frames
 
@@ -462,3 +463,16 @@ def test_relay_broken_carries_the_close_code() -> None:
     err = RelayBroken("lost", code=4400, reason="protocol")
     assert (err.code, err.reason) == (4400, "protocol")
     assert "4400" in str(err)
+
+
+@given(st.text(max_size=40))
+def test_ack_line_is_exactly_the_encoded_inbound_ack(buffer_id: str) -> None:
+    # The transport writes acks without building frames; they must be byte-identical to the
+    # codec's encoding, escapes included (quotes, backslashes, control and non-ASCII chars).
+    assert _ack_line(buffer_id) == encode(InboundAck(buffer_id))
+
+
+@pytest.mark.parametrize("buffer_id", ["b1", 'quo"te', "back\\slash", "tab\there", "é", "\x7f"])
+def test_ack_line_round_trips_through_the_decoder(buffer_id: str) -> None:
+    (frame,) = FrameDecoder().feed(_ack_line(buffer_id))
+    assert frame == InboundAck(buffer_id)
