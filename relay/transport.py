@@ -428,9 +428,11 @@ class WebSocketRelayTransport:
 
     async def _read(self, ws: ClientConnection, decoder: FrameDecoder) -> None:
         try:
-            enqueue = self._enqueue
-            async for message in ws:
-                for item in decoder.feed(message):
+            enqueue, recv, feed = self._enqueue, ws.recv, decoder.feed
+            while True:
+                # recv() directly rather than ``async for``: no async generator per message.
+                message = await recv()
+                for item in feed(message):
                     if type(item) is Inbound:
                         enqueue(item)  # the bulk of the traffic: straight to the dispatcher
                     elif isinstance(item, ProtocolError):
