@@ -239,6 +239,9 @@ class Ledger:
         claims: list[Claim] = []
         candidates = self.store.select(_K, states=_OWED, order_by="created_at")
         for chunk in _chunks(candidates, self.policy.sweep_chunk):
+            # Rows that differ only in id are claimed by one bulk transition (a crash leaves
+            # many rows of one owner at the same fence and attempt count).
+            groups: dict[tuple[Any, ...], list[Row[ObligationState]]] = {}
             with self.store.atomic():
                 for row in chunk:
                     if self._owner_alive(row, liveness, when):
@@ -251,11 +254,23 @@ class Ledger:
                         continue
                     if targets is not None and (row["platform"], profile) not in targets:
                         continue
-                    needs_marker = row.state is not _S.PENDING or row["attempts"] > 0
-                    reason = "recovered" if needs_marker else None
-                    claim = self._claim(row, when, needs_marker, reason)
-                    if claim is not None:
-                        claims.append(claim)
+                    key = (row["owner_token"], row.fence, row["attempts"], row.state)
+                    groups.setdefault(key, []).append(row)
+                claimed: dict[str, Claim] = {}
+                for (token, fence, attempts, state), rows in groups.items():
+                    needs_marker = state is not _S.PENDING or attempts > 0
+                    for claim in self._claim_all(
+                        rows,
+                        token=token,
+                        fence=fence,
+                        attempts=attempts,
+                        now=when,
+                        needs_marker=needs_marker,
+                        reason="recovered",
+                    ):
+                        claimed[claim.obligation_id] = claim
+            # In the order the rows were found (oldest first), whatever their group.
+            claims.extend(claimed[row.id] for row in chunk if row.id in claimed)
         return claims
 
     def sweep_failed_for_runtime(
@@ -429,6 +444,53 @@ class Ledger:
             attempts,
             claimed["adapter_profile"] or DEFAULT_PROFILE,
         )
+
+    def _claim_all(
+        self,
+        rows: list[Row[ObligationState]],
+        *,
+        token: str | None,
+        fence: int,
+        attempts: int,
+        now: float,
+        needs_marker: bool,
+        reason: str,
+    ) -> list[Claim]:
+        """Claim rows that share their owner token, fence and attempt count in one guarded bulk
+        transition: exactly as strict as claiming each under its own fence (a row that changed
+        since it was read, or that another sweeper claimed first, is skipped)."""
+        me = self.incarnation
+        label = reason if needs_marker else None
+        claimed = self.store.transition_many(
+            _K,
+            [row.id for row in rows],
+            "claim",
+            audit=Audit(now, self._owner_label, attempts + 1, label or "owner dead"),
+            expect={"owner_token": token, "fence": fence, "attempts": attempts},
+            changes={
+                "updated_at": now,
+                "owner_host": me.host,
+                "owner_pid": me.pid,
+                "owner_started_at": me.started_at,
+                "owner_token": me.token,
+                "lease_expires_at": now + self.policy.lease_s,
+                "next_attempt_at": None,
+            },
+            increments={"attempts": 1},
+        )
+        claims = []
+        for row in claimed:
+            self._remember(row)
+            claims.append(
+                Claim(
+                    Obligation.from_row(row),
+                    needs_marker,
+                    label,
+                    row["attempts"],
+                    row["adapter_profile"] or DEFAULT_PROFILE,
+                )
+            )
+        return claims
 
     def _abandon(self, row: Row[ObligationState], now: float) -> None:
         over = row["attempts"] >= self.policy.max_attempts

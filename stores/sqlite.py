@@ -761,7 +761,10 @@ def _update_sql(plan: TransitionPlan[Any], select_cols: str) -> str:
     # Every SET expression reads the old row, so prev_state receives the state being left:
     # the audit entry learns its source without a second read.
     sets += ["fence = fence + 1", "prev_state = state", *(f"{n} = ?" for n in plan.changes)]
-    conditions = [f"{kind.id_field} = ?", f"state IN ({_literals(plan.targets)})"]
+    # The id finds the row(s); the state is only a guard. Its unary + keeps SQLite from
+    # scanning a partial index on state instead of looking each id up (a bulk IN list would
+    # otherwise visit every owed row per statement).
+    conditions = [f"{kind.id_field} = ?", f"+state IN ({_literals(plan.targets)})"]
     if plan.fence is not None:
         conditions.append("fence = ?")
     conditions.extend(_conditions_sql(plan.expect)[0])

@@ -814,6 +814,72 @@ def test_startup_sweep_claims_oldest_first_and_skips_settled(
     assert current(dead, done).state is S.DELIVERED
 
 
+def test_startup_sweep_claims_many_rows_of_mixed_kinds_in_age_order(
+    store: Store, clock: FakeClock, probe: FakeProbe
+) -> None:
+    """Rows of several dead owners, states and attempt counts, interleaved by age: every one is
+    claimed once, oldest first, each with its own marker, attempt count and audit entry."""
+    owners = [make(store, clock, probe, dead_incarnation(pid)) for pid in (900_001, 900_002)]
+    expected: list[tuple[str, bool, int]] = []  # (id, needs_marker, attempts), oldest first
+    # The oldest rows were orphaned once already: a process claimed them, then died too.
+    for i in range(4):
+        expected.append((record(owners[i % 2], f"ob-old-{i}"), True, 2))
+        clock.advance(1)
+    orphaner = make(store, clock, probe, dead_incarnation(900_003))
+    assert len(orphaner.sweep_recoverable()) == 4
+    for i in range(8):
+        ledger = owners[i % 2]
+        oid = record(ledger, f"ob-{i}")
+        if i % 2:
+            ledger.mark_attempting(oid)  # a send may have happened: marker
+            expected.append((oid, True, 1))
+        else:
+            expected.append((oid, False, 1))
+        clock.advance(1)
+    claims = make(store, clock, probe).sweep_recoverable()
+    assert [(c.obligation_id, c.needs_marker, c.attempts) for c in claims] == expected
+    for claim in claims:
+        assert claim.reason == ("recovered" if claim.needs_marker else None)
+        ob = current(owners[0], claim.obligation_id)
+        assert (ob.state, ob.attempts, ob.owner.token) == (S.ATTEMPTING, claim.attempts, LIVE.token)
+        assert claim.obligation == ob
+        last = store.history(OBLIGATION_KIND, claim.obligation_id)[-1]
+        assert (last.event, last.attempts, last.owner) == (
+            "claim",
+            claim.attempts,
+            f"{LIVE.host}:{LIVE.pid}:{LIVE.token}",
+        )
+    assert make(store, clock, probe).sweep_recoverable() == []
+
+
+def test_startup_sweep_skips_a_row_that_changed_after_it_was_read(
+    store: Store, clock: FakeClock, probe: FakeProbe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row claimed by another sweeper between this sweep's read and its claim is skipped; the
+    other rows read with it (same owner, fence and attempts: one bulk claim) are still claimed,
+    each exactly once."""
+    dead = make(store, clock, probe, DEAD)
+    oids = [record(dead, f"ob-{i}") for i in range(5)]
+    rival = make(store, clock, probe, OTHER_LIVE)
+    real_select = store.select
+
+    def select_then_race(*args: Any, **kwargs: Any) -> Any:
+        rows = real_select(*args, **kwargs)
+        # The rival claims the oldest row under the fence it read, right after our read.
+        assert rival._claim(rows[0], clock.now(), False, None) is not None
+        return rows
+
+    monkeypatch.setattr(store, "select", select_then_race)
+    claims = make(store, clock, probe).sweep_recoverable()
+    monkeypatch.undo()
+    assert [c.obligation_id for c in claims] == oids[1:]
+    assert current(dead, oids[0]).owner.token == OTHER_LIVE.token
+    claim_entries = [
+        e for oid in oids for e in store.history(OBLIGATION_KIND, oid) if e.event == "claim"
+    ]
+    assert len(claim_entries) == len(oids)  # one claim per row, never two
+
+
 # -- the runtime sweep -------------------------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -352,16 +352,26 @@ async def test_store_work_never_blocks_the_event_loop(
     gateway.add_adapter(SLACK, adapter)
     ticks = 0
     during: list[int] = []
-    real = store.transition
+    real, real_many = store.transition, store.transition_many
 
-    def slow_once(kind: EntityKind[Any], entity_id: str, event: str, **kwargs: Any) -> Row[Any]:
+    def stall(event: str) -> None:
         if event == slow_event and not during:
             before = ticks
             time.sleep(0.2)
             during.append(ticks - before)
+
+    def slow_once(kind: EntityKind[Any], entity_id: str, event: str, **kwargs: Any) -> Row[Any]:
+        stall(event)
         return real(kind, entity_id, event, **kwargs)
 
+    def slow_many(
+        kind: EntityKind[Any], entity_ids: Sequence[str], event: str, **kwargs: Any
+    ) -> list[Row[Any]]:
+        stall(event)  # sweeps claim in bulk
+        return real_many(kind, entity_ids, event, **kwargs)
+
     monkeypatch.setattr(store, "transition", slow_once)
+    monkeypatch.setattr(store, "transition_many", slow_many)
     done = asyncio.Event()
 
     async def ticker() -> None:
