@@ -8,6 +8,7 @@ errors.  It performs no I/O of its own; stores live in ``stores``, the wire in `
 
 from statecore.adapter import PlatformAdapter, SendResult
 from statecore.async_ledger import AsyncLedger
+from statecore.batch import BatchStore, Creation, Move
 from statecore.clock import Clock, Deadline, FakeClock, SystemClock
 from statecore.delegations import (
     DELEGATION,
@@ -76,8 +77,10 @@ __all__ = [
     "USER_BOUNDARY_END_REASONS",
     "AsyncLedger",
     "Audit",
+    "BatchStore",
     "Claim",
     "Clock",
+    "Creation",
     "Deadline",
     "DeclarationError",
     "Delegation",
@@ -94,6 +97,7 @@ __all__ = [
     "LedgerPolicy",
     "Lifecycle",
     "LivenessCache",
+    "Move",
     "Obligation",
     "ObligationState",
     "Owner",

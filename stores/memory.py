@@ -15,6 +15,12 @@ from contextlib import contextmanager
 from enum import Enum
 from typing import Any, TypeVar
 
+from statecore.batch import (
+    Creation,
+    Move,
+    insert_each_sequentially,
+    transition_each_sequentially,
+)
 from statecore.entity import EntityKind
 from statecore.errors import StoreError
 from statecore.store import (
@@ -238,6 +244,18 @@ class InMemoryStore:
             self._write(table, entity_id, new)
             table.audit.setdefault(entity_id, []).append((event, state, target, *_audit(audit)))
             return _row(table, entity_id, new)
+
+    def insert_each(
+        self, kind: EntityKind[S], creations: Sequence[Creation]
+    ) -> list[tuple[Row[S], bool] | Exception]:
+        """Every creation as :meth:`insert`, in order, under one lock hold (see BatchStore)."""
+        return insert_each_sequentially(self, kind, creations)
+
+    def transition_each(
+        self, kind: EntityKind[S], moves: Sequence[Move]
+    ) -> list[Row[S] | Exception]:
+        """Every move as :meth:`transition`, in order, under one lock hold (see BatchStore)."""
+        return transition_each_sequentially(self, kind, moves)
 
     def transition_many(
         self,

@@ -20,12 +20,13 @@ import contextlib
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from statecore.batch import REFUSALS, Creation, Move
 from statecore.entity import EntityKind, Field
 from statecore.errors import StatecoreError, StoreError
 from statecore.store import (
@@ -100,6 +101,18 @@ class _Compiled:
             for f in kind.fields
             if f.type in (bool, float)
         )
+
+    def insert_rows_sql(self, count: int) -> str:
+        """The multi-row ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` for ``count`` rows."""
+        sql = self.updates.get(("insert", count))
+        if sql is None:
+            one = f"({', '.join('?' * (3 + len(self.columns)))})"
+            sql = self.updates[("insert", count)] = (
+                f"INSERT INTO {self.kind.table} ({self.select_cols}) "
+                f"VALUES {', '.join([one] * count)} "
+                f"ON CONFLICT({self.kind.id_field}) DO NOTHING RETURNING {self.select_cols}"
+            )
+        return sql
 
     def row(self, raw: Sequence[Any], path: str) -> Row[Any]:
         try:
@@ -574,23 +587,10 @@ class SQLiteStore:
                     c.fast[key] = learned
         with _Txn(self, "transition", savepoint=False):
             conn = self._conn()
-            raw = conn.execute(sql, params).fetchone()
-            if raw is not None:
-                row: Row[S] = c.row(raw, self.path)
-                conn.execute(
-                    _AUDIT_INSERT,
-                    (
-                        kind.name,
-                        entity_id,
-                        event,
-                        raw[-1],  # prev_state, as stored
-                        raw[1],
-                        audit.at,
-                        audit.owner,
-                        audit.attempts,
-                        audit.reason,
-                    ),
-                )
+            row = self._write_one(
+                conn, c, sql, params, entity_id=entity_id, event=event, audit=audit
+            )
+            if row is not None:
                 return row
             current = conn.execute(c.get_sql, (entity_id,)).fetchone()
         if plan is None:
@@ -598,6 +598,195 @@ class SQLiteStore:
                 kind, entity_id, event, fence=fence, expect=expect, changes=changes
             )
         raise plan.miss(None if current is None else c.row(current, self.path))
+
+    def _write_one(
+        self,
+        conn: sqlite3.Connection,
+        c: _Compiled,
+        sql: str,
+        params: list[Any],
+        *,
+        entity_id: str,
+        event: str,
+        audit: Audit,
+    ) -> Row[Any] | None:
+        """One guarded UPDATE and its audit entry; None when the guard matched nothing."""
+        raw = conn.execute(sql, params).fetchone()
+        if raw is None:
+            return None
+        conn.execute(
+            _AUDIT_INSERT,
+            (
+                c.kind.name,
+                entity_id,
+                event,
+                raw[-1],  # prev_state, as stored
+                raw[1],
+                audit.at,
+                audit.owner,
+                audit.attempts,
+                audit.reason,
+            ),
+        )
+        return c.row(raw, self.path)
+
+    # -- batches (statecore.batch.BatchStore) ------------------------------------------------
+
+    def insert_each(
+        self, kind: EntityKind[S], creations: Sequence[Creation]
+    ) -> list[tuple[Row[S], bool] | Exception]:
+        """Every creation as :meth:`insert` would, in one transaction, with one multi-row
+        ``INSERT ... RETURNING`` per run of distinct ids (see BatchStore)."""
+        c = self._compiled(kind)
+        outcomes: list[Any] = [None] * len(creations)
+        ready: list[tuple[int, Creation, Enum, list[Any]]] = []
+        for i, creation in enumerate(creations):
+            entity_id = creation.entity_id
+            try:
+                if not isinstance(entity_id, str) or not entity_id:
+                    raise ValueError(f"{kind.name} id must be a non-empty str, not {entity_id!r}")
+                state = creation_target(kind, creation.event)
+                checked = kind.new_values(creation.values)
+            except REFUSALS as exc:
+                outcomes[i] = exc
+                continue
+            params = [entity_id, state.value, 0, *(checked[n] for n in c.columns)]
+            ready.append((i, creation, state, params))
+        with _Txn(self, "insert_each", savepoint=False):
+            conn = self._conn()
+            for run in _distinct_runs(ready, lambda item: (item[1].entity_id, "insert")):
+                for chunk in _pieces(run):
+                    sql = c.insert_rows_sql(len(chunk))
+                    raws = conn.execute(sql, [p for item in chunk for p in item[3]]).fetchall()
+                    created = {raw[0]: raw for raw in raws}
+                    audits = []
+                    for i, creation, initial, _ in chunk:
+                        raw = created.get(creation.entity_id)
+                        if raw is None:  # it existed: returned untouched, as insert() does
+                            raw = conn.execute(c.get_sql, (creation.entity_id,)).fetchone()
+                            outcomes[i] = (c.row(raw, self.path), False)
+                            continue
+                        outcomes[i] = (c.row(raw, self.path), True)
+                        a = creation.audit
+                        audits.append(
+                            (
+                                kind.name,
+                                creation.entity_id,
+                                creation.event,
+                                None,
+                                initial.value,
+                                a.at,
+                                a.owner,
+                                a.attempts,
+                                a.reason,
+                            )
+                        )
+                    conn.executemany(_AUDIT_INSERT, audits)
+        return outcomes
+
+    def transition_each(
+        self, kind: EntityKind[S], moves: Sequence[Move]
+    ) -> list[Row[S] | Exception]:
+        """Every move as :meth:`transition` would, in one transaction (see BatchStore).
+
+        Runs of moves of one shape (event, fenced or not, the changed fields, the compared
+        fields, equality only) on distinct entities share one ``UPDATE ... FROM (VALUES ...)
+        RETURNING``: each row is guarded by its own id, fence and values, exactly as its own
+        UPDATE would be.  Any other move runs alone.
+        """
+        c = self._compiled(kind)
+        outcomes: list[Any] = [None] * len(moves)
+        planned: list[tuple[int, Move, TransitionPlan[S]]] = []
+        for i, move in enumerate(moves):
+            try:
+                plan = plan_transition(
+                    kind,
+                    move.entity_id,
+                    move.event,
+                    fence=move.fence,
+                    expect=move.expect,
+                    changes=move.changes,
+                )
+            except REFUSALS as exc:
+                outcomes[i] = exc
+                continue
+            planned.append((i, move, plan))
+        with _Txn(self, "transition_each", savepoint=False):
+            conn = self._conn()
+            for run in _distinct_runs(
+                planned, lambda item: (item[1].entity_id, _bulk_shape(item[2]))
+            ):
+                if len(run) == 1 or _bulk_shape(run[0][2]) is None:
+                    for i, move, plan in run:
+                        outcomes[i] = self._one_planned(conn, c, plan, move.audit)
+                    continue
+                for chunk in _pieces(run):
+                    self._bulk_update(conn, c, chunk, outcomes)
+        return outcomes
+
+    def _one_planned(
+        self, conn: sqlite3.Connection, c: _Compiled, plan: TransitionPlan[Any], audit: Audit
+    ) -> Row[Any] | Exception:
+        shape = (plan.event, plan.fence is not None, tuple(plan.changes), _shape(plan.expect))
+        sql = c.updates.get(shape)
+        if sql is None:
+            sql = c.updates[shape] = _update_sql(plan, c.select_cols)
+        params: list[Any] = [*plan.changes.values(), plan.entity_id]
+        if plan.fence is not None:
+            params.append(plan.fence)
+        params.extend(_params(plan.expect))
+        row = self._write_one(
+            conn, c, sql, params, entity_id=plan.entity_id, event=plan.event, audit=audit
+        )
+        if row is not None:
+            return row
+        current = conn.execute(c.get_sql, (plan.entity_id,)).fetchone()
+        return plan.miss(None if current is None else c.row(current, self.path))
+
+    def _bulk_update(
+        self,
+        conn: sqlite3.Connection,
+        c: _Compiled,
+        chunk: list[tuple[int, Move, TransitionPlan[Any]]],
+        outcomes: list[Any],
+    ) -> None:
+        """One UPDATE ... FROM (VALUES ...) for a chunk of same-shape moves on distinct ids."""
+        first = chunk[0][2]
+        key = ("bulk", _bulk_shape(first), len(chunk))
+        sql = c.updates.get(key)
+        if sql is None:
+            sql = c.updates[key] = _bulk_update_sql(first, c.select_cols, len(chunk))
+        params: list[Any] = []
+        for _, _, plan in chunk:
+            params.append(plan.entity_id)
+            if plan.fence is not None:
+                params.append(plan.fence)
+            params.extend(plan.changes.values())
+            params.extend(cmp.value for _, cmp in plan.expect)
+        written = {raw[0]: raw for raw in conn.execute(sql, params).fetchall()}
+        audits = []
+        for i, move, plan in chunk:
+            raw = written.get(plan.entity_id)
+            if raw is None:
+                current = conn.execute(c.get_sql, (plan.entity_id,)).fetchone()
+                outcomes[i] = plan.miss(None if current is None else c.row(current, self.path))
+                continue
+            outcomes[i] = c.row(raw, self.path)
+            a = move.audit
+            audits.append(
+                (
+                    c.kind.name,
+                    plan.entity_id,
+                    plan.event,
+                    raw[-1],
+                    raw[1],
+                    a.at,
+                    a.owner,
+                    a.attempts,
+                    a.reason,
+                )
+            )
+        conn.executemany(_AUDIT_INSERT, audits)
 
     def transition_many(
         self,
@@ -771,6 +960,85 @@ def _update_sql(plan: TransitionPlan[Any], select_cols: str) -> str:
     return (
         f"UPDATE {kind.table} SET {', '.join(sets)} WHERE {' AND '.join(conditions)} "
         f"RETURNING {select_cols}, prev_state"
+    )
+
+
+_BATCH_PIECE = 64
+"""Rows per multi-row statement of a batch (parameters stay well under any SQLite limit)."""
+
+_T = TypeVar("_T")
+
+
+def _distinct_runs(items: list[_T], key: Callable[[_T], tuple[str, object]]) -> list[list[_T]]:
+    """Split ``items`` into consecutive runs of one shape (``key``'s second part) without a
+    repeated id (its first part): a later write of the same entity must see the earlier one."""
+    runs: list[list[_T]] = []
+    ids: set[str] = set()
+    shape: object = None
+    for item in items:
+        entity_id, item_shape = key(item)
+        if not runs or entity_id in ids or item_shape != shape or item_shape is None:
+            runs.append([])
+            ids = set()
+            shape = item_shape
+        runs[-1].append(item)
+        ids.add(entity_id)
+    return runs
+
+
+def _pieces(run: list[_T]) -> list[list[_T]]:
+    """A run cut into statements of at most _BATCH_PIECE rows, the largest power of two first
+    (statement texts then repeat, and stay cached)."""
+    pieces: list[list[_T]] = []
+    start = 0
+    while start < len(run):
+        left = len(run) - start
+        size = _BATCH_PIECE if left >= _BATCH_PIECE else 1 << (left.bit_length() - 1)
+        pieces.append(run[start : start + size])
+        start += size
+    return pieces
+
+
+def _bulk_shape(plan: TransitionPlan[Any]) -> tuple[Any, ...] | None:
+    """What a bulk UPDATE of this plan depends on, or None when it must run alone (a
+    comparison other than equality)."""
+    if any(cmp.op != "=" for _, cmp in plan.expect):
+        return None
+    return (
+        plan.event,
+        plan.fence is not None,
+        tuple(plan.changes),
+        tuple(column for column, _ in plan.expect),
+    )
+
+
+def _bulk_update_sql(plan: TransitionPlan[Any], select_cols: str, rows: int) -> str:
+    """``UPDATE ... FROM (VALUES ...)`` guarding each row by its own values: column1 is the id,
+    then the fence (when fenced), the changed values and the compared values, in plan order.
+    Comparisons use IS, which is the store's equality (``= None`` means IS NULL)."""
+    kind = plan.kind
+    targets = set(plan.targets.values())
+    if len(targets) == 1:
+        sets = [f"state = '{next(iter(targets)).value}'"]
+    else:
+        cases = " ".join(f"WHEN '{s.value}' THEN '{t.value}'" for s, t in plan.targets.items())
+        sets = [f"state = CASE state {cases} END"]
+    sets += ["fence = fence + 1", "prev_state = state"]
+    conditions = [f"{kind.id_field} = v.column1", f"+state IN ({_literals(plan.targets)})"]
+    column = 2
+    if plan.fence is not None:
+        conditions.append(f"fence = v.column{column}")
+        column += 1
+    for name in plan.changes:
+        sets.append(f"{name} = v.column{column}")
+        column += 1
+    for name, _ in plan.expect:
+        conditions.append(f"{name} IS v.column{column}")
+        column += 1
+    one = f"({', '.join('?' * (column - 1))})"
+    return (
+        f"UPDATE {kind.table} SET {', '.join(sets)} FROM (VALUES {', '.join([one] * rows)}) AS v "
+        f"WHERE {' AND '.join(conditions)} RETURNING {select_cols}, prev_state"
     )
 
 

@@ -33,6 +33,7 @@ kit's own asserts, call ``pytest.register_assert_rewrite("stores.testing")`` (in
 
 from __future__ import annotations
 
+import random
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
@@ -42,6 +43,7 @@ from typing import Any
 
 import pytest
 
+from statecore.batch import REFUSALS, BatchStore, Creation, Move
 from statecore.clock import FakeClock
 from statecore.entity import EntityKind, Field, Index
 from statecore.errors import InvalidTransition, StaleState, StoreError, UnknownEntity
@@ -191,6 +193,13 @@ def _snapshot(db: Store, ticket_id: str) -> tuple[object, ...]:
     row = db.get(TICKET_KIND, ticket_id)
     values = None if row is None else (row.state, row.fence, dict(row.values))
     return (values, db.history(TICKET_KIND, ticket_id))
+
+
+def _outcome(outcome: object) -> object:
+    """A batch item's outcome in comparable form: rows as they are, errors by type and text."""
+    if isinstance(outcome, Exception):
+        return (type(outcome).__name__, str(outcome))
+    return outcome
 
 
 def _ids(rows: list[Row[Any]]) -> list[str]:
@@ -861,6 +870,186 @@ class StoreContract:
         assert row is not None
         assert (row.state, row.fence) == (_T.OPEN, 0)
         assert [h.event for h in db.history(k, "t1")] == ["file"]
+
+    # -- batches (an optional capability: statecore.batch.BatchStore) ---------------------------
+
+    @pytest.fixture
+    def batch_db(self, db: Store) -> BatchStore:
+        """The store under test, when it runs batches (the batch tests skip otherwise)."""
+        if not isinstance(db, BatchStore):
+            pytest.skip(f"{type(db).__name__} is not a BatchStore (optional capability)")
+        return db
+
+    def test_insert_each_matches_insert_one_by_one(
+        self, batch_db: BatchStore, new_store: StoreOpener
+    ) -> None:
+        """insert_each gives every creation the outcome insert() would give it in order:
+        created rows, an existing id untouched (also one created earlier in the same batch),
+        refusals in place (bad values, bad ids, a non-creation event) writing nothing."""
+        k = TICKET_KIND
+        batch_db.insert(k, "old", {"title": "old"}, event="file", audit=_AUDIT)
+        creations = [
+            Creation("n1", {"title": "n1", "priority": 7}, "file", Audit(1.0, "w1", 0, "r1")),
+            Creation("old", {"title": "changed"}, "file", _AUDIT),
+            Creation("n2", {"title": "n2", "priority": "high"}, "file", _AUDIT),
+            Creation("n3", {"title": "n3", "score": 2}, "file", Audit(2.0)),
+            Creation("n1", {"title": "again"}, "file", _AUDIT),
+            Creation("", {"title": "no id"}, "file", _AUDIT),
+            Creation("n4", {"title": "n4"}, "hold", _AUDIT),
+            Creation("n5", {"nope": 1, "title": "n5"}, "file", _AUDIT),
+            Creation("n6", {"title": "é"}, "file", _AUDIT),
+        ]
+        one_by_one = new_store()
+        one_by_one.insert(k, "old", {"title": "old"}, event="file", audit=_AUDIT)
+        expected: list[object] = []
+        for c in creations:
+            try:
+                expected.append(
+                    one_by_one.insert(k, c.entity_id, c.values, event=c.event, audit=c.audit)
+                )
+            except REFUSALS as exc:
+                expected.append(exc)
+        outcomes = batch_db.insert_each(k, creations)
+        assert [_outcome(o) for o in outcomes] == [_outcome(o) for o in expected]
+        assert [type(o) for o in outcomes[5:8]] == [ValueError, InvalidTransition, KeyError]
+        assert outcomes[4] == (outcomes[0][0], False)  # type: ignore[index]
+        for ticket_id in ("old", "n1", "n3", "n6", "n2", "n4"):
+            assert _snapshot(batch_db, ticket_id) == _snapshot(one_by_one, ticket_id)
+        assert batch_db.history(k, "n1")[0].owner == "w1"
+
+    def test_transition_each_matches_transition_one_by_one(
+        self, batch_db: BatchStore, new_store: StoreOpener
+    ) -> None:
+        """transition_each gives every move the outcome transition() would give it in order:
+        rows moved under their own fences and conditions, later moves of an entity seeing the
+        earlier ones, refusals (stale fence, failed condition, forbidden or undeclared event,
+        unknown id, bad values) in place and writing nothing."""
+        k = TICKET_KIND
+        one_by_one = new_store()
+        for store in (batch_db, one_by_one):
+            _seed(store)
+        moves = [
+            Move("a1", "hold", Audit(1.0, "w", 1, "one"), fence=0, changes={"score": 9.5}),
+            Move("a4", "hold", _AUDIT, fence=0, changes={"score": None}),
+            Move("a6", "hold", _AUDIT, fence=0, changes={"score": 1.0}),  # stale: fence 2
+            Move("a2", "resume", _AUDIT, expect={"assignee": None}),  # IS NULL holds
+            Move("a1", "resume", _AUDIT, fence=1),  # sees the hold above
+            Move("a3", "hold", _AUDIT),  # done: forbidden
+            Move("zz", "hold", _AUDIT, fence=0, changes={"score": 1.0}),  # unknown
+            Move("a6", "touch", _AUDIT, expect={"assignee": "alice"}),  # condition fails
+            Move("a6", "touch", _AUDIT, expect={"priority": lt(3)}),  # not equality: alone
+            Move("a4", "bogus", _AUDIT),  # undeclared event
+            Move("a4", "resume", _AUDIT, changes={"priority": "high"}),  # bad value
+            Move("a4", "resume", _AUDIT, fence=1, expect={"queue": "general"}),
+            Move("a6", "finish", _AUDIT, fence=3, changes={"assignee": "carl"}),
+            Move("a1", "touch", _AUDIT, fence=2, changes={"urgent": False, "due_at": 5}),
+        ]
+        expected: list[object] = []
+        for m in moves:
+            try:
+                expected.append(
+                    one_by_one.transition(
+                        k,
+                        m.entity_id,
+                        m.event,
+                        audit=m.audit,
+                        fence=m.fence,
+                        expect=m.expect,
+                        changes=m.changes,
+                    )
+                )
+            except REFUSALS as exc:
+                expected.append(exc)
+        outcomes = batch_db.transition_each(k, moves)
+        assert [_outcome(o) for o in outcomes] == [_outcome(o) for o in expected]
+        kinds = [type(o).__name__ for o in outcomes]
+        assert kinds[2] == kinds[7] == "StaleState"
+        assert kinds[5] == kinds[9] == "InvalidTransition"
+        assert (kinds[6], kinds[10]) == ("UnknownEntity", "TypeError")
+        for ticket_id in ("a1", "a2", "a3", "a4", "a5", "a6", "zz"):
+            assert _snapshot(batch_db, ticket_id) == _snapshot(one_by_one, ticket_id)
+
+    @pytest.mark.parametrize("seed", [1, 2, 3])
+    def test_transition_each_random_batches_match_one_by_one(
+        self, batch_db: BatchStore, new_store: StoreOpener, seed: int
+    ) -> None:
+        """Random batches of moves (fresh and stale fences, conditions, changes, repeated
+        entities, forbidden events) leave the store exactly as the same moves one by one."""
+        rng = random.Random(seed)
+        k = TICKET_KIND
+        one_by_one = new_store()
+        ids = [f"r{n}" for n in range(12)]
+        assignees = {ticket_id: rng.choice([None, "ann"]) for ticket_id in ids}
+        for store in (batch_db, one_by_one):
+            for ticket_id in ids:
+                _file(store, ticket_id, assignee=assignees[ticket_id])
+        events = ["touch", "hold", "resume", "finish", "advance", "drop", "bogus"]
+        for batch in range(8):
+            # Every other batch has one shape (event, fenced, compared and changed fields), as
+            # group commit produces: only ids, fences and values vary.
+            uniform = batch % 2 == 0
+            event = rng.choice(events[:-1])
+            moves = []
+            for _ in range(rng.randint(1, 40)):
+                ticket_id = rng.choice(ids)
+                current = one_by_one.get(k, ticket_id)
+                fresh = current.fence if current else 0
+                if uniform:
+                    fence: int | None = rng.choice([fresh, fresh, fresh - 1])
+                    expect: dict[str, object] | None = {"assignee": rng.choice(["ann", None])}
+                    changes: dict[str, object] | None = {"score": rng.random(), "priority": 4}
+                else:
+                    event = rng.choice(events)
+                    fence = rng.choice([None, fresh, 0])
+                    conditions: list[dict[str, object] | None] = [
+                        None,
+                        {"assignee": "ann"},
+                        {"assignee": None},
+                    ]
+                    expect = rng.choice(conditions)
+                    options: list[dict[str, object] | None] = [
+                        None,
+                        {"score": rng.random()},
+                        {"priority": 4},
+                    ]
+                    changes = rng.choice(options)
+                audit = Audit(float(rng.randint(0, 9)), "w", rng.randint(0, 3), None)
+                moves.append(Move(ticket_id, event, audit, fence, expect, changes))
+            expected: list[object] = []
+            for m in moves:
+                try:
+                    expected.append(
+                        one_by_one.transition(
+                            k,
+                            m.entity_id,
+                            m.event,
+                            audit=m.audit,
+                            fence=m.fence,
+                            expect=m.expect,
+                            changes=m.changes,
+                        )
+                    )
+                except REFUSALS as exc:
+                    expected.append(exc)
+            outcomes = batch_db.transition_each(k, moves)
+            assert [_outcome(o) for o in outcomes] == [_outcome(o) for o in expected]
+        for ticket_id in ids:
+            assert _snapshot(batch_db, ticket_id) == _snapshot(one_by_one, ticket_id)
+
+    def test_batches_inside_a_failed_block_are_undone(self, batch_db: BatchStore) -> None:
+        """Batches in an atomic block that raises leave nothing behind."""
+        k = TICKET_KIND
+        _file(batch_db, "t1")
+        before = _snapshot(batch_db, "t1")
+
+        def both() -> None:
+            batch_db.insert_each(k, [Creation("t2", {"title": "t2"}, "file", _AUDIT)])
+            batch_db.transition_each(k, [Move("t1", "hold", _AUDIT, fence=0)])
+
+        _abort_block(batch_db, both)
+        assert _snapshot(batch_db, "t1") == before
+        assert batch_db.get(k, "t2") is None
+        assert batch_db.history(k, "t2") == []
 
     # -- races ----------------------------------------------------------------------------------
 

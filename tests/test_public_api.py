@@ -16,8 +16,10 @@ EXPECTED_ALL: dict[str, list[str]] = {
     "statecore": [
         "AsyncLedger",
         "Audit",
+        "BatchStore",
         "Claim",
         "Clock",
+        "Creation",
         "DECLARED_LIFECYCLES",
         "DELEGATION",
         "DELEGATION_KIND",
@@ -37,6 +39,7 @@ EXPECTED_ALL: dict[str, list[str]] = {
         "LedgerPolicy",
         "Lifecycle",
         "LivenessCache",
+        "Move",
         "OBLIGATION",
         "OBLIGATION_KIND",
         "Obligation",
