@@ -35,7 +35,8 @@ T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
-_Op = tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
+_Op = tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]", str | None, Any]
+"""(the call, the caller's loop, its future, the batch key or None, the batch payload)."""
 _STOP = object()
 
 
@@ -101,27 +102,30 @@ class AsyncLedger:
         adapter_profile: str | None = None,
     ) -> Obligation:
         """:meth:`Ledger.record`, off the event loop."""
-        return await self._submit(
-            lambda: self.ledger.record(
-                session_key=session_key,
-                platform=platform,
-                chat_id=chat_id,
-                content=content,
-                message_ref=message_ref,
-                obligation_id=obligation_id,
-                thread_id=thread_id,
-                reply_to=reply_to,
-                adapter_profile=adapter_profile,
-            )
-        )
+        request: dict[str, Any] = {
+            "session_key": session_key,
+            "platform": platform,
+            "chat_id": chat_id,
+            "content": content,
+            "message_ref": message_ref,
+            "obligation_id": obligation_id,
+            "thread_id": thread_id,
+            "reply_to": reply_to,
+            "adapter_profile": adapter_profile,
+        }
+        return await self._submit(lambda: self.ledger.record(**request), "record", request)
 
     async def mark_attempting(self, obligation_id: str) -> Obligation:
         """:meth:`Ledger.mark_attempting`, off the event loop."""
-        return await self._submit(lambda: self.ledger.mark_attempting(obligation_id))
+        return await self._submit(
+            lambda: self.ledger.mark_attempting(obligation_id), "settle", (obligation_id, "attempt")
+        )
 
     async def mark_delivered(self, obligation_id: str) -> Obligation:
         """:meth:`Ledger.mark_delivered`, off the event loop."""
-        return await self._submit(lambda: self.ledger.mark_delivered(obligation_id))
+        return await self._submit(
+            lambda: self.ledger.mark_delivered(obligation_id), "settle", (obligation_id, "deliver")
+        )
 
     async def mark_failed(self, obligation_id: str, error: str) -> Obligation:
         """:meth:`Ledger.mark_failed`, off the event loop."""
@@ -201,13 +205,15 @@ class AsyncLedger:
 
     # -- the writer --------------------------------------------------------------------------
 
-    async def _submit(self, fn: Callable[[], T]) -> T:
+    async def _submit(self, fn: Callable[[], T], key: str | None = None, payload: Any = None) -> T:
+        """Queue ``fn`` for the writer; ``key``/``payload`` let consecutive operations of one
+        kind run as one store batch (``fn`` is their one-by-one equivalent)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         with self._close_lock:
             if self._closed:
                 raise StoreError("the ledger is closed")
-            self._queue.put((fn, loop, future))
+            self._queue.put((fn, loop, future, key, payload))
         return await future
 
     def _run(self) -> None:
@@ -233,41 +239,32 @@ class AsyncLedger:
     def _execute(self, batch: list[_Op]) -> None:
         """Run a batch in one transaction and hand every caller its own outcome.
 
-        A refusal (``InvalidTransition``, ``StaleState``, ``UnknownEntity``, bad input) writes
-        nothing, so it is returned to its caller while the batch goes on.  Any other exception
-        may have struck after a write: the whole transaction is rolled back, that operation
-        fails alone, and the rest of the batch is replayed in a new transaction.  A failure of
-        the transaction itself fails every operation in it with ``StoreError``.
+        Consecutive records, and consecutive attempt/deliver marks, run as one store batch
+        (:class:`~statecore.batch.BatchStore`): fewer statements, the same outcomes as one by
+        one.  A refusal (``InvalidTransition``, ``StaleState``, ``UnknownEntity``, bad input)
+        writes nothing, so it is returned to its caller while the batch goes on.  Any other
+        exception may have struck after a write: the whole transaction is rolled back and the
+        batch replayed -- one operation at a time if the failure came from a store batch, so
+        that the operation that failed is found, fails alone, and the rest go on in a new
+        transaction.  A failure of the transaction itself fails every operation in it with
+        ``StoreError``.
         """
         pending = batch
+        grouped = True
         while pending:
-            outcomes: list[tuple[bool, Any]] = []
-            poisoned: tuple[int, BaseException] | None = None
             try:
-                with self.store.atomic():
-                    for index, (fn, _, future) in enumerate(pending):
-                        if future.cancelled():
-                            outcomes.append((False, None))
-                            continue
-                        try:
-                            outcomes.append((True, fn()))
-                        except StoreError:
-                            raise  # the transaction itself is in doubt: fail the whole batch
-                        except _REFUSALS as exc:
-                            outcomes.append((False, exc))
-                        except Exception as exc:
-                            poisoned = (index, exc)
-                            raise _Rollback from exc
+                outcomes = self._attempt(pending, grouped=grouped)
                 self.batches += 1
                 self.operations += len(pending)
-            except _Rollback:
-                assert poisoned is not None
+            except _Rollback as rollback:
                 # Nothing of this attempt was committed: the fences the ledger remembered from
                 # it are not the store's, so forget them all (ownership still guards).
                 self.ledger.forget_fences()
-                index, failure = poisoned
-                _deliver([pending[index]], [(False, failure)])
-                pending = pending[:index] + pending[index + 1 :]
+                if rollback.index is None:
+                    grouped = False  # find the failing operation one by one
+                    continue
+                _deliver([pending[rollback.index]], [(False, rollback.failure)])
+                pending = pending[: rollback.index] + pending[rollback.index + 1 :]
                 continue
             except Exception as exc:
                 self.ledger.forget_fences()
@@ -282,9 +279,65 @@ class AsyncLedger:
             _deliver(pending, outcomes)
             return
 
+    def _attempt(self, pending: list[_Op], *, grouped: bool) -> list[tuple[bool, Any]]:
+        """One transaction over ``pending``: every operation's outcome, or :class:`_Rollback`
+        (nothing committed) naming the operation that failed unexpectedly (None: a group)."""
+        outcomes: list[tuple[bool, Any]] = []
+        with self.store.atomic():
+            index = 0
+            while index < len(pending):
+                fn, _, future, key, _ = pending[index]
+                if grouped and key is not None:
+                    end = index + 1
+                    while end < len(pending) and pending[end][3] == key:
+                        end += 1
+                    try:
+                        outcomes.extend(self._run_group(key, pending[index:end]))
+                    except StoreError:
+                        raise  # the transaction itself is in doubt: fail the whole batch
+                    except Exception as exc:
+                        raise _Rollback(None, exc) from exc
+                    index = end
+                    continue
+                if future.cancelled():
+                    outcomes.append((False, None))
+                else:
+                    try:
+                        outcomes.append((True, fn()))
+                    except StoreError:
+                        raise  # the transaction itself is in doubt: fail the whole batch
+                    except _REFUSALS as exc:
+                        outcomes.append((False, exc))
+                    except Exception as exc:
+                        raise _Rollback(index, exc) from exc
+                index += 1
+        return outcomes
+
+    def _run_group(self, key: str, group: list[_Op]) -> list[tuple[bool, Any]]:
+        """Run consecutive operations of one kind as one store batch (cancelled ones skipped)."""
+        live = [i for i, op in enumerate(group) if not op[2].cancelled()]
+        payloads = [group[i][4] for i in live]
+        if key == "record":
+            results = self.ledger._record_each(payloads)
+        else:
+            results = self.ledger._settle_each(payloads)
+        outcomes: list[tuple[bool, Any]] = [(False, None)] * len(group)
+        for i, result in zip(live, results, strict=True):
+            outcomes[i] = (False, result) if isinstance(result, Exception) else (True, result)
+        return outcomes
+
 
 class _Rollback(Exception):
-    """Aborts a batch's transaction so an operation that failed after writing leaves no trace."""
+    """Aborts a batch's transaction so an operation that failed after writing leaves no trace.
+
+    ``index`` is the failed operation's place in the batch, None when it failed inside a
+    store batch of several operations; ``failure`` what it raised.
+    """
+
+    def __init__(self, index: int | None, failure: BaseException) -> None:
+        super().__init__(index, failure)
+        self.index = index
+        self.failure = failure
 
 
 # Errors an operation raises before it writes anything (bad input, a refused or lost move).
@@ -293,7 +346,7 @@ _REFUSALS = (StaleState, ValueError, LookupError, TypeError)
 
 def _deliver(ops: list[_Op], outcomes: list[tuple[bool, Any]]) -> None:
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
-    for (_, loop, future), (ok, value) in zip(ops, outcomes, strict=True):
+    for (_, loop, future, _, _), (ok, value) in zip(ops, outcomes, strict=True):
         by_loop.setdefault(loop, []).append((future, ok, value))
     for loop, settled in by_loop.items():
         try:

@@ -15,12 +15,20 @@ its rows were re-claimed cannot settle them.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+from statecore.batch import (
+    REFUSALS,
+    BatchStore,
+    Creation,
+    Move,
+    insert_each_sequentially,
+    transition_each_sequentially,
+)
 from statecore.checks import require_text
 from statecore.clock import Clock, SystemClock
-from statecore.errors import StaleState, UnknownEntity
+from statecore.errors import StaleState, StoreError, UnknownEntity
 from statecore.ids import compute_obligation_id
 from statecore.lifecycles import ObligationState
 from statecore.obligation import (
@@ -102,6 +110,42 @@ class Ledger:
         for non-text content or ids and ``ValueError`` for empty session key, platform or chat
         id; nothing is written then.
         """
+        creation = self._creation(
+            session_key=session_key,
+            platform=platform,
+            chat_id=chat_id,
+            content=content,
+            message_ref=message_ref,
+            obligation_id=obligation_id,
+            thread_id=thread_id,
+            reply_to=reply_to,
+            adapter_profile=adapter_profile,
+        )
+        row, created = self.store.insert(
+            _K,
+            creation.entity_id,
+            creation.values,
+            event=creation.event,
+            audit=creation.audit,
+        )
+        if created:
+            self._remember(row)
+        return Obligation.from_row(row)
+
+    def _creation(
+        self,
+        *,
+        session_key: str,
+        platform: str,
+        chat_id: str | int,
+        content: str,
+        message_ref: str | int | None = None,
+        obligation_id: str | None = None,
+        thread_id: str | int | None = None,
+        reply_to: str | int | None = None,
+        adapter_profile: str | None = None,
+    ) -> Creation:
+        """Check :meth:`record`'s arguments and build the store creation (raises as record)."""
         require_text("session_key", session_key)
         require_text("platform", platform)
         chat = _ident("chat_id", chat_id, required=True)
@@ -115,32 +159,55 @@ class Ledger:
             require_text("obligation_id", obligation_id)
         now = self.clock.now()
         me = self.incarnation
-        row, created = self.store.insert(
-            _K,
-            obligation_id,
-            {
-                "session_key": session_key,
-                "platform": platform,
-                "chat_id": chat,
-                "thread_id": _ident("thread_id", thread_id),
-                "reply_to": _ident("reply_to", reply_to),
-                "content": content,
-                "attempts": 0,
-                "created_at": now,
-                "updated_at": now,
-                "owner_host": me.host,
-                "owner_pid": me.pid,
-                "owner_started_at": me.started_at,
-                "owner_token": me.token,
-                "lease_expires_at": now + self.policy.lease_s,
-                "adapter_profile": profile,
-            },
-            event="record",
-            audit=Audit(now, self._owner_label, 0),
+        values = {
+            "session_key": session_key,
+            "platform": platform,
+            "chat_id": chat,
+            "thread_id": _ident("thread_id", thread_id),
+            "reply_to": _ident("reply_to", reply_to),
+            "content": content,
+            "attempts": 0,
+            "created_at": now,
+            "updated_at": now,
+            "owner_host": me.host,
+            "owner_pid": me.pid,
+            "owner_started_at": me.started_at,
+            "owner_token": me.token,
+            "lease_expires_at": now + self.policy.lease_s,
+            "adapter_profile": profile,
+        }
+        return Creation(obligation_id, values, "record", Audit(now, self._owner_label, 0))
+
+    def _record_each(self, requests: Sequence[Mapping[str, Any]]) -> list[Obligation | Exception]:
+        """:meth:`record` for each keyword set, in one store batch (group commit); each
+        outcome is the obligation or the refusal that record would have raised."""
+        outcomes: list[Obligation | Exception] = []  # refusals now, obligations filled in below
+        creations: list[Creation] = []
+        slots: list[int] = []
+        for request in requests:
+            try:
+                creation = self._creation(**request)
+            except REFUSALS as exc:
+                outcomes.append(exc)
+                continue
+            slots.append(len(outcomes))
+            outcomes.append(_PENDING)
+            creations.append(creation)
+        store = self.store
+        written = (
+            store.insert_each(_K, creations)
+            if isinstance(store, BatchStore)
+            else insert_each_sequentially(store, _K, creations)
         )
-        if created:
-            self._remember(row)
-        return Obligation.from_row(row)
+        for slot, result in zip(slots, written, strict=True):
+            if isinstance(result, Exception):
+                outcomes[slot] = result
+                continue
+            row, created = result
+            if created:
+                self._remember(row)
+            outcomes[slot] = Obligation.from_row(row)
+        return outcomes
 
     def mark_attempting(self, obligation_id: str) -> Obligation:
         """The send is beginning: pending -> attempting.  Next: deliver or fail it.
@@ -387,9 +454,34 @@ class Ledger:
     ) -> Obligation:
         """One owner-guarded transition, fenced by the fence this ledger last wrote or,
         failing that, the fence of the row the changes were computed from."""
+        move = self._move(
+            obligation_id, event, changes, read=read, reason=reason, attempts=attempts
+        )
+        row = self.store.transition(
+            _K,
+            move.entity_id,
+            move.event,
+            audit=move.audit,
+            fence=move.fence,
+            expect=move.expect,
+            changes=move.changes,
+        )
+        self._remember(row)
+        return Obligation.from_row(row)
+
+    def _move(
+        self,
+        obligation_id: str,
+        event: str,
+        changes: dict[str, Any],
+        *,
+        read: Row[ObligationState] | None = None,
+        reason: str | None = None,
+        attempts: int | None = None,
+    ) -> Move:
+        """The guarded store write of :meth:`_settle` (raises for a bad id, writing nothing)."""
         require_text("obligation_id", obligation_id)
         now = self.clock.now()
-        me = self.incarnation
         with self._fence_lock:
             known = self._fences.get(obligation_id)
         if known is None and read is not None:
@@ -398,18 +490,61 @@ class Ledger:
         if attempts is None and known is not None:
             attempts = known[1]
         changes["updated_at"] = now
-        row = self.store.transition(
-            _K,
+        return Move(
             obligation_id,
             event,
-            audit=Audit(now, self._owner_label, attempts, reason),
+            Audit(now, self._owner_label, attempts, reason),
             fence=fence,
             # The token is random per incarnation: it alone identifies the owner.
-            expect={"owner_token": me.token},
+            expect={"owner_token": self.incarnation.token},
             changes=changes,
         )
-        self._remember(row)
-        return Obligation.from_row(row)
+
+    def _settle_each(self, requests: Sequence[tuple[str, str]]) -> list[Obligation | Exception]:
+        """``(obligation_id, event)`` settles without changes (attempt, deliver) in one store
+        batch; each outcome is the obligation or the refusal the single call would raise.
+
+        Each run of distinct ids is planned after the previous run was written, so a repeated
+        id is fenced by what its earlier write left, exactly as one call after the other.
+        """
+        outcomes: list[Obligation | Exception] = []
+        start = 0
+        while start < len(requests):
+            seen: set[str] = set()
+            end = start
+            while end < len(requests) and requests[end][0] not in seen:
+                seen.add(requests[end][0])
+                end += 1
+            outcomes.extend(self._settle_run(requests[start:end]))
+            start = end
+        return outcomes
+
+    def _settle_run(self, requests: Sequence[tuple[str, str]]) -> list[Obligation | Exception]:
+        outcomes: list[Obligation | Exception] = []
+        moves: list[Move] = []
+        slots: list[int] = []
+        for obligation_id, event in requests:
+            try:
+                move = self._move(obligation_id, event, {})
+            except REFUSALS as exc:
+                outcomes.append(exc)
+                continue
+            slots.append(len(outcomes))
+            outcomes.append(_PENDING)
+            moves.append(move)
+        store = self.store
+        written = (
+            store.transition_each(_K, moves)
+            if isinstance(store, BatchStore)
+            else transition_each_sequentially(store, _K, moves)
+        )
+        for slot, result in zip(slots, written, strict=True):
+            if isinstance(result, Exception):
+                outcomes[slot] = result
+                continue
+            self._remember(result)
+            outcomes[slot] = Obligation.from_row(result)
+        return outcomes
 
     def _claim(
         self, row: Row[ObligationState], now: float, needs_marker: bool, reason: str | None
@@ -528,6 +663,10 @@ class Ledger:
                 self._fences.pop(row.id, None)
             else:
                 self._fences[row.id] = (row.fence, row["attempts"])
+
+
+_PENDING = StoreError("no outcome yet")
+"""Holds a batch item's place until the store's outcome for it is filled in."""
 
 
 def _ident(name: str, value: object, *, required: bool = False) -> str | None:

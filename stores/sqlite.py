@@ -102,6 +102,14 @@ class _Compiled:
             if f.type in (bool, float)
         )
 
+    def update_sql(self, plan: TransitionPlan[Any]) -> str:
+        """The guarded single-row UPDATE for the plan's shape (built once per shape)."""
+        shape = (plan.event, plan.fence is not None, tuple(plan.changes), _shape(plan.expect))
+        sql = self.updates.get(shape)
+        if sql is None:
+            sql = self.updates[shape] = _update_sql(plan, self.select_cols)
+        return sql
+
     def insert_rows_sql(self, count: int) -> str:
         """The multi-row ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` for ``count`` rows."""
         sql = self.updates.get(("insert", count))
@@ -160,6 +168,26 @@ class _FastUpdate:
         self.change_types = change_types
         self.expect_types = expect_types
 
+    def bulk_values(
+        self,
+        entity_id: object,
+        fence: object,
+        expect: Mapping[str, object] | None,
+        changes: Mapping[str, object] | None,
+    ) -> list[Any] | None:
+        """The values of a bulk row (id, fence, changes, compared values), or None when any
+        needs the full checks."""
+        if type(entity_id) is not str or (fence is not None and type(fence) is not int):
+            return None
+        values: list[Any] = [entity_id]
+        if fence is not None:
+            values.append(fence)
+        if changes and not _plain(changes, self.change_types, values):
+            return None
+        if expect and not _plain(expect, self.expect_types, values):
+            return None
+        return values
+
     def params(
         self,
         entity_id: object,
@@ -179,6 +207,66 @@ class _FastUpdate:
         if expect and not _plain(expect, self.expect_types, params):
             return None
         return params
+
+
+class _Step:
+    """One checked move of a batch: its bulk shape (None: it runs alone) and the values of its
+    bulk row (id, fence when fenced, changed values, compared values)."""
+
+    __slots__ = ("index", "move", "plan", "shape", "values")
+
+    def __init__(
+        self,
+        index: int,
+        move: Move,
+        plan: TransitionPlan[Any] | None,
+        shape: tuple[Any, ...] | None,
+        values: list[Any],
+    ) -> None:
+        self.index = index
+        self.move = move
+        self.plan = plan
+        self.shape = shape
+        self.values = values
+
+    @classmethod
+    def of(cls, c: _Compiled, index: int, move: Move) -> _Step:
+        """Check ``move`` exactly as transition() would; raises its refusal."""
+        expect, changes = move.expect, move.changes
+        fenced = move.fence is not None
+        key = (move.event, not fenced, tuple(expect) if expect else (), tuple(changes or ()))
+        fast = c.fast.get(key)
+        if fast is not None:
+            # A shape planned before, and plain values: admitted by the same checks (see
+            # _FastUpdate), so the plan is made only if the move misses.
+            values = fast.bulk_values(move.entity_id, move.fence, expect, changes)
+            if values is not None:
+                return cls(index, move, None, (move.event, fenced, key[3], key[2]), values)
+        plan = plan_transition(
+            c.kind, move.entity_id, move.event, fence=move.fence, expect=expect, changes=changes
+        )
+        if fast is None:
+            learned = _learn(c.kind, plan, c.update_sql(plan))
+            if learned is not None:
+                c.fast[key] = learned
+        shape = _bulk_shape(plan)
+        if shape is None:
+            return cls(index, move, plan, None, [])
+        values = [plan.entity_id]
+        if plan.fence is not None:
+            values.append(plan.fence)
+        values.extend(plan.changes.values())
+        values.extend(cmp.value for _, cmp in plan.expect)
+        return cls(index, move, plan, shape, values)
+
+    def planned(self, kind: EntityKind[Any]) -> TransitionPlan[Any]:
+        """The move's plan (made now if the fast check admitted it)."""
+        if self.plan is None:
+            m = self.move
+            self.plan = plan_transition(
+                kind, m.entity_id, m.event, fence=m.fence, expect=m.expect, changes=m.changes
+            )
+        return self.plan
 
 
 class _Local(threading.local):
@@ -571,11 +659,7 @@ class SQLiteStore:
             plan = plan_transition(
                 kind, entity_id, event, fence=fence, expect=expect, changes=changes
             )
-            shape = (event, plan.fence is not None, tuple(plan.changes), _shape(plan.expect))
-            cached = c.updates.get(shape)
-            if cached is None:
-                cached = c.updates[shape] = _update_sql(plan, c.select_cols)
-            sql = cached
+            sql = c.update_sql(plan)
             params = [*plan.changes.values(), entity_id]
             if plan.fence is not None:
                 params.append(plan.fence)
@@ -696,29 +780,21 @@ class SQLiteStore:
         """
         c = self._compiled(kind)
         outcomes: list[Any] = [None] * len(moves)
-        planned: list[tuple[int, Move, TransitionPlan[S]]] = []
+        steps: list[_Step] = []
         for i, move in enumerate(moves):
             try:
-                plan = plan_transition(
-                    kind,
-                    move.entity_id,
-                    move.event,
-                    fence=move.fence,
-                    expect=move.expect,
-                    changes=move.changes,
-                )
+                steps.append(_Step.of(c, i, move))
             except REFUSALS as exc:
                 outcomes[i] = exc
-                continue
-            planned.append((i, move, plan))
         with _Txn(self, "transition_each", savepoint=False):
             conn = self._conn()
-            for run in _distinct_runs(
-                planned, lambda item: (item[1].entity_id, _bulk_shape(item[2]))
-            ):
-                if len(run) == 1 or _bulk_shape(run[0][2]) is None:
-                    for i, move, plan in run:
-                        outcomes[i] = self._one_planned(conn, c, plan, move.audit)
+            for run in _distinct_runs(steps, lambda step: (step.move.entity_id, step.shape)):
+                if run[0].shape is None:
+                    for step in run:
+                        assert step.plan is not None
+                        outcomes[step.index] = self._one_planned(
+                            conn, c, step.plan, step.move.audit
+                        )
                     continue
                 for chunk in _pieces(run):
                     self._bulk_update(conn, c, chunk, outcomes)
@@ -727,10 +803,7 @@ class SQLiteStore:
     def _one_planned(
         self, conn: sqlite3.Connection, c: _Compiled, plan: TransitionPlan[Any], audit: Audit
     ) -> Row[Any] | Exception:
-        shape = (plan.event, plan.fence is not None, tuple(plan.changes), _shape(plan.expect))
-        sql = c.updates.get(shape)
-        if sql is None:
-            sql = c.updates[shape] = _update_sql(plan, c.select_cols)
+        sql = c.update_sql(plan)
         params: list[Any] = [*plan.changes.values(), plan.entity_id]
         if plan.fence is not None:
             params.append(plan.fence)
@@ -744,40 +817,34 @@ class SQLiteStore:
         return plan.miss(None if current is None else c.row(current, self.path))
 
     def _bulk_update(
-        self,
-        conn: sqlite3.Connection,
-        c: _Compiled,
-        chunk: list[tuple[int, Move, TransitionPlan[Any]]],
-        outcomes: list[Any],
+        self, conn: sqlite3.Connection, c: _Compiled, chunk: list[_Step], outcomes: list[Any]
     ) -> None:
         """One UPDATE ... FROM (VALUES ...) for a chunk of same-shape moves on distinct ids."""
-        first = chunk[0][2]
-        key = ("bulk", _bulk_shape(first), len(chunk))
+        shape = chunk[0].shape
+        assert shape is not None
+        key = ("bulk", shape, len(chunk))
         sql = c.updates.get(key)
         if sql is None:
-            sql = c.updates[key] = _bulk_update_sql(first, c.select_cols, len(chunk))
-        params: list[Any] = []
-        for _, _, plan in chunk:
-            params.append(plan.entity_id)
-            if plan.fence is not None:
-                params.append(plan.fence)
-            params.extend(plan.changes.values())
-            params.extend(cmp.value for _, cmp in plan.expect)
+            sql = c.updates[key] = _bulk_update_sql(c.kind, shape, c.select_cols, len(chunk))
+        params = [value for step in chunk for value in step.values]
         written = {raw[0]: raw for raw in conn.execute(sql, params).fetchall()}
         audits = []
-        for i, move, plan in chunk:
-            raw = written.get(plan.entity_id)
+        for step in chunk:
+            move = step.move
+            raw = written.get(move.entity_id)
             if raw is None:
-                current = conn.execute(c.get_sql, (plan.entity_id,)).fetchone()
-                outcomes[i] = plan.miss(None if current is None else c.row(current, self.path))
+                current = conn.execute(c.get_sql, (move.entity_id,)).fetchone()
+                outcomes[step.index] = step.planned(c.kind).miss(
+                    None if current is None else c.row(current, self.path)
+                )
                 continue
-            outcomes[i] = c.row(raw, self.path)
+            outcomes[step.index] = c.row(raw, self.path)
             a = move.audit
             audits.append(
                 (
                     c.kind.name,
-                    plan.entity_id,
-                    plan.event,
+                    move.entity_id,
+                    move.event,
                     raw[-1],
                     raw[1],
                     a.at,
@@ -1012,27 +1079,31 @@ def _bulk_shape(plan: TransitionPlan[Any]) -> tuple[Any, ...] | None:
     )
 
 
-def _bulk_update_sql(plan: TransitionPlan[Any], select_cols: str, rows: int) -> str:
+def _bulk_update_sql(
+    kind: EntityKind[Any], shape: tuple[Any, ...], select_cols: str, rows: int
+) -> str:
     """``UPDATE ... FROM (VALUES ...)`` guarding each row by its own values: column1 is the id,
-    then the fence (when fenced), the changed values and the compared values, in plan order.
-    Comparisons use IS, which is the store's equality (``= None`` means IS NULL)."""
-    kind = plan.kind
-    targets = set(plan.targets.values())
+    then the fence (when fenced), the changed values and the compared values, in shape order
+    (see _bulk_shape).  Comparisons use IS, which is the store's equality (``= None`` means IS
+    NULL)."""
+    event, fenced, changed, compared = shape
+    moves = kind.lifecycle.moves(event)
+    targets = set(moves.values())
     if len(targets) == 1:
         sets = [f"state = '{next(iter(targets)).value}'"]
     else:
-        cases = " ".join(f"WHEN '{s.value}' THEN '{t.value}'" for s, t in plan.targets.items())
+        cases = " ".join(f"WHEN '{s.value}' THEN '{t.value}'" for s, t in moves.items())
         sets = [f"state = CASE state {cases} END"]
     sets += ["fence = fence + 1", "prev_state = state"]
-    conditions = [f"{kind.id_field} = v.column1", f"+state IN ({_literals(plan.targets)})"]
+    conditions = [f"{kind.id_field} = v.column1", f"+state IN ({_literals(moves)})"]
     column = 2
-    if plan.fence is not None:
+    if fenced:
         conditions.append(f"fence = v.column{column}")
         column += 1
-    for name in plan.changes:
+    for name in changed:
         sets.append(f"{name} = v.column{column}")
         column += 1
-    for name, _ in plan.expect:
+    for name in compared:
         conditions.append(f"{name} IS v.column{column}")
         column += 1
     one = f"({', '.join('?' * (column - 1))})"

@@ -1036,6 +1036,47 @@ class StoreContract:
         for ticket_id in ids:
             assert _snapshot(batch_db, ticket_id) == _snapshot(one_by_one, ticket_id)
 
+    def test_a_batch_shape_that_succeeded_still_checks_every_later_value(
+        self, batch_db: BatchStore
+    ) -> None:
+        """Moves of a shape a batch has already run are still checked in full: wrong types and
+        unencodable text are refused in place, convertible values are converted."""
+        k = TICKET_KIND
+        for ticket_id in ("t1", "t2", "t3", "t4", "t5"):
+            _file(batch_db, ticket_id)
+
+        def touch(ticket_id: str, priority: object, assignee: object, score: object) -> Move:
+            return Move(
+                ticket_id,
+                "touch",
+                _AUDIT,
+                fence=_get(batch_db, ticket_id).fence,
+                expect={"queue": "general"},
+                changes={"priority": priority, "assignee": assignee, "score": score},
+            )
+
+        first = batch_db.transition_each(k, [touch(t, 5, "a", 1.5) for t in ("t1", "t2")])
+        assert all(isinstance(row, Row) for row in first)
+        later = batch_db.transition_each(
+            k,
+            [
+                touch("t1", "high", "a", 1.5),
+                touch("t2", True, "a", 1.5),
+                touch("t3", 5, "\ud800", 1.5),
+                touch("t4", 6, "é", 2),
+                touch("t5", 7, "b", 2.5),
+            ],
+        )
+        assert [type(o).__name__ for o in later[:3]] == ["TypeError", "TypeError", "ValueError"]
+        t4, t5 = later[3], later[4]
+        assert isinstance(t4, Row)
+        assert isinstance(t5, Row)
+        assert (t4["priority"], t4["assignee"], t4["score"]) == (6, "é", 2.0)
+        assert type(t4["score"]) is float
+        assert (t5["priority"], t5.fence) == (7, 1)
+        assert _get(batch_db, "t1").fence == 1
+        assert _get(batch_db, "t3").fence == 0
+
     def test_batches_inside_a_failed_block_are_undone(self, batch_db: BatchStore) -> None:
         """Batches in an atomic block that raises leave nothing behind."""
         k = TICKET_KIND

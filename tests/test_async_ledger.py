@@ -158,17 +158,24 @@ class FailingCommitStore(GatedStore):
 
 
 class SlowStore(DelegatingStore):
-    """The first transition() stalls the calling (writer) thread for 0.2 s."""
+    """The first transition (single or batched) stalls the calling (writer) thread for 0.2 s."""
 
     def __init__(self, inner: Store) -> None:
         super().__init__(inner)
         self.stalled = False
 
-    def transition(self, *args: Any, **kwargs: Any) -> Any:
+    def _stall(self) -> None:
         if not self.stalled:
             self.stalled = True
             threading.Event().wait(0.2)
+
+    def transition(self, *args: Any, **kwargs: Any) -> Any:
+        self._stall()
         return self.inner.transition(*args, **kwargs)
+
+    def transition_each(self, *args: Any, **kwargs: Any) -> Any:
+        self._stall()
+        return self.inner.transition_each(*args, **kwargs)
 
 
 class CountingStore(DelegatingStore):
@@ -322,6 +329,13 @@ class HiccupStore(GatedStore):
         if entity_id == "ob-hiccup":
             raise self.error
         return row
+
+    def transition_each(self, kind: Any, moves: Any) -> Any:
+        # A batch with "ob-hiccup" in it is written, then fails as a whole.
+        outcomes = self.inner.transition_each(kind, moves)
+        if any(move.entity_id == "ob-hiccup" for move in moves):
+            raise self.error
+        return outcomes
 
 
 @pytest.mark.asyncio
@@ -532,3 +546,151 @@ async def test_max_batch_bounds_each_transaction(make_store: StoreFactory) -> No
     async with new_async(make_store(), max_batch=1) as al:
         await guarded(asyncio.gather(*(al.record(**record_kwargs(f"ob-{n}")) for n in range(20))))
         assert al.batches == al.operations == 20
+
+
+# -- store batches inside a group ---------------------------------------------------------------
+
+
+class CountingBatches(GatedStore):
+    """Counts the store batches (insert_each / transition_each) and their sizes."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.sizes: list[tuple[str, int]] = []
+
+    def insert_each(self, kind: Any, creations: Any) -> Any:
+        self.sizes.append(("insert_each", len(creations)))
+        return self.inner.insert_each(kind, creations)  # type: ignore[attr-defined]
+
+    def transition_each(self, kind: Any, moves: Any) -> Any:
+        self.sizes.append(("transition_each", len(moves)))
+        return self.inner.transition_each(kind, moves)  # type: ignore[attr-defined]
+
+
+class NoBatches(GatedStore):
+    """A store without the optional batch capability."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("insert_each", "transition_each"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+async def _held_batch(store: GatedStore, al: AsyncLedger, calls: list[Any]) -> list[Any]:
+    """Run ``calls`` (awaitables) as one writer batch: queued while the writer is held."""
+    gate = asyncio.ensure_future(al.get("gate"))
+    assert await guarded(asyncio.to_thread(store.entered.wait, GUARD))
+    ops = [asyncio.ensure_future(call) for call in calls]
+    await spin()
+    store.release.set()
+    await guarded(gate)
+    store.entered.clear()
+    store.release.clear()
+    return list(await guarded(asyncio.gather(*ops, return_exceptions=True)))
+
+
+@pytest.mark.asyncio
+async def test_a_group_runs_as_store_batches_with_each_callers_own_outcome(
+    make_store: StoreFactory,
+) -> None:
+    """Concurrent records, then concurrent marks, each run as one store batch; a refused call
+    in the middle (a deliver of a pending row, an unknown id, a bad argument) gets its own
+    error while the others commit."""
+    store = CountingBatches(make_store())
+    async with new_async(store) as al:
+        ids = [f"ob-{n}" for n in range(6)]
+        recorded = await _held_batch(
+            store,
+            al,
+            [al.record(**record_kwargs(oid)) for oid in ids]
+            + [al.record(**record_kwargs("ob-bad", chat_id=""))],
+        )
+        assert [r.obligation_id for r in recorded[:6]] == ids
+        assert isinstance(recorded[6], ValueError)
+        assert ("insert_each", 6) in store.sizes  # the bad one was refused before the store
+        marked = await _held_batch(
+            store,
+            al,
+            [al.mark_attempting(oid) for oid in ids[:3]]
+            + [al.mark_delivered(ids[3]), al.mark_attempting("ob-none")]
+            + [al.mark_attempting(oid) for oid in ids[4:]],
+        )
+        assert [m.state for m in marked[:3]] == [S.ATTEMPTING] * 3
+        assert isinstance(marked[3], InvalidTransition)
+        assert type(marked[4]).__name__ == "UnknownEntity"
+        assert [m.state for m in marked[5:]] == [S.ATTEMPTING] * 2
+        assert ("transition_each", 7) in store.sizes
+        assert (await guarded(al.get(ids[3]))).state is S.PENDING
+        delivered = await _held_batch(store, al, [al.mark_delivered(oid) for oid in ids[:3]])
+        assert [d.state for d in delivered] == [S.DELIVERED] * 3
+        for oid in ids[:3]:
+            events = [e.event for e in await guarded(al.history(oid))]
+            assert events == ["record", "attempt", "deliver"]
+
+
+@pytest.mark.asyncio
+async def test_the_same_obligation_twice_in_one_group_behaves_as_one_after_the_other(
+    make_store: StoreFactory,
+) -> None:
+    """Two callers racing on one obligation inside one group: the first attempt wins, the
+    second is refused as it would be afterwards; a repeated record returns the same row."""
+    store = CountingBatches(make_store())
+    async with new_async(store) as al:
+        first, again = await _held_batch(
+            store, al, [al.record(**record_kwargs("ob-1")), al.record(**record_kwargs("ob-1"))]
+        )
+        assert first == again
+        won, lost, delivered = await _held_batch(
+            store,
+            al,
+            [al.mark_attempting("ob-1"), al.mark_attempting("ob-1"), al.mark_delivered("ob-1")],
+        )
+        assert won.state is S.ATTEMPTING
+        assert isinstance(lost, InvalidTransition)
+        assert delivered.state is S.DELIVERED
+        assert delivered.fence == won.fence + 1
+        events = [e.event for e in await guarded(al.history("ob-1"))]
+        assert events == ["record", "attempt", "deliver"]
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_call_in_a_group_is_not_run(make_store: StoreFactory) -> None:
+    """A caller cancelled while its operation waited in the queue: the rest of its group runs,
+    its own operation does not."""
+    store = CountingBatches(make_store())
+    async with new_async(store) as al:
+        await guarded(al.record(**record_kwargs("ob-1")))
+        await guarded(al.record(**record_kwargs("ob-2")))
+        gate = asyncio.ensure_future(al.get("gate"))
+        assert await guarded(asyncio.to_thread(store.entered.wait, GUARD))
+        kept = asyncio.ensure_future(al.mark_attempting("ob-1"))
+        dropped = asyncio.ensure_future(al.mark_attempting("ob-2"))
+        await spin()
+        dropped.cancel()
+        await spin()
+        store.release.set()
+        await guarded(gate)
+        assert (await guarded(kept)).state is S.ATTEMPTING
+        assert dropped.cancelled()
+        assert (await guarded(al.get("ob-2"))).state is S.PENDING
+
+
+@pytest.mark.asyncio
+async def test_a_store_without_batches_gets_the_same_outcomes(make_store: StoreFactory) -> None:
+    """Group commit over a store without the batch capability: one write per operation, the
+    same per-caller outcomes."""
+    store = NoBatches(make_store())
+    assert not hasattr(store, "transition_each")
+    async with new_async(store) as al:
+        recorded = await _held_batch(
+            store, al, [al.record(**record_kwargs(f"ob-{n}")) for n in range(3)]
+        )
+        assert [r.state for r in recorded] == [S.PENDING] * 3
+        marked = await _held_batch(
+            store,
+            al,
+            [al.mark_attempting("ob-0"), al.mark_delivered("ob-1"), al.mark_attempting("ob-2")],
+        )
+        assert marked[0].state is S.ATTEMPTING
+        assert isinstance(marked[1], InvalidTransition)
+        assert marked[2].state is S.ATTEMPTING

@@ -19,6 +19,7 @@ import pytest
 import pytest_asyncio
 
 from statecore.adapter import SendResult
+from statecore.batch import transition_each_sequentially
 from statecore.clock import FakeClock
 from statecore.entity import EntityKind
 from statecore.errors import StoreError
@@ -337,6 +338,15 @@ async def test_startup_redelivery_sends_even_when_the_clear_fails(rig: Rig, stor
     assert row(store, oid).state is _O.DELIVERED
 
 
+def batches_one_by_one(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the store's batched writes go through its (patched) single transition()."""
+    monkeypatch.setattr(
+        store,
+        "transition_each",
+        lambda kind, moves: transition_each_sequentially(store, kind, moves),
+    )
+
+
 @pytest.mark.parametrize(
     ("slow_event", "send_ok"), [("claim", True), ("deliver", True), ("fail", False)]
 )
@@ -372,6 +382,7 @@ async def test_store_work_never_blocks_the_event_loop(
 
     monkeypatch.setattr(store, "transition", slow_once)
     monkeypatch.setattr(store, "transition_many", slow_many)
+    batches_one_by_one(store, monkeypatch)
     done = asyncio.Event()
 
     async def ticker() -> None:
@@ -462,6 +473,7 @@ async def test_a_store_error_settling_one_redelivery_strands_no_other_claim(
         return real(kind, entity_id, event, **kwargs)
 
     monkeypatch.setattr(store, "transition", flaky)
+    batches_one_by_one(store, monkeypatch)
     with contextlib.suppress(StoreError):
         await asyncio.wait_for(gateway.redeliver_pending(), BOUND)
 
