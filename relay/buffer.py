@@ -1,9 +1,11 @@
 """The connector's durable inbound buffer: what a sleeping gateway instance has not seen yet.
 
 While an instance is dormant, disconnected or flipped to buffered-only, every inbound event for
-it is appended here (``buffered``).  On its next handshake the backlog is replayed in order
-(``sent``); only the instance's ``inbound_ack`` retires an entry (``acked``).  An instance that
-dies mid-replay receives exactly the unacked tail again.  Entries older than the retention are
+it is appended here (``buffered``).  On its next handshake the backlog is replayed in order; a
+replayed entry that is still unacked a short grace after it was sent, or when its connection
+ends, is recorded as ``sent`` (with its replay count), while one acked promptly goes straight to
+``acked``.  Only the instance's ``inbound_ack`` retires an entry.  An instance that dies
+mid-replay receives exactly the unacked tail again.  Entries older than the retention are
 ``expired``: counted and logged, never dropped silently.  The lifecycle is declared once
 (:data:`BUFFER`) and enforced by the store like every other.
 """
@@ -38,7 +40,8 @@ class BufferState(StrEnum):
     BUFFERED = "buffered"
     """Appended while the instance was not receiving live traffic."""
     SENT = "sent"
-    """Replayed on a handshake; waiting for the instance's ack (replayed again if none)."""
+    """Replayed and not acked within the connector's grace (or before its connection ended);
+    waiting for the instance's ack (replayed again if none)."""
     ACKED = "acked"
     """Terminal: the instance handled it."""
     EXPIRED = "expired"
@@ -55,7 +58,7 @@ BUFFER: Lifecycle[BufferState] = Lifecycle(
     description="One inbound event held for a sleeping gateway instance until it acks it.",
     transitions=(
         Transition("append", None, _B.BUFFERED),
-        # Replayed on a handshake; an unacked entry is replayed again on the next one.
+        # A replay the instance did not ack promptly; it is replayed again on the next handshake.
         Transition("send", (_B.BUFFERED, _B.SENT), _B.SENT),
         Transition("ack", (_B.BUFFERED, _B.SENT), _B.ACKED),
         Transition("expire", (_B.BUFFERED, _B.SENT), _B.EXPIRED),
@@ -75,6 +78,7 @@ BUFFER_KIND: EntityKind[BufferState] = EntityKind(
         Field("event_json", str, nullable=False, immutable=True),
         Field("created_at", float, nullable=False, immutable=True),
         Field("updated_at", float, nullable=False),
+        # Replays recorded as ``sent``: those the instance did not ack promptly.
         Field("replays", int, nullable=False, default=0),
     ),
     indexes=(

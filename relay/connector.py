@@ -17,6 +17,7 @@ import concurrent.futures
 import contextlib
 import functools
 import logging
+import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -65,7 +66,16 @@ EGRESS_DECLINED_MESSAGE = "egress declined: target not approved for this connect
 """The one refusal text of the tenant guard: it says nothing about other tenants."""
 
 _MAX_VIOLATIONS = 20
-_REPLAY_CHUNK = 1000
+_REPLAY_FIRST_CHUNK = 1000
+_REPLAY_CHUNK = 5000
+_SENT_GRACE_S = 1.0
+"""A replayed entry still unacked this long after it was sent is recorded as ``sent``."""
+_PLAIN_ACKS = re.compile(r'(?:\{"type":"inbound_ack","bufferId":"[A-Za-z0-9_.:-]{1,128}"\}\n)+')
+"""A message of acks only, each in the canonical compact form with a plain bufferId."""
+_ACK_ID = re.compile(r'"bufferId":"([^"]*)"')
+_PLAIN_ACK_LINE_MAX = 200
+"""At least the bytes of a line ``_PLAIN_ACKS`` matches (36 of envelope, at most 128 of id):
+below this ``max_frame_bytes`` every message goes through the decoder, which enforces it."""
 _IDEMPOTENCY_CACHE = 10_000
 
 
@@ -119,6 +129,10 @@ class _Instance:
         self.appended = 0  # events buffered for this instance while it replays
         self.violations = 0
         self.acks: list[str] = []  # acked bufferIds not yet retired in the store
+        # Replayed bufferIds, in send order, with when they were sent (loop time), whose replay
+        # is not recorded yet and that have not been acked on this connection.
+        self.unrecorded: dict[str, float] = {}
+        self.record_timer: asyncio.TimerHandle | None = None
         self.ack_flusher: asyncio.Task[None] | None = None
 
     @property
@@ -274,8 +288,21 @@ class Connector:
             with contextlib.suppress(ConnectionClosed):
                 await older.ws.close(CLOSE_REPLACED, "replaced by a newer connection")
         decoder = FrameDecoder(max_frame_bytes=self.max_frame_bytes)
+        plain_acks_ok = self.max_frame_bytes >= _PLAIN_ACK_LINE_MAX
+        aligned = True  # every message so far ended with a newline: the decoder holds nothing
         try:
             async for message in ws:
+                # The bulk of a replay's return traffic: messages made only of acks in their
+                # plain canonical form, which the decoder would turn into exactly these ids.
+                if (
+                    aligned
+                    and plain_acks_ok
+                    and type(message) is str
+                    and _PLAIN_ACKS.fullmatch(message)
+                ):
+                    self._acked(instance, _ACK_ID.findall(message))
+                    continue
+                aligned = message[-1:] in ("\n", b"\n")
                 for item in decoder.feed(message):
                     if isinstance(item, ProtocolError):
                         await self._violation(instance, item)
@@ -286,6 +313,7 @@ class Connector:
         finally:
             if instance.machine.can("close"):
                 instance.machine.fire("close")
+            self._record_sent(instance, True)  # what it was shown and did not ack
             if self._instances.get(gateway_id) is instance:
                 del self._instances[gateway_id]
 
@@ -321,10 +349,7 @@ class Connector:
     async def _on_frame(self, instance: _Instance, frame: object) -> None:
         try:
             if isinstance(frame, InboundAck):
-                # Acks arrive many per message during a replay: retire them together.
-                instance.acks.append(frame.buffer_id)
-                if instance.ack_flusher is None or instance.ack_flusher.done():
-                    instance.ack_flusher = asyncio.ensure_future(self._retire_acks(instance))
+                self._acked(instance, [frame.buffer_id])
             elif isinstance(frame, Outbound):
                 self._background(self._outbound(instance, frame))
             elif isinstance(frame, Hello):
@@ -339,6 +364,17 @@ class Connector:
                 log.debug("connector: ignoring %s", type(frame).__name__)
         except Exception:
             log.exception("connector: handling a %s failed", type(frame).__name__)
+
+    def _acked(self, instance: _Instance, buffer_ids: list[str]) -> None:
+        """Queue acked bufferIds for retirement: they arrive many per message during a replay
+        and are retired together, in one store call per round (see :meth:`_retire_acks`)."""
+        instance.acks.extend(buffer_ids)
+        unrecorded = instance.unrecorded
+        if unrecorded:
+            for buffer_id in buffer_ids:
+                unrecorded.pop(buffer_id, None)  # acked: its replay needs no separate record
+        if instance.ack_flusher is None or instance.ack_flusher.done():
+            instance.ack_flusher = asyncio.ensure_future(self._retire_acks(instance))
 
     async def _retire_acks(self, instance: _Instance) -> None:
         """Retire every ack that has piled up, in one store transaction per round."""
@@ -514,13 +550,17 @@ class Connector:
     async def _replay(self, instance: _Instance) -> None:
         """Send the instance's backlog in order with bufferIds, then switch it to live."""
         gateway_id = instance.gateway_id
+        loop = asyncio.get_running_loop()
         after: int | None = None
+        # A small first chunk starts the replay quickly; larger ones then keep the store calls
+        # (and, on a store without an ordered index, the scans) few.
+        limit = _REPLAY_FIRST_CHUNK
         try:
             while instance.state is _C.REPLAYING:  # going_idle or a close ends the replay
                 instance.appended = 0
                 chunk = await self._store(
                     functools.partial(
-                        self.buffer.replay_lines, gateway_id, limit=_REPLAY_CHUNK, after_seq=after
+                        self.buffer.replay_lines, gateway_id, limit=limit, after_seq=after
                     )
                 )
                 if not chunk:
@@ -528,16 +568,80 @@ class Connector:
                         instance.machine.fire("caught_up")  # nothing slipped in: go live
                         return
                     continue
-                for _, _, line in chunk:
-                    if not await self._send(instance, line):
-                        return  # gone mid-replay: the unacked tail is replayed next time
-                after = chunk[-1][1]
-                # Recorded on the store thread while the next chunk is read (same thread, in
-                # order); its outcome changes nothing here, so it is not awaited.
-                sent = [buffer_id for buffer_id, _, _ in chunk]
-                self._background(
-                    self._store(functools.partial(self.buffer.mark_sent_ids, gateway_id, sent))
-                )
+                after, limit = chunk[-1][1], _REPLAY_CHUNK
+                send, unrecorded, now = instance.ws.send, instance.unrecorded, loop.time()
+                buffer_id = ""
+                try:
+                    for buffer_id, _, line in chunk:
+                        # Registered before its send, so that its ack always finds it.
+                        unrecorded[buffer_id] = now
+                        await send(line)
+                except ConnectionClosed:
+                    unrecorded.pop(buffer_id, None)  # this one never went out
+                    return  # gone mid-replay: the unacked tail is replayed next time
+                finally:
+                    # Recording the replay is left to the grace timer: the next chunk is read
+                    # at once, with no store write queued ahead of it.
+                    self._record_sent_later(instance)
         finally:
             if self._instances.get(gateway_id) is not instance and instance.machine.can("close"):
                 instance.machine.fire("close")  # replaced while replaying: this one is done
+
+    # -- recording replays ---------------------------------------------------------------------
+
+    def _record_sent_later(self, instance: _Instance) -> None:
+        """Arm the timer that records the replayed entries still unacked after the grace."""
+        if instance.record_timer is None and instance.unrecorded:
+            instance.record_timer = asyncio.get_running_loop().call_later(
+                _SENT_GRACE_S, self._record_sent, instance, False
+            )
+
+    def _record_sent(self, instance: _Instance, everything: bool) -> None:
+        """Record as ``sent`` the replayed entries of ``instance`` that are still unacked: those
+        past the grace (all of them when ``everything``, as the connection ends).
+
+        An entry acked within the grace goes straight from ``buffered`` to ``acked`` (the
+        lifecycle allows it), so a prompt replay costs one write per entry, not two.  Only an
+        ack retires an entry either way: recording ``sent`` is bookkeeping (the replay count,
+        and which entries a gateway was shown but did not ack), never a condition of delivery.
+        """
+        if instance.record_timer is not None:
+            instance.record_timer.cancel()
+            instance.record_timer = None
+        pending = instance.unrecorded
+        due: list[str] = []
+        if everything:
+            due = list(pending)
+            pending.clear()
+        else:
+            cutoff = asyncio.get_running_loop().time() - _SENT_GRACE_S
+            for buffer_id, at in pending.items():  # in send order, so oldest first
+                if at > cutoff:
+                    break
+                due.append(buffer_id)
+            for buffer_id in due:
+                del pending[buffer_id]
+            self._record_sent_later(instance)
+        if due:
+            # Submitted without awaiting (connector.stop waits for the store thread): the
+            # write must not be lost to a task cancelled as the connector stops.
+            try:
+                self._executor.submit(self._mark_sent_logged, instance.gateway_id, due)
+            except RuntimeError:  # the store thread is already shut down
+                log.warning(
+                    "connector: %d replays of %s not recorded (stopping)",
+                    len(due),
+                    instance.gateway_id,
+                )
+
+    def _mark_sent_logged(self, gateway_id: str, buffer_ids: list[str]) -> None:
+        """On the store thread: record replays, logging (not raising) a failure."""
+        try:
+            self.buffer.mark_sent_ids(gateway_id, buffer_ids)
+        except Exception:
+            log.warning(
+                "connector: recording %d replays of %s failed",
+                len(buffer_ids),
+                gateway_id,
+                exc_info=True,
+            )

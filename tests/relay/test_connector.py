@@ -22,6 +22,7 @@ import pytest_asyncio
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from relay import connector as connector_module
 from relay.auth import mint_token
 from relay.buffer import BUFFER_KIND, BufferState
 from relay.connector import EGRESS_DECLINED_MESSAGE, Connector
@@ -855,6 +856,124 @@ async def test_buffered_counts_per_gateway_until_acked(harness: Harness) -> None
     await harness.gateway(connector, "gw-a", recorder)
     await eventually(lambda: recorder.texts == ["m0", "m1", "m2", "m3"], "replay")
     await eventually(lambda: connector.buffered("gw-a") == 0, "acked")
+
+
+# -- replay bookkeeping and ack messages -----------------------------------------------------------
+
+
+def plain_ack(buffer_id: str) -> str:
+    """An inbound_ack line in the canonical compact form a transport sends."""
+    return f'{{"type":"inbound_ack","bufferId":"{buffer_id}"}}\n'
+
+
+async def entry(connector: Connector, buffer_id: str) -> tuple[BufferState, int, list[str]]:
+    """(state, replays, audit events) of one buffered entry."""
+    store = connector.buffer.store
+    row = await asyncio.to_thread(store.get, BUFFER_KIND, buffer_id)
+    assert row is not None
+    history = await asyncio.to_thread(store.history, BUFFER_KIND, buffer_id)
+    return row.state, row.values["replays"], [h.event for h in history]
+
+
+async def replayed(connector: Connector, ws: ClientConnection, n: int) -> list[str]:
+    """Append ``n`` events for gw-a, say hello on ``ws`` and return the replayed bufferIds."""
+    for i in range(n):
+        await asyncio.to_thread(connector.buffer.append, "gw-a", "loopback", make_event(i))
+    assert (await raw_hello(ws))["type"] == "descriptor"
+    frames = [await recv_frame(ws) for _ in range(n)]
+    assert [f["event"]["text"] for f in frames] == [f"e{i}" for i in range(n)]
+    return [str(f["bufferId"]) for f in frames]
+
+
+@pytest.mark.asyncio
+async def test_replay_not_acked_is_recorded_as_sent_when_the_connection_ends(
+    harness: Harness,
+) -> None:
+    """A replayed entry acked promptly goes straight to acked; those left unacked when the
+    connection ends are recorded as sent (replays 1) and are exactly what is replayed next."""
+    connector = await harness.start()
+    ws = await harness.raw(connector)
+    ids = await replayed(connector, ws, 3)
+    await ws.send(plain_ack(ids[0]))
+    await eventually(lambda: connector.buffered("gw-a") == 2, "the first retired")
+    await ws.close()
+
+    async def recorded() -> bool:
+        states = [(await entry(connector, i))[0] for i in ids[1:]]
+        return states == [BufferState.SENT] * len(states)
+
+    deadline = time.monotonic() + BOUND
+    while not await recorded():
+        assert time.monotonic() < deadline, "the unacked replays were not recorded"
+        await asyncio.sleep(0.01)
+    assert await entry(connector, ids[0]) == (BufferState.ACKED, 0, ["append", "ack"])
+    for buffer_id in ids[1:]:
+        assert await entry(connector, buffer_id) == (BufferState.SENT, 1, ["append", "send"])
+    again = await harness.raw(connector)
+    assert (await raw_hello(again))["type"] == "descriptor"
+    tail = [await recv_frame(again) for _ in range(2)]
+    assert [f["bufferId"] for f in tail] == ids[1:]
+    assert await nothing_arrives(again)
+
+
+@pytest.mark.asyncio
+async def test_replay_not_acked_within_the_grace_is_recorded_as_sent(
+    mh: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a connection that stays open, a replayed entry still unacked after the grace is
+    recorded as sent; a later ack retires it from there."""
+    monkeypatch.setattr(connector_module, "_SENT_GRACE_S", 0.05)
+    connector = await mh.start()
+    ws = await mh.raw(connector)
+    ids = await replayed(connector, ws, 2)
+    await ws.send(plain_ack(ids[0]))
+    deadline = time.monotonic() + BOUND
+    while (await entry(connector, ids[1]))[0] is not BufferState.SENT:
+        assert time.monotonic() < deadline, "the unacked replay was not recorded"
+        await asyncio.sleep(0.01)
+    assert await entry(connector, ids[0]) == (BufferState.ACKED, 0, ["append", "ack"])
+    await ws.send(plain_ack(ids[1]))
+    await eventually(lambda: connector.buffered("gw-a") == 0, "the second retired")
+    assert await entry(connector, ids[1]) == (BufferState.ACKED, 1, ["append", "send", "ack"])
+
+
+@pytest.mark.asyncio
+async def test_ack_messages_in_every_shape_retire_their_entries(harness: Harness) -> None:
+    """Acks retire their entries however they are framed: several canonical acks in one
+    message, an ack sharing a message with another frame (both take effect, in order), an ack
+    in the spaced JSON of another encoder, and an ack split across messages."""
+    connector = await harness.start()
+    ws = await harness.raw(connector)
+    ids = await replayed(connector, ws, 6)
+    await ws.send(plain_ack(ids[0]) + plain_ack(ids[1]))
+    await ws.send(plain_ack(ids[2]) + '{"type":"going_idle","requestId":"i1"}\n')
+    assert await recv_frame(ws) == {"type": "going_idle_ack", "requestId": "i1"}
+    await send_line(ws, {"type": "inbound_ack", "bufferId": ids[3]})
+    line = plain_ack(ids[4])
+    await ws.send(line[:20])
+    await ws.send(line[20:] + plain_ack(ids[5]))
+    await eventually(lambda: connector.buffered("gw-a") == 0, "all six retired")
+    for buffer_id in ids:
+        assert (await entry(connector, buffer_id))[0] is BufferState.ACKED
+
+
+@pytest.mark.asyncio
+async def test_canonical_acks_after_an_unterminated_line_complete_that_line(
+    mh: Harness,
+) -> None:
+    """A message of canonical acks that follows an unterminated line is decoded as the rest of
+    that line, exactly as the framing says: the joined line is malformed (an error frame, its
+    ack not taken) and only the next line's ack retires its entry."""
+    connector = await mh.start()
+    ws = await mh.raw(connector)
+    ids = await replayed(connector, ws, 2)
+    await ws.send("not json yet ")
+    await ws.send(plain_ack(ids[0]) + plain_ack(ids[1]))
+    error = await recv_frame(ws)
+    assert (error["type"], error["code"]) == ("error", "malformed_json")
+    await eventually(lambda: connector.buffered("gw-a") == 1, "the second retired")
+    assert (await entry(connector, ids[1]))[0] is BufferState.ACKED
+    assert (await entry(connector, ids[0]))[0] is not BufferState.ACKED
 
 
 # -- the post-handshake replay race ---------------------------------------------------------------
