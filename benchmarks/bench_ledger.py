@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="statecore-bench-") as tmpdir:
         tmp = Path(tmpdir)
         parts: dict[str, Callable[[], None]] = {
-            "sequential": lambda: bench_sequential(tmp, 300 if quick else 2000, 3 if quick else 5),
+            "sequential": lambda: bench_sequential(tmp, 300 if quick else 2000, 3 if quick else 9),
             "group": lambda: bench_group(tmp, 1000 if quick else 5000, 3),
             "sweep": lambda: bench_sweep(
                 tmp, 40_000 if quick else 1_000_000, 2_000 if quick else 10_000, 3

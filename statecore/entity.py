@@ -99,6 +99,8 @@ class EntityKind(Generic[S]):
     fields: tuple[Field, ...]
     indexes: tuple[Index, ...]
     by_name: Mapping[str, Field]
+    # (name, type, default, field) per field, for new_values' loop (derived: not compared).
+    _creation_plan: tuple[tuple[str, type, object, Field], ...] = attrs.field(eq=False, repr=False)
 
     def __init__(
         self,
@@ -135,7 +137,8 @@ class EntityKind(Generic[S]):
             for state in index.states or ():
                 if not isinstance(state, lifecycle.state_type):
                     raise ValueError(f"entity kind {name!r}: index state {state!r} undeclared")
-        self.__attrs_init__(name, lifecycle, table, id_field, fields, indexes, by_name)
+        plan = tuple((f.name, f.type, f.default, f) for f in fields)
+        self.__attrs_init__(name, lifecycle, table, id_field, fields, indexes, by_name, plan)
 
     def field(self, name: str) -> Field:
         """The declared field ``name``; raises ``KeyError`` naming the kind if undeclared."""
@@ -153,17 +156,16 @@ class EntityKind(Generic[S]):
             unknown = sorted(set(values) - self.by_name.keys())
             raise KeyError(f"{self.name} has no field {unknown[0]!r}")
         out: dict[str, object] = {}
-        for f in self.fields:
-            value = values.get(f.name, f.default)
+        get = values.get
+        for name, kind, default, f in self._creation_plan:
+            value = get(name, default)
             # Exact-type values (the common case) skip the full check; text that is not plain
             # ASCII still gets it (it must be encodable).
             if (
-                value is None
-                or type(value) is not f.type
-                or (isinstance(value, str) and not value.isascii())
+                value is None or type(value) is not kind or (kind is str and not value.isascii())  # type: ignore[attr-defined]
             ):
                 value = f.check(value, self.name)
-            out[f.name] = value
+            out[name] = value
         return out
 
     def changed_values(self, changes: Mapping[str, object]) -> dict[str, object]:
