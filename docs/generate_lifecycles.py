@@ -55,6 +55,11 @@ ROLES = {
         "`relay_inbound_buffer`: one inbound event held for a gateway that is not receiving "
         "live traffic, replayed on its next handshake and retired only by its ack."
     ),
+    "connection": (
+        "Held in memory by `relay.Connector`, one per authenticated gateway connection: a "
+        "machine on the compiled table alone (`CONNECTION.track()`), since a connector holds "
+        "many of them."
+    ),
     "dedupe": (
         "Persisted by the gateway (`relay.dedupe.StoreBufferDedupe`) in table "
         "`relay_inbound_dedupe`: a handled bufferId, so that a replay is acked without being "
@@ -126,12 +131,15 @@ except InvalidTransition as refusal:
 machine = DOOR.attach()  # a live machine, for one object that lives in memory
 machine.fire("shut")
 assert machine.state is Door.SHUT
+many = [DOOR.track() for _ in range(3)]  # the same, on the table alone: for objects by the many
+many[0].fire("shut")
+assert [m.state for m in many] == [Door.SHUT, Door.OPEN, Door.OPEN]
 print(DOOR.to_mermaid())
 ```
 
 A package can add its own lifecycles to `statecore lifecycles` through the
 `statecore.lifecycles` entry point group (each entry: a sequence of `Lifecycle` objects), as
-`relay` does for its three.
+`relay` does for its own.
 """
 
 

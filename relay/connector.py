@@ -125,7 +125,7 @@ class _Instance:
         self.gateway_id = gateway_id
         self.ws = ws
         self.identities: list[tuple[str, str]] = []
-        self.machine = CONNECTION.attach()
+        self.machine = CONNECTION.track()  # many per connector: the table alone
         self.appended = 0  # events buffered for this instance while it replays
         self.violations = 0
         self.acks: list[str] = []  # acked bufferIds not yet retired in the store

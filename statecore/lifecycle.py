@@ -295,6 +295,25 @@ class Lifecycle(Generic[S]):
         moves = [t for t in self._transitions if t.sources and t.target is not None]
         return StateMachine(self, moves, start, on_change)
 
+    def track(
+        self,
+        *,
+        initial: S | None = None,
+        on_change: Callable[[S, S, str], None] | None = None,
+    ) -> StateMachine[S]:
+        """A :class:`StateMachine` driven by the compiled table alone, for in-memory objects
+        that come in large numbers (a server's connections).
+
+        The same API and the same guarantees as :meth:`attach` -- only declared events move
+        it, an illegal one raises :class:`InvalidTransition` and changes nothing, listeners
+        run after each change -- without building a ``transitions`` model, which costs
+        ~13 KiB and ~0.1-0.2 ms per object.  Raises as :meth:`attach`.
+        """
+        start = self._initial if initial is None else initial
+        if not isinstance(start, self._state_type):
+            raise InvalidTransition(self._name, start, "track", "undeclared initial state")
+        return StateMachine(self, None, start, on_change)
+
     # -- derived text ------------------------------------------------------------------------
 
     def to_mermaid(self) -> str:

@@ -1,9 +1,10 @@
-"""A live ``transitions`` machine attached to one long-lived in-memory object.
+"""A live state machine attached to one long-lived in-memory object.
 
-Obtained from :meth:`statecore.Lifecycle.attach`.  The machine is built from the same
-declaration as the compiled table, so the two cannot disagree; the ``transitions`` model is
-private, so its generated methods (``to_*``, ``may_*``, ``trigger``) never leak into the owner's
-public API.
+Obtained from :meth:`statecore.Lifecycle.attach` (a real ``transitions`` machine) or
+:meth:`statecore.Lifecycle.track` (the compiled table alone, for objects that are many).  An
+attached machine is built from the same declaration as the compiled table, so the two cannot
+disagree; the ``transitions`` model is private, so its generated methods (``to_*``, ``may_*``,
+``trigger``) never leak into the owner's public API.
 """
 
 from __future__ import annotations
@@ -57,13 +58,18 @@ class StateMachine(Generic[S]):
     def __init__(
         self,
         lifecycle: Lifecycle[S],
-        moves: Sequence[Transition[S]],
+        moves: Sequence[Transition[S]] | None,
         initial: S,
         on_change: Listener[S] | None,
     ) -> None:
         self._lifecycle = lifecycle
         self._model = _Model()
         self._listeners: list[Listener[S]] = [] if on_change is None else [on_change]
+        if moves is None:
+            # Table-driven (Lifecycle.track): fire() moves the model itself.
+            self._machine: Machine | None = None
+            self._model.state = initial
+            return
         self._machine = Machine(
             model=self._model,
             states=lifecycle.state_type,
@@ -102,11 +108,14 @@ class StateMachine(Generic[S]):
         allow ``event`` now.  Listeners run after the change.
         """
         before = self.state
-        self._lifecycle.target(before, event)  # raises the descriptive InvalidTransition
-        try:
-            self._model.trigger(event)
-        except MachineError as exc:  # pragma: no cover - the table and the machine share a source
-            raise InvalidTransition(self._lifecycle.name, before, event) from exc
+        target = self._lifecycle.target(before, event)  # raises the descriptive InvalidTransition
+        if self._machine is None:
+            self._model.state = target
+        else:
+            try:
+                self._model.trigger(event)
+            except MachineError as exc:  # pragma: no cover - the table and machine share a source
+                raise InvalidTransition(self._lifecycle.name, before, event) from exc
         after = self.state
         for listener in tuple(self._listeners):
             try:
