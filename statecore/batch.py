@@ -12,8 +12,9 @@ may also use to implement the protocol).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, TypeVar, runtime_checkable
 
 import attrs
 
@@ -30,6 +31,8 @@ __all__ = [
     "transition_each_sequentially",
 ]
 
+
+T = TypeVar("T")
 
 REFUSALS: tuple[type[Exception], ...] = (
     InvalidTransition,
@@ -53,6 +56,10 @@ class Creation:
     event: str
     audit: Audit
 
+    def apply(self, store: Store, kind: EntityKind[S]) -> tuple[Row[S], bool]:
+        """``store.insert(...)`` with these arguments; raises as insert does."""
+        return store.insert(kind, self.entity_id, self.values, event=self.event, audit=self.audit)
+
 
 @attrs.frozen
 class Move:
@@ -65,6 +72,18 @@ class Move:
     fence: int | None = None
     expect: Mapping[str, object] | None = None
     changes: Mapping[str, object] | None = None
+
+    def apply(self, store: Store, kind: EntityKind[S]) -> Row[S]:
+        """``store.transition(...)`` with these arguments; raises as transition does."""
+        return store.transition(
+            kind,
+            self.entity_id,
+            self.event,
+            audit=self.audit,
+            fence=self.fence,
+            expect=self.expect,
+            changes=self.changes,
+        )
 
 
 @runtime_checkable
@@ -100,16 +119,7 @@ def insert_each_sequentially(
     store: Store, kind: EntityKind[S], creations: Sequence[Creation]
 ) -> list[tuple[Row[S], bool] | Exception]:
     """:meth:`BatchStore.insert_each` by one :meth:`~statecore.store.Store.insert` per item."""
-    outcomes: list[tuple[Row[S], bool] | Exception] = []
-    with store.atomic():
-        for c in creations:
-            try:
-                outcomes.append(
-                    store.insert(kind, c.entity_id, c.values, event=c.event, audit=c.audit)
-                )
-            except REFUSALS as exc:
-                outcomes.append(exc)
-    return outcomes
+    return _one_by_one(store, [functools.partial(c.apply, store, kind) for c in creations])
 
 
 def transition_each_sequentially(
@@ -117,21 +127,16 @@ def transition_each_sequentially(
 ) -> list[Row[S] | Exception]:
     """:meth:`BatchStore.transition_each` by one :meth:`~statecore.store.Store.transition`
     per item."""
-    outcomes: list[Row[S] | Exception] = []
+    return _one_by_one(store, [functools.partial(m.apply, store, kind) for m in moves])
+
+
+def _one_by_one(store: Store, calls: Sequence[Callable[[], T]]) -> list[T | Exception]:
+    """Each call in order inside one transaction; a refusal becomes that call's outcome."""
+    outcomes: list[T | Exception] = []
     with store.atomic():
-        for m in moves:
+        for call in calls:
             try:
-                outcomes.append(
-                    store.transition(
-                        kind,
-                        m.entity_id,
-                        m.event,
-                        audit=m.audit,
-                        fence=m.fence,
-                        expect=m.expect,
-                        changes=m.changes,
-                    )
-                )
+                outcomes.append(call())
             except REFUSALS as exc:
                 outcomes.append(exc)
     return outcomes

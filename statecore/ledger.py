@@ -15,8 +15,8 @@ its rows were re-claimed cannot settle them.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from statecore.batch import (
     REFUSALS,
@@ -121,16 +121,7 @@ class Ledger:
             reply_to=reply_to,
             adapter_profile=adapter_profile,
         )
-        row, created = self.store.insert(
-            _K,
-            creation.entity_id,
-            creation.values,
-            event=creation.event,
-            audit=creation.audit,
-        )
-        if created:
-            self._remember(row)
-        return Obligation.from_row(row)
+        return self._recorded(creation.apply(self.store, _K))
 
     def _creation(
         self,
@@ -181,33 +172,20 @@ class Ledger:
     def _record_each(self, requests: Sequence[Mapping[str, Any]]) -> list[Obligation | Exception]:
         """:meth:`record` for each keyword set, in one store batch (group commit); each
         outcome is the obligation or the refusal that record would have raised."""
-        outcomes: list[Obligation | Exception] = []  # refusals now, obligations filled in below
-        creations: list[Creation] = []
-        slots: list[int] = []
-        for request in requests:
-            try:
-                creation = self._creation(**request)
-            except REFUSALS as exc:
-                outcomes.append(exc)
-                continue
-            slots.append(len(outcomes))
-            outcomes.append(_PENDING)
-            creations.append(creation)
         store = self.store
-        written = (
-            store.insert_each(_K, creations)
-            if isinstance(store, BatchStore)
-            else insert_each_sequentially(store, _K, creations)
-        )
-        for slot, result in zip(slots, written, strict=True):
-            if isinstance(result, Exception):
-                outcomes[slot] = result
-                continue
-            row, created = result
-            if created:
-                self._remember(row)
-            outcomes[slot] = Obligation.from_row(row)
-        return outcomes
+
+        def write(creations: list[Creation]) -> list[tuple[Row[ObligationState], bool] | Exception]:
+            if isinstance(store, BatchStore):
+                return store.insert_each(_K, creations)
+            return insert_each_sequentially(store, _K, creations)
+
+        return _batched(requests, lambda request: self._creation(**request), write, self._recorded)
+
+    def _recorded(self, written: tuple[Row[ObligationState], bool]) -> Obligation:
+        row, created = written
+        if created:
+            self._remember(row)
+        return Obligation.from_row(row)
 
     def mark_attempting(self, obligation_id: str) -> Obligation:
         """The send is beginning: pending -> attempting.  Next: deliver or fail it.
@@ -457,15 +435,9 @@ class Ledger:
         move = self._move(
             obligation_id, event, changes, read=read, reason=reason, attempts=attempts
         )
-        row = self.store.transition(
-            _K,
-            move.entity_id,
-            move.event,
-            audit=move.audit,
-            fence=move.fence,
-            expect=move.expect,
-            changes=move.changes,
-        )
+        return self._settled(move.apply(self.store, _K))
+
+    def _settled(self, row: Row[ObligationState]) -> Obligation:
         self._remember(row)
         return Obligation.from_row(row)
 
@@ -520,31 +492,14 @@ class Ledger:
         return outcomes
 
     def _settle_run(self, requests: Sequence[tuple[str, str]]) -> list[Obligation | Exception]:
-        outcomes: list[Obligation | Exception] = []
-        moves: list[Move] = []
-        slots: list[int] = []
-        for obligation_id, event in requests:
-            try:
-                move = self._move(obligation_id, event, {})
-            except REFUSALS as exc:
-                outcomes.append(exc)
-                continue
-            slots.append(len(outcomes))
-            outcomes.append(_PENDING)
-            moves.append(move)
         store = self.store
-        written = (
-            store.transition_each(_K, moves)
-            if isinstance(store, BatchStore)
-            else transition_each_sequentially(store, _K, moves)
-        )
-        for slot, result in zip(slots, written, strict=True):
-            if isinstance(result, Exception):
-                outcomes[slot] = result
-                continue
-            self._remember(result)
-            outcomes[slot] = Obligation.from_row(result)
-        return outcomes
+
+        def write(moves: list[Move]) -> list[Row[ObligationState] | Exception]:
+            if isinstance(store, BatchStore):
+                return store.transition_each(_K, moves)
+            return transition_each_sequentially(store, _K, moves)
+
+        return _batched(requests, lambda r: self._move(r[0], r[1], {}), write, self._settled)
 
     def _claim(
         self, row: Row[ObligationState], now: float, needs_marker: bool, reason: str | None
@@ -667,6 +622,35 @@ class Ledger:
 
 _PENDING = StoreError("no outcome yet")
 """Holds a batch item's place until the store's outcome for it is filled in."""
+
+_In = TypeVar("_In")
+_Req = TypeVar("_Req")
+_Out = TypeVar("_Out")
+
+
+def _batched(
+    requests: Iterable[_In],
+    prepare: Callable[[_In], _Req],
+    write: Callable[[list[_Req]], Sequence[_Out | Exception]],
+    keep: Callable[[_Out], Obligation],
+) -> list[Obligation | Exception]:
+    """Prepare every request (a refusal is its outcome), write the prepared ones as one store
+    batch, and turn each written result into its obligation -- outcomes in request order."""
+    outcomes: list[Obligation | Exception] = []
+    prepared: list[_Req] = []
+    slots: list[int] = []
+    for request in requests:
+        try:
+            item = prepare(request)
+        except REFUSALS as exc:
+            outcomes.append(exc)
+            continue
+        slots.append(len(outcomes))
+        outcomes.append(_PENDING)
+        prepared.append(item)
+    for slot, result in zip(slots, write(prepared), strict=True):
+        outcomes[slot] = result if isinstance(result, Exception) else keep(result)
+    return outcomes
 
 
 def _ident(name: str, value: object, *, required: bool = False) -> str | None:

@@ -168,45 +168,29 @@ class _FastUpdate:
         self.change_types = change_types
         self.expect_types = expect_types
 
-    def bulk_values(
+    def values(
         self,
         entity_id: object,
         fence: object,
         expect: Mapping[str, object] | None,
         changes: Mapping[str, object] | None,
+        *,
+        bulk: bool,
     ) -> list[Any] | None:
-        """The values of a bulk row (id, fence, changes, compared values), or None when any
-        needs the full checks."""
+        """The bound values, or None when any needs the full checks: in the single-row
+        UPDATE's order (changes, id, fence, compared values) or a bulk row's (id, fence,
+        changes, compared values)."""
         if type(entity_id) is not str or (fence is not None and type(fence) is not int):
             return None
-        values: list[Any] = [entity_id]
-        if fence is not None:
-            values.append(fence)
+        key: list[Any] = [entity_id] if fence is None else [entity_id, fence]
+        values: list[Any] = key if bulk else []
         if changes and not _plain(changes, self.change_types, values):
             return None
+        if not bulk:
+            values.extend(key)
         if expect and not _plain(expect, self.expect_types, values):
             return None
         return values
-
-    def params(
-        self,
-        entity_id: object,
-        fence: object,
-        expect: Mapping[str, object] | None,
-        changes: Mapping[str, object] | None,
-    ) -> list[Any] | None:
-        """The bound values in SQL order, or None when any needs the full checks."""
-        if type(entity_id) is not str or (fence is not None and type(fence) is not int):
-            return None
-        params: list[Any] = []
-        if changes and not _plain(changes, self.change_types, params):
-            return None
-        params.append(entity_id)
-        if fence is not None:
-            params.append(fence)
-        if expect and not _plain(expect, self.expect_types, params):
-            return None
-        return params
 
 
 class _Step:
@@ -239,7 +223,7 @@ class _Step:
         if fast is not None:
             # A shape planned before, and plain values: admitted by the same checks (see
             # _FastUpdate), so the plan is made only if the move misses.
-            values = fast.bulk_values(move.entity_id, move.fence, expect, changes)
+            values = fast.values(move.entity_id, move.fence, expect, changes, bulk=True)
             if values is not None:
                 return cls(index, move, None, (move.event, fenced, key[3], key[2]), values)
         plan = plan_transition(
@@ -651,7 +635,9 @@ class SQLiteStore:
         c = self._compiled(kind)
         key = (event, fence is None, tuple(expect) if expect else (), tuple(changes or ()))
         fast = c.fast.get(key)
-        params = None if fast is None else fast.params(entity_id, fence, expect, changes)
+        params = (
+            None if fast is None else fast.values(entity_id, fence, expect, changes, bulk=False)
+        )
         plan: TransitionPlan[S] | None = None
         if fast is not None and params is not None:
             sql = fast.sql

@@ -43,7 +43,13 @@ from typing import Any
 
 import pytest
 
-from statecore.batch import REFUSALS, BatchStore, Creation, Move
+from statecore.batch import (
+    BatchStore,
+    Creation,
+    Move,
+    insert_each_sequentially,
+    transition_each_sequentially,
+)
 from statecore.clock import FakeClock
 from statecore.entity import EntityKind, Field, Index
 from statecore.errors import InvalidTransition, StaleState, StoreError, UnknownEntity
@@ -901,14 +907,7 @@ class StoreContract:
         ]
         one_by_one = new_store()
         one_by_one.insert(k, "old", {"title": "old"}, event="file", audit=_AUDIT)
-        expected: list[object] = []
-        for c in creations:
-            try:
-                expected.append(
-                    one_by_one.insert(k, c.entity_id, c.values, event=c.event, audit=c.audit)
-                )
-            except REFUSALS as exc:
-                expected.append(exc)
+        expected = insert_each_sequentially(one_by_one, k, creations)  # one insert() each
         outcomes = batch_db.insert_each(k, creations)
         assert [_outcome(o) for o in outcomes] == [_outcome(o) for o in expected]
         assert [type(o) for o in outcomes[5:8]] == [ValueError, InvalidTransition, KeyError]
@@ -944,22 +943,7 @@ class StoreContract:
             Move("a6", "finish", _AUDIT, fence=3, changes={"assignee": "carl"}),
             Move("a1", "touch", _AUDIT, fence=2, changes={"urgent": False, "due_at": 5}),
         ]
-        expected: list[object] = []
-        for m in moves:
-            try:
-                expected.append(
-                    one_by_one.transition(
-                        k,
-                        m.entity_id,
-                        m.event,
-                        audit=m.audit,
-                        fence=m.fence,
-                        expect=m.expect,
-                        changes=m.changes,
-                    )
-                )
-            except REFUSALS as exc:
-                expected.append(exc)
+        expected = transition_each_sequentially(one_by_one, k, moves)  # one transition() each
         outcomes = batch_db.transition_each(k, moves)
         assert [_outcome(o) for o in outcomes] == [_outcome(o) for o in expected]
         kinds = [type(o).__name__ for o in outcomes]
@@ -1015,22 +999,7 @@ class StoreContract:
                     changes = rng.choice(options)
                 audit = Audit(float(rng.randint(0, 9)), "w", rng.randint(0, 3), None)
                 moves.append(Move(ticket_id, event, audit, fence, expect, changes))
-            expected: list[object] = []
-            for m in moves:
-                try:
-                    expected.append(
-                        one_by_one.transition(
-                            k,
-                            m.entity_id,
-                            m.event,
-                            audit=m.audit,
-                            fence=m.fence,
-                            expect=m.expect,
-                            changes=m.changes,
-                        )
-                    )
-                except REFUSALS as exc:
-                    expected.append(exc)
+            expected = transition_each_sequentially(one_by_one, k, moves)
             outcomes = batch_db.transition_each(k, moves)
             assert [_outcome(o) for o in outcomes] == [_outcome(o) for o in expected]
         for ticket_id in ids:
