@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import sqlite3
 import threading
@@ -68,6 +69,7 @@ class _Compiled:
     """Per-kind SQL fragments and decoders, built once at register()."""
 
     __slots__ = (
+        "column_values",
         "columns",
         "decoders",
         "fast",
@@ -88,7 +90,13 @@ class _Compiled:
         self.insert_sql = (
             f"INSERT INTO {kind.table} ({self.select_cols}) "
             f"VALUES ({', '.join('?' * (3 + len(self.columns)))}) "
-            f"ON CONFLICT({kind.id_field}) DO NOTHING RETURNING {self.select_cols}"
+            f"ON CONFLICT({kind.id_field}) DO NOTHING"
+        )
+        # The declared fields' values of a checked mapping, in column order (C speed).
+        self.column_values: Callable[[Mapping[str, object]], tuple[Any, ...]] = (
+            operator.itemgetter(*self.columns)
+            if len(self.columns) > 1
+            else lambda values: tuple(values[n] for n in self.columns)
         )
         # Guarded UPDATE statements by shape (event, fenced?, changed columns, conditions).
         self.updates: dict[tuple[Any, ...], str] = {}
@@ -97,8 +105,8 @@ class _Compiled:
         # SQLite may hand back a REAL column's whole number as an int (RETURNING does), and
         # stores bools as ints: these columns are converted back on read.
         self.decoders = tuple(
-            (f.name, bool if f.type is bool else float)
-            for f in kind.fields
+            (f.name, position, bool if f.type is bool else float)
+            for position, f in enumerate(kind.fields, start=3)
             if f.type in (bool, float)
         )
 
@@ -131,8 +139,8 @@ class _Compiled:
             ) from None
         # raw may carry a trailing prev_state (RETURNING of a transition): zip stops before it.
         values = dict(zip(self.columns, raw[3:], strict=False))
-        for name, decode in self.decoders:
-            value = values[name]
+        for name, position, decode in self.decoders:
+            value = raw[position]
             if value is not None and type(value) is not decode:
                 values[name] = decode(value)
         return _new_row(raw[0], state, raw[2] or 0, values)
@@ -610,15 +618,15 @@ class SQLiteStore:
             raise ValueError(f"{kind.name} id must be a non-empty str, not {entity_id!r}")
         state = creation_target(kind, event)
         checked = kind.new_values(values)
-        params = [entity_id, state.value, 0, *(checked[n] for n in c.columns)]
+        params = [entity_id, state.value, 0, *c.column_values(checked)]
         with _Txn(self, "insert", savepoint=False):
             conn = self._conn()
-            raw = conn.execute(c.insert_sql, params).fetchone()
-            if raw is None:
+            if conn.execute(c.insert_sql, params).rowcount == 0:  # the id exists: untouched
                 existing = conn.execute(c.get_sql, (entity_id,)).fetchone()
                 return c.row(existing, self.path), False
             self._audit(conn, kind, entity_id, event, source=None, target=state, audit=audit)
-        return c.row(raw, self.path), True
+        # Exactly what was written: the checked values are in the form a read returns.
+        return _new_row(entity_id, state, 0, checked), True
 
     def transition(
         self,
@@ -720,7 +728,7 @@ class SQLiteStore:
             except REFUSALS as exc:
                 outcomes[i] = exc
                 continue
-            params = [entity_id, state.value, 0, *(checked[n] for n in c.columns)]
+            params = [entity_id, state.value, 0, *c.column_values(checked)]
             ready.append((i, creation, state, params))
         with _Txn(self, "insert_each", savepoint=False):
             conn = self._conn()
