@@ -1,15 +1,20 @@
-"""Fixtures for the relay transport and adapter tests: a live connector, a fault proxy, a fake
-clock and a transport factory that always tears its transports down (bounded)."""
+"""Fixtures for the relay tests: a live connector, a fault proxy, a fake clock and a transport
+factory that always tears its transports down (bounded); and, for the gateway tests, a store of
+each kind, gateways over it and a running loopback connector (modules with a store of their own
+override ``store``)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
 from statecore.clock import FakeClock
+from statecore.store import Store
 from tests.relay.connector_stub import Connector, FaultProxy, TransportFactory
+from tests.relay.test_gateway import Relay, Rig, open_store
 
 
 @pytest_asyncio.fixture
@@ -48,3 +53,32 @@ async def transports(connector: Connector) -> AsyncIterator[TransportFactory]:
         yield factory
     finally:
         await factory.close_all()
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """The gateway's store: in memory, then SQLite."""
+    opened = open_store(request.param, tmp_path)
+    yield opened
+    opened.close()
+
+
+@pytest_asyncio.fixture
+async def rig(store: Store) -> AsyncIterator[Rig]:
+    """Gateways over ``store``, stopped afterwards."""
+    built = Rig(store)
+    try:
+        yield built
+    finally:
+        await built.close()
+
+
+@pytest_asyncio.fixture
+async def relay() -> AsyncIterator[Relay]:
+    """A running connector with the loopback platform, torn down afterwards."""
+    running = Relay()
+    await running.start()
+    try:
+        yield running
+    finally:
+        await running.close()

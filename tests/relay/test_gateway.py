@@ -14,13 +14,12 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
-import pytest_asyncio
 
 from relay.adapter import RelayAdapter
 from relay.connector import Connector
@@ -354,35 +353,6 @@ class Relay:
             await asyncio.wait_for(transport.disconnect(budget_s=1.0), BOUND)
         await self.stop()
         self.store.close()
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    """The gateway's store: in memory, then SQLite."""
-    opened = open_store(request.param, tmp_path)
-    yield opened
-    opened.close()
-
-
-@pytest_asyncio.fixture
-async def rig(store: Store) -> AsyncIterator[Rig]:
-    """Gateways over ``store``, stopped afterwards."""
-    built = Rig(store)
-    try:
-        yield built
-    finally:
-        await built.close()
-
-
-@pytest_asyncio.fixture
-async def relay() -> AsyncIterator[Relay]:
-    """A running connector with the loopback platform, torn down afterwards."""
-    running = Relay()
-    await running.start()
-    try:
-        yield running
-    finally:
-        await running.close()
 
 
 async def reply(

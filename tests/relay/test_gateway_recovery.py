@@ -11,12 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from statecore.adapter import SendResult
 from statecore.batch import transition_each_sequentially
@@ -43,7 +41,6 @@ from tests.relay.test_gateway import (
     eventually,
     live_incarnation,
     oid_of,
-    open_store,
     owe,
     reply,
     row,
@@ -52,35 +49,6 @@ from tests.relay.test_gateway import (
 
 _O = ObligationState
 OWNER_KEY = "agent:routed-profile:slack:channel:C1"
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    """The gateway's store: in memory, then SQLite."""
-    opened = open_store(request.param, tmp_path)
-    yield opened
-    opened.close()
-
-
-@pytest_asyncio.fixture
-async def rig(store: Store) -> AsyncIterator[Rig]:
-    """Gateways over ``store``, stopped afterwards."""
-    built = Rig(store)
-    try:
-        yield built
-    finally:
-        await built.close()
-
-
-@pytest_asyncio.fixture
-async def relay() -> AsyncIterator[Relay]:
-    """A running connector with the loopback platform, torn down afterwards."""
-    running = Relay()
-    await running.start()
-    try:
-        yield running
-    finally:
-        await running.close()
 
 
 async def tick(clock: FakeClock, seconds: float) -> None:
