@@ -33,6 +33,7 @@ __all__ = [
     "TransitionPlan",
     "TransitionRecord",
     "Where",
+    "check_id",
     "check_increments",
     "check_limit",
     "creation_target",
@@ -44,6 +45,7 @@ __all__ = [
     "normalize_where",
     "one_of",
     "order_key",
+    "plan_creation",
     "plan_transition",
     "removal_sources",
     "rows_matching",
@@ -144,7 +146,7 @@ def normalize_where(kind: EntityKind[Any], where: Mapping[str, object] | None) -
 def _check_value(kind: EntityKind[Any], column: str, value: object) -> object:
     """Check one compared value against its column (declared field, id field or fence)."""
     if column == kind.id_field:
-        return value if value is None else _check_text(value)
+        return value if value is None else check_id(value)
     if column == "fence":
         return value if value is None else _check_int(value)
     field = kind.field(column)
@@ -153,7 +155,8 @@ def _check_value(kind: EntityKind[Any], column: str, value: object) -> object:
     return field.check(value, kind.name)
 
 
-def _check_text(value: object) -> object:
+def check_id(value: object) -> object:
+    """Return ``value`` if it is a str (an entity id); raise ``TypeError`` otherwise."""
     if not isinstance(value, str):
         raise TypeError(f"an id must be a str, not {type(value).__name__}")
     return value
@@ -276,7 +279,7 @@ def plan_transition(
     ``TypeError``/``ValueError``/``KeyError`` for bad ids, fences, conditions or changes --
     before anything is written.
     """
-    _check_text(entity_id)
+    check_id(entity_id)
     if fence is not None:
         _check_int(fence)
     lifecycle = kind.lifecycle
@@ -441,13 +444,35 @@ def creation_target(kind: EntityKind[S], event: str) -> S:
     return kind.lifecycle.target(None, event)
 
 
-def check_increments(kind: EntityKind[Any], increments: Mapping[str, int] | None) -> dict[str, int]:
-    """Check ``increments``: mutable, non-nullable int fields and int amounts."""
+def plan_creation(
+    kind: EntityKind[S], entity_id: str, event: str, values: Mapping[str, object]
+) -> tuple[S, dict[str, object]]:
+    """Check a requested creation: ``(initial state, checked values)``.
+
+    Raises ``TypeError`` for an id that is not a str, ``ValueError`` for an empty one,
+    :class:`InvalidTransition` when ``event`` is not a creation event, and what
+    :meth:`EntityKind.new_values` raises for bad values -- before anything is written.
+    """
+    check_id(entity_id)
+    if not entity_id:
+        raise ValueError(f"{kind.name} id must be a non-empty str")
+    return creation_target(kind, event), kind.new_values(values)
+
+
+def check_increments(
+    kind: EntityKind[Any],
+    increments: Mapping[str, int] | None,
+    changes: Mapping[str, object] | None = None,
+) -> dict[str, int]:
+    """Check ``increments``: mutable, non-nullable int fields, int amounts, and none of them
+    also set by ``changes`` (one write cannot both set and add to a field)."""
     checked: dict[str, int] = {}
     for name, amount in (increments or {}).items():
         field = kind.field(name)
         if field.type is not int or field.nullable or field.immutable:
             raise ValueError(f"{kind.name}.{name} cannot be incremented (not a mutable int)")
+        if changes and name in changes:
+            raise ValueError(f"{kind.name}.{name} is both changed and incremented")
         if not isinstance(amount, int) or isinstance(amount, bool):
             raise TypeError(f"increment of {kind.name}.{name} must be an int, not {amount!r}")
         checked[name] = amount

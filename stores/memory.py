@@ -15,24 +15,19 @@ from contextlib import contextmanager
 from enum import Enum
 from typing import Any, TypeVar
 
-from statecore.batch import (
-    Creation,
-    Move,
-    insert_each_sequentially,
-    transition_each_sequentially,
-)
 from statecore.entity import EntityKind
 from statecore.errors import StoreError
 from statecore.store import (
     Audit,
     Row,
+    TransitionPlan,
     TransitionRecord,
     Where,
     check_increments,
     check_limit,
-    creation_target,
     normalize_where,
     order_key,
+    plan_creation,
     plan_transition,
     removal_sources,
     rows_matching,
@@ -202,10 +197,7 @@ class InMemoryStore:
         audit: Audit,
     ) -> tuple[Row[S], bool]:
         """Create the entity (idempotent: an existing id is returned untouched)."""
-        if not isinstance(entity_id, str) or not entity_id:
-            raise ValueError(f"{kind.name} id must be a non-empty str, not {entity_id!r}")
-        state = creation_target(kind, event)
-        checked = kind.new_values(values)
+        state, checked = plan_creation(kind, entity_id, event, values)
         with self._lock:
             table = self._table(kind)
             existing = table.rows.get(entity_id)
@@ -231,31 +223,10 @@ class InMemoryStore:
         plan = plan_transition(kind, entity_id, event, fence=fence, expect=expect, changes=changes)
         with self._lock:
             table = self._table(kind)
-            rec = table.rows.get(entity_id)
-            if rec is None:
-                raise plan.miss(None)
-            current: Row[S] = _row(table, entity_id, rec)
-            if not plan.matches(current.state, current.fence, current.values):
+            written, current = self._apply_plan(table, plan, audit, {})
+            if written is None:
                 raise plan.miss(current)
-            state, target = current.state, plan.targets[current.state]
-            mapping = dict(current.values)
-            mapping.update(plan.changes)
-            new: _Rec = (target, current.fence + 1, tuple(mapping[n] for n in table.names))
-            self._write(table, entity_id, new)
-            table.audit.setdefault(entity_id, []).append((event, state, target, *_audit(audit)))
-            return _row(table, entity_id, new)
-
-    def insert_each(
-        self, kind: EntityKind[S], creations: Sequence[Creation]
-    ) -> list[tuple[Row[S], bool] | Exception]:
-        """Every creation as :meth:`insert`, in order, under one lock hold (see BatchStore)."""
-        return insert_each_sequentially(self, kind, creations)
-
-    def transition_each(
-        self, kind: EntityKind[S], moves: Sequence[Move]
-    ) -> list[Row[S] | Exception]:
-        """Every move as :meth:`transition`, in order, under one lock hold (see BatchStore)."""
-        return transition_each_sequentially(self, kind, moves)
+            return written
 
     def transition_many(
         self,
@@ -276,29 +247,39 @@ class InMemoryStore:
             plan_transition(kind, entity_id, event, expect=expect, changes=changes)
             for entity_id in ids
         ]
-        added = check_increments(kind, increments)
+        added = check_increments(kind, increments, changes)
         written: list[Row[S]] = []
         with self.atomic():
             table = self._table(kind)
             for plan in plans:
-                rec = table.rows.get(plan.entity_id)
-                if rec is None:
-                    continue
-                current: Row[S] = _row(table, plan.entity_id, rec)
-                if not plan.matches(current.state, current.fence, current.values):
-                    continue
-                state, target = current.state, plan.targets[current.state]
-                mapping = dict(current.values)
-                mapping.update(plan.changes)
-                for name, amount in added.items():
-                    mapping[name] = mapping[name] + amount
-                new: _Rec = (target, current.fence + 1, tuple(mapping[n] for n in table.names))
-                self._write(table, plan.entity_id, new)
-                table.audit.setdefault(plan.entity_id, []).append(
-                    (event, state, target, *_audit(audit))
-                )
-                written.append(_row(table, plan.entity_id, new))
+                row, _ = self._apply_plan(table, plan, audit, added)
+                if row is not None:
+                    written.append(row)
         return written
+
+    def _apply_plan(
+        self, table: _Table, plan: TransitionPlan[S], audit: Audit, added: Mapping[str, int]
+    ) -> tuple[Row[S] | None, Row[S] | None]:
+        """Evaluate the plan's guard on the stored row and, if it holds, write the move (changes,
+        then ``added`` increments) and its audit entry: ``(written, None)``, or ``(None,
+        current row or None)`` when the guard does not hold.  The caller holds the lock."""
+        rec = table.rows.get(plan.entity_id)
+        if rec is None:
+            return None, None
+        current: Row[S] = _row(table, plan.entity_id, rec)
+        if not plan.matches(current.state, current.fence, current.values):
+            return None, current
+        state, target = current.state, plan.targets[current.state]
+        mapping = dict(current.values)
+        mapping.update(plan.changes)
+        for name, amount in added.items():
+            mapping[name] = mapping[name] + amount
+        new: _Rec = (target, current.fence + 1, tuple(mapping[n] for n in table.names))
+        self._write(table, plan.entity_id, new)
+        table.audit.setdefault(plan.entity_id, []).append(
+            (plan.event, state, target, *_audit(audit))
+        )
+        return _row(table, plan.entity_id, new), None
 
     def prune(
         self,

@@ -37,11 +37,12 @@ from statecore.store import (
     TransitionPlan,
     TransitionRecord,
     Where,
+    check_id,
     check_increments,
     check_limit,
-    creation_target,
     normalize_where,
     order_key,
+    plan_creation,
     plan_transition,
     removal_sources,
     valid_states,
@@ -63,6 +64,30 @@ _AUDIT_INSERT = (
     f"INSERT INTO {_AUDIT_TABLE} (kind, entity_id, event, from_state, to_state, at, owner, "
     "attempts, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
+
+
+def _audit_row(
+    kind: EntityKind[Any],
+    entity_id: str,
+    event: str,
+    source: str | None,
+    target: str,
+    *,
+    audit: Audit,
+) -> tuple[Any, ...]:
+    """The parameters of one _AUDIT_INSERT: a move of ``entity_id`` from state value ``source``
+    (None for a creation) to ``target``."""
+    return (
+        kind.name,
+        entity_id,
+        event,
+        source,
+        target,
+        audit.at,
+        audit.owner,
+        audit.attempts,
+        audit.reason,
+    )
 
 
 class _Compiled:
@@ -143,7 +168,7 @@ class _Compiled:
             value = raw[position]
             if value is not None and type(value) is not decode:
                 values[name] = decode(value)
-        return _new_row(raw[0], state, raw[2] or 0, values)
+        return _new_row(raw[0], state, raw[2], values)
 
 
 # The row decoder above checked the state and the field types: Rows skip a second check.
@@ -345,7 +370,7 @@ class SQLiteStore:
         synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
         busy_timeout_s: float = 5.0,
     ) -> None:
-        if synchronous not in ("NORMAL", "FULL", "EXTRA"):
+        if synchronous not in ("NORMAL", "FULL"):
             raise ValueError(f"synchronous must be NORMAL or FULL, not {synchronous!r}")
         if not isinstance(busy_timeout_s, int | float) or busy_timeout_s < 0:
             raise ValueError(f"busy_timeout_s must be a non-negative number: {busy_timeout_s!r}")
@@ -524,15 +549,7 @@ class SQLiteStore:
         """The entity, or None."""
         c = self._compiled(kind)
         with self._guard("get"):
-            raw = (
-                self._conn()
-                .execute(
-                    f"SELECT {c.select_cols} FROM {kind.table} WHERE {kind.id_field} = ?",
-                    (entity_id,),
-                )
-                .fetchone()
-            )
-        return None if raw is None else c.row(raw, self.path)
+            return self._current(self._conn(), c, entity_id)
 
     def select(
         self,
@@ -614,17 +631,17 @@ class SQLiteStore:
     ) -> tuple[Row[S], bool]:
         """Create the entity (idempotent: an existing id is returned untouched)."""
         c = self._compiled(kind)
-        if not isinstance(entity_id, str) or not entity_id:
-            raise ValueError(f"{kind.name} id must be a non-empty str, not {entity_id!r}")
-        state = creation_target(kind, event)
-        checked = kind.new_values(values)
+        state, checked = plan_creation(kind, entity_id, event, values)
         params = [entity_id, state.value, 0, *c.column_values(checked)]
         with _Txn(self, "insert", savepoint=False):
             conn = self._conn()
             if conn.execute(c.insert_sql, params).rowcount == 0:  # the id exists: untouched
-                existing = conn.execute(c.get_sql, (entity_id,)).fetchone()
-                return c.row(existing, self.path), False
-            self._audit(conn, kind, entity_id, event, source=None, target=state, audit=audit)
+                existing = self._current(conn, c, entity_id)
+                assert existing is not None  # the conflict was on this id, in this transaction
+                return existing, False
+            conn.execute(
+                _AUDIT_INSERT, _audit_row(kind, entity_id, event, None, state.value, audit=audit)
+            )
         # Exactly what was written: the checked values are in the form a read returns.
         return _new_row(entity_id, state, 0, checked), True
 
@@ -646,36 +663,30 @@ class SQLiteStore:
         params = (
             None if fast is None else fast.values(entity_id, fence, expect, changes, bulk=False)
         )
-        plan: TransitionPlan[S] | None = None
         if fast is not None and params is not None:
-            sql = fast.sql
-        else:
+            with _Txn(self, "transition", savepoint=False):
+                conn = self._conn()
+                row = self._write_one(
+                    conn, c, fast.sql, params, entity_id=entity_id, event=event, audit=audit
+                )
+                if row is not None:
+                    return row
+                current = self._current(conn, c, entity_id)
+            # A miss: the full plan names the refusal.
             plan = plan_transition(
                 kind, entity_id, event, fence=fence, expect=expect, changes=changes
             )
-            sql = c.update_sql(plan)
-            params = [*plan.changes.values(), entity_id]
-            if plan.fence is not None:
-                params.append(plan.fence)
-            if plan.expect:
-                params.extend(_params(plan.expect))
-            if fast is None:
-                learned = _learn(kind, plan, sql)
-                if learned is not None:
-                    c.fast[key] = learned
+            raise plan.miss(current)
+        plan = plan_transition(kind, entity_id, event, fence=fence, expect=expect, changes=changes)
+        if fast is None:
+            learned = _learn(kind, plan, c.update_sql(plan))
+            if learned is not None:
+                c.fast[key] = learned
         with _Txn(self, "transition", savepoint=False):
-            conn = self._conn()
-            row = self._write_one(
-                conn, c, sql, params, entity_id=entity_id, event=event, audit=audit
-            )
-            if row is not None:
-                return row
-            current = conn.execute(c.get_sql, (entity_id,)).fetchone()
-        if plan is None:
-            plan = plan_transition(
-                kind, entity_id, event, fence=fence, expect=expect, changes=changes
-            )
-        raise plan.miss(None if current is None else c.row(current, self.path))
+            outcome = self._one_planned(self._conn(), c, plan, audit)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
     def _write_one(
         self,
@@ -692,21 +703,16 @@ class SQLiteStore:
         raw = conn.execute(sql, params).fetchone()
         if raw is None:
             return None
+        # raw[-1] is prev_state (the state left), raw[1] the new state, both as stored.
         conn.execute(
-            _AUDIT_INSERT,
-            (
-                c.kind.name,
-                entity_id,
-                event,
-                raw[-1],  # prev_state, as stored
-                raw[1],
-                audit.at,
-                audit.owner,
-                audit.attempts,
-                audit.reason,
-            ),
+            _AUDIT_INSERT, _audit_row(c.kind, entity_id, event, raw[-1], raw[1], audit=audit)
         )
         return c.row(raw, self.path)
+
+    def _current(self, conn: sqlite3.Connection, c: _Compiled, entity_id: str) -> Row[Any] | None:
+        """The entity as stored now (on this connection, in its transaction), or None."""
+        raw = conn.execute(c.get_sql, (entity_id,)).fetchone()
+        return None if raw is None else c.row(raw, self.path)
 
     # -- batches (statecore.batch.BatchStore) ------------------------------------------------
 
@@ -719,16 +725,14 @@ class SQLiteStore:
         outcomes: list[Any] = [None] * len(creations)
         ready: list[tuple[int, Creation, Enum, list[Any]]] = []
         for i, creation in enumerate(creations):
-            entity_id = creation.entity_id
             try:
-                if not isinstance(entity_id, str) or not entity_id:
-                    raise ValueError(f"{kind.name} id must be a non-empty str, not {entity_id!r}")
-                state = creation_target(kind, creation.event)
-                checked = kind.new_values(creation.values)
+                state, checked = plan_creation(
+                    kind, creation.entity_id, creation.event, creation.values
+                )
             except REFUSALS as exc:
                 outcomes[i] = exc
                 continue
-            params = [entity_id, state.value, 0, *c.column_values(checked)]
+            params = [creation.entity_id, state.value, 0, *c.column_values(checked)]
             ready.append((i, creation, state, params))
         with _Txn(self, "insert_each", savepoint=False):
             conn = self._conn()
@@ -741,22 +745,17 @@ class SQLiteStore:
                     for i, creation, initial, _ in chunk:
                         raw = created.get(creation.entity_id)
                         if raw is None:  # it existed: returned untouched, as insert() does
-                            raw = conn.execute(c.get_sql, (creation.entity_id,)).fetchone()
-                            outcomes[i] = (c.row(raw, self.path), False)
+                            outcomes[i] = (self._current(conn, c, creation.entity_id), False)
                             continue
                         outcomes[i] = (c.row(raw, self.path), True)
-                        a = creation.audit
                         audits.append(
-                            (
-                                kind.name,
+                            _audit_row(
+                                kind,
                                 creation.entity_id,
                                 creation.event,
                                 None,
                                 initial.value,
-                                a.at,
-                                a.owner,
-                                a.attempts,
-                                a.reason,
+                                audit=creation.audit,
                             )
                         )
                     conn.executemany(_AUDIT_INSERT, audits)
@@ -783,12 +782,10 @@ class SQLiteStore:
         with _Txn(self, "transition_each", savepoint=False):
             conn = self._conn()
             for run in _distinct_runs(steps, lambda step: (step.move.entity_id, step.shape)):
-                if run[0].shape is None:
-                    for step in run:
-                        assert step.plan is not None
-                        outcomes[step.index] = self._one_planned(
-                            conn, c, step.plan, step.move.audit
-                        )
+                first = run[0]
+                if first.shape is None:  # such a step is always a run of its own
+                    assert first.plan is not None
+                    outcomes[first.index] = self._one_planned(conn, c, first.plan, first.move.audit)
                     continue
                 for chunk in _pieces(run):
                     self._bulk_update(conn, c, chunk, outcomes)
@@ -797,18 +794,21 @@ class SQLiteStore:
     def _one_planned(
         self, conn: sqlite3.Connection, c: _Compiled, plan: TransitionPlan[Any], audit: Audit
     ) -> Row[Any] | Exception:
-        sql = c.update_sql(plan)
+        """The plan's single-row UPDATE and audit entry: the row written, or the refusal."""
         params: list[Any] = [*plan.changes.values(), plan.entity_id]
         if plan.fence is not None:
             params.append(plan.fence)
         params.extend(_params(plan.expect))
         row = self._write_one(
-            conn, c, sql, params, entity_id=plan.entity_id, event=plan.event, audit=audit
+            conn,
+            c,
+            c.update_sql(plan),
+            params,
+            entity_id=plan.entity_id,
+            event=plan.event,
+            audit=audit,
         )
-        if row is not None:
-            return row
-        current = conn.execute(c.get_sql, (plan.entity_id,)).fetchone()
-        return plan.miss(None if current is None else c.row(current, self.path))
+        return row if row is not None else plan.miss(self._current(conn, c, plan.entity_id))
 
     def _bulk_update(
         self, conn: sqlite3.Connection, c: _Compiled, chunk: list[_Step], outcomes: list[Any]
@@ -827,25 +827,12 @@ class SQLiteStore:
             move = step.move
             raw = written.get(move.entity_id)
             if raw is None:
-                current = conn.execute(c.get_sql, (move.entity_id,)).fetchone()
-                outcomes[step.index] = step.planned(c.kind).miss(
-                    None if current is None else c.row(current, self.path)
-                )
+                current = self._current(conn, c, move.entity_id)
+                outcomes[step.index] = step.planned(c.kind).miss(current)
                 continue
             outcomes[step.index] = c.row(raw, self.path)
-            a = move.audit
             audits.append(
-                (
-                    c.kind.name,
-                    move.entity_id,
-                    move.event,
-                    raw[-1],
-                    raw[1],
-                    a.at,
-                    a.owner,
-                    a.attempts,
-                    a.reason,
-                )
+                _audit_row(c.kind, move.entity_id, move.event, raw[-1], raw[1], audit=move.audit)
             )
         conn.executemany(_AUDIT_INSERT, audits)
 
@@ -867,10 +854,9 @@ class SQLiteStore:
             raise TypeError("entity_ids must be a sequence of ids, not one str")
         ids = list(dict.fromkeys(entity_ids))
         for entity_id in ids:
-            if not isinstance(entity_id, str):
-                raise TypeError(f"an id must be a str, not {type(entity_id).__name__}")
+            check_id(entity_id)
         plan = plan_transition(kind, "-", event, expect=expect, changes=changes)
-        added = check_increments(kind, increments)
+        added = check_increments(kind, increments, changes)
         head, _, tail = _update_sql(plan, c.select_cols).partition(f" WHERE {kind.id_field} = ?")
         for name in added:
             head += f", {name} = {name} + ?"
@@ -885,20 +871,7 @@ class SQLiteStore:
                 raws = conn.execute(head + where + tail, params).fetchall()
                 conn.executemany(
                     _AUDIT_INSERT,
-                    [
-                        (
-                            kind.name,
-                            raw[0],
-                            event,
-                            raw[-1],
-                            raw[1],
-                            audit.at,
-                            audit.owner,
-                            audit.attempts,
-                            audit.reason,
-                        )
-                        for raw in raws
-                    ],
+                    [_audit_row(kind, raw[0], event, raw[-1], raw[1], audit=audit) for raw in raws],
                 )
                 for raw in raws:
                     rows[raw[0]] = c.row(raw, self.path)
@@ -936,32 +909,6 @@ class SQLiteStore:
                 [(kind.name, i) for i in ids],
             )
         return len(ids)
-
-    def _audit(
-        self,
-        conn: sqlite3.Connection,
-        kind: EntityKind[Any],
-        entity_id: str,
-        event: str,
-        *,
-        source: Enum | None,
-        target: Enum,
-        audit: Audit,
-    ) -> None:
-        conn.execute(
-            _AUDIT_INSERT,
-            (
-                kind.name,
-                entity_id,
-                event,
-                None if source is None else source.value,
-                target.value,
-                audit.at,
-                audit.owner,
-                audit.attempts,
-                audit.reason,
-            ),
-        )
 
 
 def _shape(where: Where) -> tuple[tuple[str, str, bool, int], ...]:

@@ -863,9 +863,18 @@ class StoreContract:
             db.transition_many(k, ["t1"], "touch", audit=_AUDIT, increments={"score": 1})
         with pytest.raises(TypeError):
             db.transition_many(k, "t1", "touch", audit=_AUDIT)
+        with pytest.raises(ValueError, match="both changed and incremented"):
+            db.transition_many(
+                k,
+                ["t1"],
+                "touch",
+                audit=_AUDIT,
+                changes={"priority": 10},
+                increments={"priority": 2},
+            )
         row = db.get(k, "t1")
         assert row is not None
-        assert (row.state, row.fence, row["title"]) == (_T.OPEN, 0, "x")
+        assert (row.state, row.fence, row["title"], row["priority"]) == (_T.OPEN, 0, "x", 3)
 
     def test_transition_many_inside_a_failed_block_is_undone(self, db: Store) -> None:
         """A bulk transition in an atomic block that raises leaves nothing behind."""
@@ -1874,23 +1883,26 @@ class StoreContract:
         )
         results: dict[str, list[str]] = {}
         errors: list[BaseException] = []
-        start = threading.Barrier(2)
+        start = threading.Barrier(2, timeout=_JOIN_TIMEOUT)
 
         def sweep(name: str, ledger: Ledger) -> None:
             try:
-                start.wait(timeout=10)
+                start.wait()
                 results[name] = [c.obligation_id for c in ledger.sweep_recoverable()]
             except BaseException as exc:  # reported below
                 errors.append(exc)
 
         threads = [
-            threading.Thread(target=sweep, args=(n, lg)) for n, lg in (("a", live), ("b", other))
+            threading.Thread(target=sweep, args=(n, lg), daemon=True)
+            for n, lg in (("a", live), ("b", other))
         ]
         for t in threads:
             t.start()
         for t in threads:
-            t.join(timeout=60)
+            t.join(_JOIN_TIMEOUT)
+        assert not any(t.is_alive() for t in threads), "a sweeper did not finish"
         assert not errors
+        assert set(results) == {"a", "b"}
         claimed = Counter(results.get("a", []) + results.get("b", []))
         assert set(claimed) == set(ids)
         assert max(claimed.values()) == 1

@@ -28,6 +28,7 @@ from statecore import (
     Store,
     StoreError,
 )
+from statecore.batch import BatchStore, insert_each_sequentially, transition_each_sequentially
 from stores.memory import InMemoryStore
 from stores.sqlite import SQLiteStore
 
@@ -173,9 +174,11 @@ class SlowStore(DelegatingStore):
         self._stall()
         return self.inner.transition(*args, **kwargs)
 
-    def transition_each(self, *args: Any, **kwargs: Any) -> Any:
+    def transition_each(self, kind: Any, moves: Any) -> Any:
         self._stall()
-        return self.inner.transition_each(*args, **kwargs)
+        if isinstance(self.inner, BatchStore):
+            return self.inner.transition_each(kind, moves)
+        return transition_each_sequentially(self.inner, kind, moves)
 
 
 class CountingStore(DelegatingStore):
@@ -332,7 +335,11 @@ class HiccupStore(GatedStore):
 
     def transition_each(self, kind: Any, moves: Any) -> Any:
         # A batch with "ob-hiccup" in it is written, then fails as a whole.
-        outcomes = self.inner.transition_each(kind, moves)
+        outcomes = (
+            self.inner.transition_each(kind, moves)
+            if isinstance(self.inner, BatchStore)
+            else transition_each_sequentially(self.inner, kind, moves)
+        )
         if any(move.entity_id == "ob-hiccup" for move in moves):
             raise self.error
         return outcomes
@@ -560,11 +567,15 @@ class CountingBatches(GatedStore):
 
     def insert_each(self, kind: Any, creations: Any) -> Any:
         self.sizes.append(("insert_each", len(creations)))
-        return self.inner.insert_each(kind, creations)  # type: ignore[attr-defined]
+        if isinstance(self.inner, BatchStore):
+            return self.inner.insert_each(kind, creations)
+        return insert_each_sequentially(self.inner, kind, creations)
 
     def transition_each(self, kind: Any, moves: Any) -> Any:
         self.sizes.append(("transition_each", len(moves)))
-        return self.inner.transition_each(kind, moves)  # type: ignore[attr-defined]
+        if isinstance(self.inner, BatchStore):
+            return self.inner.transition_each(kind, moves)
+        return transition_each_sequentially(self.inner, kind, moves)
 
 
 class NoBatches(GatedStore):
