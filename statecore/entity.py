@@ -45,6 +45,13 @@ class Field:
     default: Any = None
     immutable: bool = False
 
+    def checked(self, value: object, kind: str) -> object:
+        """:meth:`check`, skipped for the common value that plainly fits: exactly this field's
+        type and, for text, ASCII (non-ASCII text is still checked: it must be encodable)."""
+        if type(value) is self.type and not (isinstance(value, str) and not value.isascii()):
+            return value
+        return self.check(value, kind)
+
     def check(self, value: object, kind: str) -> object:
         """Return ``value`` if it fits this field; raise ``TypeError``/``ValueError`` if not."""
         if value is None:
@@ -159,8 +166,7 @@ class EntityKind(Generic[S]):
         get = values.get
         for name, kind, default, f in self._creation_plan:
             value = get(name, default)
-            # Exact-type values (the common case) skip the full check; text that is not plain
-            # ASCII still gets it (it must be encodable).
+            # Field.checked's rule, inlined: this runs for every field of every creation.
             if (
                 value is None or type(value) is not kind or (kind is str and not value.isascii())  # type: ignore[attr-defined]
             ):
@@ -175,10 +181,5 @@ class EntityKind(Generic[S]):
             f = self.field(name)
             if f.immutable:
                 raise ValueError(f"{self.name}.{name} is immutable once created")
-            fast = (
-                value is not None
-                and type(value) is f.type
-                and (not isinstance(value, str) or value.isascii())
-            )
-            checked[name] = value if fast else f.check(value, self.name)
+            checked[name] = f.checked(value, self.name)
         return checked

@@ -150,9 +150,8 @@ def _check_value(kind: EntityKind[Any], column: str, value: object) -> object:
     if column == "fence":
         return value if value is None else _check_int(value)
     field = kind.field(column)
-    if value is None or type(value) is field.type:
-        return value
-    return field.check(value, kind.name)
+    # None compares as IS NULL whatever the field's nullability; anything else must fit it.
+    return None if value is None else field.checked(value, kind.name)
 
 
 def check_id(value: object) -> object:

@@ -258,7 +258,7 @@ class _Step:
             # _FastUpdate), so the plan is made only if the move misses.
             values = fast.values(move.entity_id, move.fence, expect, changes, bulk=True)
             if values is not None:
-                return cls(index, move, None, (move.event, fenced, key[3], key[2]), values)
+                return cls(index, move, None, _shape_of(move.event, fenced, key[3], key[2]), values)
         plan = plan_transition(
             c.kind, move.entity_id, move.event, fence=move.fence, expect=expect, changes=changes
         )
@@ -1012,12 +1012,17 @@ def _bulk_shape(plan: TransitionPlan[Any]) -> tuple[Any, ...] | None:
     comparison other than equality)."""
     if any(cmp.op != "=" for _, cmp in plan.expect):
         return None
-    return (
-        plan.event,
-        plan.fence is not None,
-        tuple(plan.changes),
-        tuple(column for column, _ in plan.expect),
+    return _shape_of(
+        plan.event, plan.fence is not None, tuple(plan.changes), tuple(c for c, _ in plan.expect)
     )
+
+
+def _shape_of(
+    event: str, fenced: bool, changed: tuple[str, ...], compared: tuple[str, ...]
+) -> tuple[Any, ...]:
+    """The one layout of a bulk shape; a bulk row's values follow it (see _bulk_update_sql):
+    id, fence when fenced, the changed values, the compared values."""
+    return (event, fenced, changed, compared)
 
 
 def _bulk_update_sql(

@@ -1442,6 +1442,20 @@ class StoreContract:
         with pytest.raises(TypeError):
             db.count(TICKET_KIND, where=where)
 
+    def test_unencodable_text_in_a_condition_is_refused_alike(self, db: Store) -> None:
+        """Text with an unpaired surrogate cannot be stored by every store, so no store compares
+        with it either: select, count and an expect condition raise ValueError, unchanged."""
+        _seed(db)
+        bad = {"assignee": "alice\udcff"}
+        before = _snapshot(db, "a1")
+        with pytest.raises(ValueError, match="Unicode"):
+            db.select(TICKET_KIND, where=bad)
+        with pytest.raises(ValueError, match="Unicode"):
+            db.count(TICKET_KIND, where=bad)
+        with pytest.raises(ValueError, match="Unicode"):
+            _move(db, "a1", "touch", expect=bad)
+        assert _snapshot(db, "a1") == before
+
     def test_select_negative_limit_raises_value_error(self, db: Store) -> None:
         """A negative (or non-int) limit raises ValueError."""
         _seed(db)
