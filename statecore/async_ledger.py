@@ -21,8 +21,9 @@ import threading
 from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
+from statecore.batch import REFUSALS
 from statecore.clock import Clock
-from statecore.errors import StaleState, StoreError
+from statecore.errors import StoreError
 from statecore.ledger import Ledger
 from statecore.obligation import Claim, Obligation
 from statecore.ownership import Incarnation, ProcessProbe
@@ -45,8 +46,9 @@ class AsyncLedger:
 
     ``AsyncLedger(store, *, policy=None, clock=None, incarnation=None, probe=None,
     max_batch=512)``.  Close it with :meth:`aclose` (or ``async with``): queued operations
-    finish first.  Cancelling an awaiting caller only stops the waiting: an operation already
-    handed to the writer still runs (its outcome is then visible in the store).
+    finish first.  A caller cancelled before the writer reaches its operation has it skipped
+    (nothing written); once the writer has started the operation it runs to the end (its
+    outcome is then visible in the store).
     """
 
     def __init__(
@@ -306,7 +308,7 @@ class AsyncLedger:
                         outcomes.append((True, fn()))
                     except StoreError:
                         raise  # the transaction itself is in doubt: fail the whole batch
-                    except _REFUSALS as exc:
+                    except REFUSALS as exc:
                         outcomes.append((False, exc))
                     except Exception as exc:
                         raise _Rollback(index, exc) from exc
@@ -338,10 +340,6 @@ class _Rollback(Exception):
         super().__init__(index, failure)
         self.index = index
         self.failure = failure
-
-
-# Errors an operation raises before it writes anything (bad input, a refused or lost move).
-_REFUSALS = (StaleState, ValueError, LookupError, TypeError)
 
 
 def _deliver(ops: list[_Op], outcomes: list[tuple[bool, Any]]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["require_text"]
+__all__ = ["platform_id", "require_text"]
 
 
 def require_text(name: str, value: object) -> None:
@@ -12,3 +12,16 @@ def require_text(name: str, value: object) -> None:
         raise TypeError(f"{name} must be a str, not {type(value).__name__}")
     if not value:
         raise ValueError(f"{name} must not be empty")
+
+
+def platform_id(name: str, value: object, *, required: bool = False) -> str | None:
+    """A platform id (chat, thread, message) as stored: text.  Platforms hand them out as str
+    or int; an int becomes its decimal text.  None passes unless ``required``; anything else
+    is refused as :func:`require_text` refuses it."""
+    if value is None and not required:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    require_text(name, value)
+    assert isinstance(value, str)
+    return value

@@ -26,11 +26,11 @@ from statecore.batch import (
     insert_each_sequentially,
     transition_each_sequentially,
 )
-from statecore.checks import require_text
+from statecore.checks import platform_id, require_text
 from statecore.clock import Clock, SystemClock
 from statecore.errors import StaleState, StoreError, UnknownEntity
 from statecore.ids import compute_obligation_id
-from statecore.lifecycles import ObligationState
+from statecore.lifecycles import OBLIGATION, ObligationState
 from statecore.obligation import (
     DEFAULT_PROFILE,
     OBLIGATION_KIND,
@@ -50,8 +50,9 @@ from statecore.store import Audit, Row, Store, TransitionRecord, lt
 __all__ = ["Ledger"]
 
 _S = ObligationState
-_OWED = (_S.PENDING, _S.ATTEMPTING, _S.FAILED)
-_SETTLED = (_S.DELIVERED, _S.ABANDONED)
+# From the declaration: settled = terminal, owed = every other state.
+_SETTLED = OBLIGATION.terminal
+_OWED = frozenset(OBLIGATION.states) - _SETTLED
 _K = OBLIGATION_KIND
 
 
@@ -139,7 +140,7 @@ class Ledger:
         """Check :meth:`record`'s arguments and build the store creation (raises as record)."""
         require_text("session_key", session_key)
         require_text("platform", platform)
-        chat = _ident("chat_id", chat_id, required=True)
+        chat = platform_id("chat_id", chat_id, required=True)
         if not isinstance(content, str):
             raise TypeError(f"content must be a str, not {type(content).__name__}")
         profile = DEFAULT_PROFILE if adapter_profile is None else adapter_profile
@@ -154,8 +155,8 @@ class Ledger:
             "session_key": session_key,
             "platform": platform,
             "chat_id": chat,
-            "thread_id": _ident("thread_id", thread_id),
-            "reply_to": _ident("reply_to", reply_to),
+            "thread_id": platform_id("thread_id", thread_id),
+            "reply_to": platform_id("reply_to", reply_to),
             "content": content,
             "attempts": 0,
             "created_at": now,
@@ -355,8 +356,7 @@ class Ledger:
         for chunk in _chunks(rows, self.policy.sweep_chunk):
             with self.store.atomic():
                 for row in chunk:
-                    if not me.is_self(row["owner_pid"], row["owner_started_at"]):
-                        continue
+                    # pid and start time were matched by the select; the host is checked here.
                     if row["owner_host"] not in (None, me.host):
                         continue
                     if self._over_budget_or_stale(row, when):
@@ -504,36 +504,18 @@ class Ledger:
     def _claim(
         self, row: Row[ObligationState], now: float, needs_marker: bool, reason: str | None
     ) -> Claim | None:
-        me = self.incarnation
-        attempts = row["attempts"] + 1
-        try:
-            claimed = self.store.transition(
-                _K,
-                row.id,
-                "claim",
-                audit=Audit(now, self._owner_label, attempts, reason or "owner dead"),
-                fence=row.fence,
-                changes={
-                    "attempts": attempts,
-                    "updated_at": now,
-                    "owner_host": me.host,
-                    "owner_pid": me.pid,
-                    "owner_started_at": me.started_at,
-                    "owner_token": me.token,
-                    "lease_expires_at": now + self.policy.lease_s,
-                    "next_attempt_at": None,
-                },
-            )
-        except StaleState:
-            return None  # another sweeper won this row: exactly one claim per row
-        self._remember(claimed)
-        return Claim(
-            Obligation.from_row(claimed),
-            needs_marker,
-            reason,
-            attempts,
-            claimed["adapter_profile"] or DEFAULT_PROFILE,
+        """Claim one row under the fence it was read with; None when another sweeper won it
+        (exactly one claim per row)."""
+        claims = self._claim_all(
+            [row],
+            token=row["owner_token"],
+            fence=row.fence,
+            attempts=row["attempts"],
+            now=now,
+            needs_marker=needs_marker,
+            reason=reason or "",
         )
+        return claims[0] if claims else None
 
     def _claim_all(
         self,
@@ -651,17 +633,6 @@ def _batched(
     for slot, result in zip(slots, write(prepared), strict=True):
         outcomes[slot] = result if isinstance(result, Exception) else keep(result)
     return outcomes
-
-
-def _ident(name: str, value: object, *, required: bool = False) -> str | None:
-    """Platform ids arrive as str or int; they are stored as text."""
-    if value is None and not required:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    require_text(name, value)
-    assert isinstance(value, str)
-    return value
 
 
 def _first(values: frozenset[str]) -> str:

@@ -36,7 +36,7 @@ RECONNECTED_MARKER = "\u21bb Resent after reconnecting (this may repeat an earli
 """Prepended to a runtime retry after the platform connection came back."""
 
 _O = ObligationState
-_OWED = frozenset({_O.PENDING, _O.ATTEMPTING, _O.FAILED})
+_OWED = frozenset(OBLIGATION.states) - OBLIGATION.terminal  # what a row may still owe
 
 OBLIGATION_KIND: EntityKind[ObligationState] = EntityKind(
     "obligation",
@@ -69,7 +69,7 @@ OBLIGATION_KIND: EntityKind[ObligationState] = EntityKind(
         # The runtime sweep: failed rows of one platform and profile.
         Index(("platform", "adapter_profile"), states=frozenset({_O.FAILED})),
         # Pruning: settled rows by age.
-        Index(("updated_at",), states=frozenset({_O.DELIVERED, _O.ABANDONED})),
+        Index(("updated_at",), states=OBLIGATION.terminal),
     ),
 )
 """The persisted shape of :data:`~statecore.OBLIGATION` entities."""

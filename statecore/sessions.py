@@ -30,7 +30,7 @@ from typing import Any
 
 import attrs
 
-from statecore.checks import require_text
+from statecore.checks import platform_id, require_text
 from statecore.clock import Clock, SystemClock
 from statecore.entity import EntityKind, Field, Index
 from statecore.errors import UnknownEntity
@@ -179,7 +179,7 @@ class SessionStore:
             require_text("session_id", session_id)
         if platform is not None:
             require_text("platform", platform)
-        chat = _chat_id(chat_id)
+        chat = platform_id("chat_id", chat_id)
         new_id = session_id or uuid.uuid4().hex
         now = self.clock.now()
         with self.store.atomic():
@@ -388,13 +388,3 @@ class SessionStore:
             fence=row.fence,
             changes={"ended_at": now, "end_reason": reason, "resume_pending": False},
         )
-
-
-def _chat_id(value: object) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    require_text("chat_id", value)
-    assert isinstance(value, str)
-    return value
