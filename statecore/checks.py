@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["platform_id", "require_text"]
+import math
+
+__all__ = ["platform_id", "require_positive", "require_text"]
 
 
 def require_text(name: str, value: object) -> None:
@@ -25,3 +27,12 @@ def platform_id(name: str, value: object, *, required: bool = False) -> str | No
     require_text(name, value)
     assert isinstance(value, str)
     return value
+
+
+def require_positive(name: str, value: object) -> None:
+    """Refuse anything but a positive, finite int or float (bools too): ``ValueError`` naming
+    the argument."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{name} must be a positive number, not {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, not {value!r}")

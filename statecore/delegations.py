@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from statecore.checks import require_text
+from statecore.checks import require_positive, require_text
 from statecore.clock import Clock, SystemClock
 from statecore.entity import EntityKind, Field, Index
 from statecore.errors import InvalidTransition, StaleState, StoreError, UnknownEntity
@@ -215,15 +215,13 @@ class Delegations:
         probe: ProcessProbe | None = None,
         lease_s: float = 300.0,
     ) -> None:
-        if isinstance(lease_s, bool) or not isinstance(lease_s, int | float) or not lease_s > 0:
-            raise ValueError(f"lease_s must be a positive number, not {lease_s!r}")
+        require_positive("lease_s", lease_s)
         self.store = store
         self.clock: Clock = clock or SystemClock()
         self.probe: ProcessProbe = probe or PsutilProbe()
         self.incarnation = incarnation or Incarnation.current()
         self.lease_s = float(lease_s)
-        me = self.incarnation
-        self._owner_label = f"{me.host}:{me.pid}:{me.token}"
+        self._owner_label = self.incarnation.label
         store.register(_K)
 
     # -- the owner's side --------------------------------------------------------------------

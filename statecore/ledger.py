@@ -79,9 +79,7 @@ class Ledger:
         self.clock: Clock = clock or SystemClock()
         self.probe: ProcessProbe = probe or PsutilProbe()
         self.incarnation = incarnation or Incarnation.current()
-        self._owner_label = (
-            f"{self.incarnation.host}:{self.incarnation.pid}:{self.incarnation.token}"
-        )
+        self._owner_label = self.incarnation.label
         # (fence, attempts) this ledger last wrote per owed row: its later writes are guarded
         # by that fence, on top of the owner guard.  Forgotten when the row settles.
         self._fences: dict[str, tuple[int, int]] = {}

@@ -210,7 +210,8 @@ class Lifecycle(Generic[S]):
     def target(self, state: S | None, event: str) -> S:
         """Return the state ``event`` moves an entity in ``state`` to.
 
-        ``state=None`` asks about a creation event (the entity does not exist yet).  A state's
+        ``state=None`` asks about a creation event (the entity does not exist yet).  For a
+        ``str``-valued state type (a ``StrEnum``, whose members equal their values) a state's
         persisted value (``"pending"``) is accepted like the member; the answer is always the
         member.  Raises
         :class:`InvalidTransition` -- never ``KeyError`` -- when the lifecycle does not allow
@@ -382,7 +383,7 @@ class Lifecycle(Generic[S]):
         """Build the most helpful InvalidTransition for a refused (state, event)."""
         if not isinstance(event, str) or event not in self._sources:
             return InvalidTransition(self._name, state, event, "undeclared event")
-        if state is not None and not _is_state(state, self._state_type):
+        if state is not None and not self._knows(state):
             return InvalidTransition(self._name, state, event, "undeclared state")
         if event in self._removals:
             return InvalidTransition(
@@ -392,6 +393,13 @@ class Lifecycle(Generic[S]):
             return InvalidTransition(self._name, state, event, "creation events start from none")
         allowed = ", ".join(s.value for s in self._states if s in self._sources[event])
         return InvalidTransition(self._name, state, event, f"allowed from: {allowed}")
+
+    def _knows(self, state: object) -> bool:
+        """Whether :meth:`target` looks ``state`` up as a declared state (the same test)."""
+        try:
+            return state in self._next
+        except TypeError:  # unhashable: never a state
+            return False
 
     def _check_transitions(self) -> dict[str, str]:
         """Validate each transition; return every event's kind, in declaration order."""

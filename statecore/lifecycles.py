@@ -1,4 +1,6 @@
-"""The framework's declared lifecycles: the only place their states and moves are written down.
+"""The obligation and transport lifecycles: the only place their states and moves are written
+down.  (Sessions and delegations declare theirs in their own modules; ``statecore lifecycles``
+lists every declared lifecycle, from all of them and from the entry point group.)
 
 Stores guard persisted obligations with :data:`OBLIGATION`'s compiled table; the relay transport
 attaches a live machine of :data:`TRANSPORT`; the diagrams in the docs and ``statecore
@@ -125,4 +127,5 @@ DECLARED_LIFECYCLES: tuple[Lifecycle[Any], ...] = (
     OBLIGATION,
     TRANSPORT,
 )
-"""Every lifecycle statecore declares, for tooling (``statecore lifecycles``, docs)."""
+"""The lifecycles declared in this module, for tooling; ``statecore.cli`` adds the session and
+delegation lifecycles and those registered through the entry point group."""

@@ -249,6 +249,11 @@ class Incarnation:
             started = None
         return cls(host_identity(), pid, started, secrets.token_hex(8))
 
+    @property
+    def label(self) -> str:
+        """``host:pid:token``: how audit entries name this incarnation as the actor."""
+        return f"{self.host}:{self.pid}:{self.token}"
+
     def is_self(self, pid: int | None, started_at: int | None) -> bool:
         """True when a recorded (pid, start time) is provably this incarnation's process.
 

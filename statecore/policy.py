@@ -11,6 +11,8 @@ from enum import StrEnum
 
 import attrs
 
+from statecore.checks import require_positive
+
 __all__ = ["ErrorKind", "LedgerPolicy"]
 
 
@@ -28,10 +30,7 @@ class ErrorKind(StrEnum):
 
 
 def _positive(_: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{attribute.name} must be a positive number, not {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{attribute.name} must be finite, not {value!r}")
+    require_positive(attribute.name, value)
 
 
 def _non_negative_int(_: object, attribute: attrs.Attribute[int], value: int) -> None:

@@ -9,6 +9,7 @@ incarnation on this host whose pid the probe does not know.
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -898,3 +899,11 @@ def test_route_before_ack_and_in_pipeline_never_disagree_sqlite(scenario: Scenar
             _check_routes_agree(store, scenario)
         finally:
             store.close()
+
+
+@pytest.mark.parametrize("lease_s", [0, -1.0, math.inf, math.nan, True, "60"])
+def test_lease_must_be_a_positive_finite_number(store: Store, lease_s: Any) -> None:
+    """A lease that is not a positive, finite number is refused at construction, as the ledger
+    policy refuses one."""
+    with pytest.raises(ValueError, match="lease_s"):
+        Delegations(store, lease_s=lease_s)

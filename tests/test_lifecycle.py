@@ -127,6 +127,9 @@ def test_target_accepts_a_state_value_and_returns_the_member() -> None:
     lc = door()
     assert lc.target("shut", "lock") is Door.LOCKED  # type: ignore[arg-type]
     assert lc.can("open", "shut")  # type: ignore[arg-type]
+    # A refused persisted value is explained like its member, not as an undeclared state.
+    with pytest.raises(InvalidTransition, match="allowed from: shut"):
+        lc.target("open", "lock")  # type: ignore[arg-type]
 
 
 def test_can_and_allowed_events_never_raise() -> None:
