@@ -38,10 +38,10 @@ import attrs
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from relay.auth import mint_token
+from relay.auth import bearer_header, mint_token
 from relay.codec import FrameDecoder, encode, error_frame_for
 from relay.descriptor import CapabilityDescriptor
-from relay.errors import ProtocolError, RelayBroken, RelayClosed
+from relay.errors import ContractVersionError, ProtocolError, RelayBroken, RelayClosed
 from relay.frames import (
     DescriptorFrame,
     ErrorFrame,
@@ -55,6 +55,7 @@ from relay.frames import (
     OutboundResult,
 )
 from relay.urls import CLOSE_PROTOCOL, CloseKind, classify_close, relay_url
+from statecore.checks import require_text
 from statecore.clock import Clock, Deadline, SystemClock
 from statecore.errors import InvalidTransition
 from statecore.lifecycles import TRANSPORT, TransportState
@@ -92,9 +93,8 @@ DISCONNECT_TIMEOUT_ENV = "STATECORE_ADAPTER_DISCONNECT_TIMEOUT"
 
 _DEFAULT_DISCONNECT_BUDGET_S = 5.0
 _RESERVED_S = TEARDOWN_AWAITS * TEARDOWN_AWAIT_S + 0.5
-_LIVE = frozenset({T.HANDSHAKING, T.CONNECTED, T.GOING_IDLE})
 _SERVING = frozenset({T.CONNECTED, T.GOING_IDLE})
-_FINISHED = frozenset({T.CLOSED, T.REVOKED})
+_FINISHED = TRANSPORT.terminal
 _DIALING = frozenset({T.CONNECTING, T.HANDSHAKING})
 _WAITING = frozenset({T.RECONNECTING, T.DORMANT})
 _MAX_VIOLATIONS = 50
@@ -235,8 +235,8 @@ class WebSocketRelayTransport:
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"{name} must be a non-negative number, not {value!r}")
             setattr(self, name, float(value))
-        if not platform or not bot_id:
-            raise ValueError("platform and bot_id must be non-empty")
+        require_text("platform", platform)
+        require_text("bot_id", bot_id)
         self.url = relay_url(url)
         self.platform = platform
         self.bot_id = bot_id
@@ -267,7 +267,6 @@ class WebSocketRelayTransport:
         self._prefix = secrets.token_hex(4)
         self._attempt = 0
         self._connected_at: float | None = None
-        self._handshaken_once = False
         self._legacy_retry_used = False
         self._immediate_retry_used = False
         self._redial_now = False
@@ -388,7 +387,7 @@ class WebSocketRelayTransport:
             token = mint_token(
                 self.gateway_id, self._secret, ttl_s=self.token_ttl_s, now=self._clock.now()
             )
-            headers.append(("Authorization", f"Bearer {token}"))
+            headers.append(bearer_header(token))
         try:
             ws = await connect(
                 self.url,
@@ -415,6 +414,7 @@ class WebSocketRelayTransport:
             await _bounded(ws.close(), TEARDOWN_AWAIT_S)
             raise RelayClosed(f"relay transport is {self._current().value}")
         self._ws = ws
+        self._violations = 0  # counted per connection, as the connector counts them
         decoder = FrameDecoder(max_frame_bytes=self.max_frame_bytes)
         self._fire("open")
         self._reader = asyncio.create_task(self._read(ws, decoder), name="relay-reader")
@@ -435,10 +435,13 @@ class WebSocketRelayTransport:
                 for item in feed(message):
                     if type(item) is Inbound:
                         enqueue(item)  # the bulk of the traffic: straight to the dispatcher
+                    elif isinstance(item, ContractVersionError):
+                        await self._incompatible(ws, item)
+                        return
                     elif isinstance(item, ProtocolError):
                         await self._violation(ws, item)
                     else:
-                        self._route(ws, item)
+                        self._route(item)
         except ConnectionClosed:
             pass
         except Exception:  # never let a bug in routing strand the transport
@@ -449,6 +452,17 @@ class WebSocketRelayTransport:
             if self._ws is ws:
                 self._connection_lost(ws)
 
+    async def _incompatible(self, ws: ClientConnection, error: ContractVersionError) -> None:
+        """A connector of another contract version: re-dialing cannot help, so end (closed)
+        with the reason, tell the peer, and close the socket."""
+        self.close_reason = f"the connector speaks another contract version: {error}"
+        log.warning("relay %s: %s; not re-dialing", self.url, self.close_reason)
+        if self._machine.can("end"):
+            self._fire("end")
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(encode(error_frame_for(error)))
+        await _bounded(ws.close(CLOSE_PROTOCOL, "contract version"), TEARDOWN_AWAIT_S)
+
     async def _violation(self, ws: ClientConnection, error: ProtocolError) -> None:
         self._violations += 1
         log.warning("relay peer sent an invalid frame (%s): %s", error.code, error)
@@ -457,15 +471,14 @@ class WebSocketRelayTransport:
             if self._violations > _MAX_VIOLATIONS:
                 await ws.close(CLOSE_PROTOCOL, "too many protocol violations")
 
-    def _route(self, ws: ClientConnection, frame: object) -> None:
-        """Route one decoded frame; an error in one frame never affects another."""
+    def _route(self, frame: object) -> None:
+        """Route one decoded frame other than an inbound event (the reader queues those
+        itself); an error in one frame never affects another."""
         try:
             if isinstance(frame, OutboundResult):
                 future = self._pending.get(frame.request_id)
                 if future is not None and not future.done():
                     future.set_result(frame.result)
-            elif isinstance(frame, Inbound):
-                self._enqueue(frame)
             elif isinstance(frame, DescriptorFrame):
                 self._adopt(frame.descriptor)
             elif isinstance(frame, GoingIdleAck):
@@ -483,7 +496,6 @@ class WebSocketRelayTransport:
             # The first descriptor of a connection completes the handshake.
             self.descriptor = descriptor
             self._connected_at = self._clock.monotonic()
-            self._handshaken_once = True
             self._legacy_retry_used = False
             self._immediate_retry_used = False
             self.connections += 1
@@ -615,6 +627,8 @@ class WebSocketRelayTransport:
         if not isinstance(action, Mapping) or not isinstance(action.get("op"), str):
             raise TypeError("an action is a mapping with a str 'op'")
         timeout = self.request_timeout_s if timeout_s is None else timeout_s
+        # One budget for the whole request: waiting for a handshake spends from it.
+        deadline = Deadline.after(self._clock, timeout)
         state = self._current()
         if state is T.HANDSHAKING:
             await self._wait_leave(_DIALING, min(timeout, self.handshake_timeout_s))
@@ -642,7 +656,7 @@ class WebSocketRelayTransport:
                 await ws.send(encode(frame))
             except ConnectionClosed:
                 return RequestResult(RequestOutcome.UNKNOWN, request_id, error="connection lost")
-            if not await _wait_future(self._clock, future, timeout):
+            if not await _wait_future(self._clock, future, deadline.remaining()):
                 return RequestResult(
                     RequestOutcome.UNKNOWN, request_id, error=f"no result within {timeout:g} s"
                 )
@@ -654,9 +668,7 @@ class WebSocketRelayTransport:
             self._pending.pop(request_id, None)
         if outcome.success:
             return RequestResult(RequestOutcome.OK, request_id, outcome.message_id)
-        kind = (
-            RequestOutcome.DECLINED if outcome.code == "egress_declined" else RequestOutcome.FAILED
-        )
+        kind = RequestOutcome.DECLINED if outcome.declined else RequestOutcome.FAILED
         return RequestResult(kind, request_id, None, outcome.error, outcome.code)
 
     def _fail_pending(self, error: Exception) -> None:
@@ -677,7 +689,7 @@ class WebSocketRelayTransport:
         False on timeout or when not connected.  The socket stays up either way and requests
         keep flowing.
         """
-        if self._current() is not T.CONNECTED:
+        if not self._machine.can("begin_idle"):
             return False
         acked = await self._going_idle(timeout_s)
         if self._current() is T.GOING_IDLE:
@@ -692,7 +704,7 @@ class WebSocketRelayTransport:
         pending requests failed as ``UNKNOWN``, and the supervisor armed on the dormant cadence
         so the next wake re-dials promptly and the connector replays its buffer.
         """
-        if self._current() is not T.CONNECTED:
+        if not self._machine.can("begin_idle"):
             return False
         if not await self._going_idle(timeout_s):
             if self._current() is T.GOING_IDLE:
@@ -734,12 +746,12 @@ class WebSocketRelayTransport:
         if state is T.CLOSING:
             return  # disconnect() fails the pending requests itself, in its finally
         self._fail_pending(RelayBroken("relay connection lost"))
-        if state not in _LIVE:
+        if not self._machine.can("drop"):
             return  # deliberate: closing, dormant or already finished
         code, reason = _close_of(ws)
-        kind = classify_close(code, reason, handshaken_before=self._handshaken_once)
-        if kind is CloseKind.RETRY_ONCE and self._legacy_retry_used:
-            kind = CloseKind.REVOKED
+        # A handshake since the last legacy re-dial grants one more (see classify_close).
+        handshaken = self.connections > 0 and not self._legacy_retry_used
+        kind = classify_close(code, reason, handshaken_before=handshaken)
         if (
             self._connected_at is not None
             and self._clock.monotonic() - self._connected_at >= self.stable_after_s

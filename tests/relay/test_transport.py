@@ -1135,3 +1135,80 @@ async def test_disconnect_is_terminal_while_go_dormant_stays_armed(
     await eventually(lambda: state_of(asleep) is T.CONNECTED, what="re-dialed")
     assert connector.connections == 3
     assert state_of(ended) is T.CLOSED
+
+
+async def test_a_connector_of_another_contract_version_ends_the_transport(
+    connector: Connector, clock: FakeClock, transports: TransportFactory
+) -> None:
+    """A descriptor of another contract version cannot be used and a re-dial cannot fix it: the
+    handshake fails with RelayClosed, the transport ends closed naming the versions, the peer
+    gets an error frame, and nothing is re-dialed however much time passes."""
+    connector.descriptor = {**connector.descriptor, "contract_version": 2}
+    transport = transports(clock=clock)
+    await asyncio.wait_for(transport.connect(), GUARD)
+    with pytest.raises(RelayClosed):
+        await asyncio.wait_for(transport.handshake(), GUARD)
+    assert state_of(transport) is T.CLOSED
+    assert transport.close_reason is not None
+    assert "contract version" in transport.close_reason
+    await eventually(lambda: connector.frames_of("error") != [], what="the error frame")
+    assert connector.frames_of("error")[0]["code"] == "contract_version"
+    assert clock.sleepers == 0  # no supervisor waiting to re-dial
+    clock.advance(3600)
+    await asyncio.sleep(0)
+    assert connector.connections == 1
+    assert (await request(transport)).outcome is RequestOutcome.NOT_SENT
+
+
+async def test_protocol_violations_are_counted_per_connection(
+    connector: Connector, transports: TransportFactory
+) -> None:
+    """Each connection starts with a clean slate: malformed frames on an earlier connection do
+    not make a later one close itself after a few more."""
+    connector.push_on_handshake = ["this is not json\n"] * 30  # 30 < the limit, 60 > it
+    transport = await transports.connected()
+    await eventually(lambda: len(connector.frames_of("error")) == 30, what="30 error frames")
+    await connector.close_current(1011, "restart")
+    await eventually(lambda: transport.connections == 2, what="the second handshake")
+    await eventually(lambda: len(connector.frames_of("error")) == 60, what="30 more")
+    assert state_of(transport) is T.CONNECTED
+    assert connector.connections == 2
+    assert (await request(transport)).success
+
+
+async def test_a_request_while_handshaking_waits_no_longer_than_its_bounds(
+    connector: Connector, clock: FakeClock, transports: TransportFactory
+) -> None:
+    """While handshaking a request waits at most the handshake timeout (or its own, if shorter)
+    for the descriptor; none arriving, it is NOT_SENT and registers nothing."""
+    connector.answer_hello = False
+    transport = transports(clock=clock, handshake_timeout_s=5.0, request_timeout_s=30.0)
+    await asyncio.wait_for(transport.connect(), GUARD)
+    task = asyncio.ensure_future(transport.request(SEND))
+    assert await next_sleep(clock) == pytest.approx(5.0)
+    clock.advance(5.0)
+    result = await asyncio.wait_for(task, GUARD)
+    assert result.outcome is RequestOutcome.NOT_SENT
+    assert transport._pending == {}
+    assert outbound_count(connector) == 0
+    shorter = asyncio.ensure_future(transport.request(SEND, timeout_s=2.0))
+    assert await next_sleep(clock, after=clock.monotonic()) == pytest.approx(2.0)
+    clock.advance(2.0)
+    assert (await asyncio.wait_for(shorter, GUARD)).outcome is RequestOutcome.NOT_SENT
+
+
+async def test_a_transport_going_idle_still_serves_requests(
+    connector: Connector, clock: FakeClock, transports: TransportFactory
+) -> None:
+    """While going_idle waits for its ack, requests are sent and answered as usual."""
+    connector.ack_going_idle = False
+    transport = await transports.connected(clock=clock)
+    idle = asyncio.ensure_future(transport.go_idle(timeout_s=30.0))
+    await eventually(lambda: state_of(transport) is T.GOING_IDLE, what="going idle")
+    result = await request(transport)
+    assert result.outcome is RequestOutcome.OK
+    assert outbound_count(connector) == 1
+    await next_sleep(clock)
+    clock.advance(30.0)
+    assert await asyncio.wait_for(idle, GUARD) is False
+    assert state_of(transport) is T.CONNECTED
