@@ -17,8 +17,13 @@ import attrs
 
 from relay.descriptor import CONTRACT_VERSION, CapabilityDescriptor
 from relay.errors import RelayBroken, RelayClosed
-from relay.frames import InboundEvent
-from relay.transport import RequestOutcome, RequestResult, default_disconnect_budget_s
+from relay.frames import EGRESS_DECLINED, InboundEvent
+from relay.transport import (
+    SERVING,
+    RequestOutcome,
+    RequestResult,
+    default_disconnect_budget_s,
+)
 from statecore.adapter import SendResult
 from statecore.clock import Clock, Deadline, SystemClock
 from statecore.lifecycles import TransportState
@@ -109,7 +114,7 @@ class RelayAdapter:
         it turns False during a reconnect and True again after it)."""
         state = getattr(self.transport, "state", None)
         if isinstance(state, TransportState):
-            return state in (TransportState.CONNECTED, TransportState.GOING_IDLE)
+            return state in SERVING
         return self._stub_connected
 
     # -- connecting ----------------------------------------------------------------------------
@@ -207,7 +212,7 @@ class RelayAdapter:
             return SendResult.failed(SEND_PATH_DEGRADED)
         error = result.error or result.outcome.value
         if result.outcome is RequestOutcome.DECLINED and "egress" not in error:
-            error = f"egress_declined: {error}"  # final: the ledger never retries it
+            error = f"{EGRESS_DECLINED}: {error}"  # final: the ledger never retries it
         return SendResult.failed(error, ambiguous=result.outcome is RequestOutcome.UNKNOWN)
 
     # -- idle, dormancy, teardown --------------------------------------------------------------

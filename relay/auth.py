@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 from relay.errors import AuthError
+from statecore.checks import require_text
 
 __all__ = [
     "DEFAULT_SKEW_S",
@@ -87,10 +88,7 @@ def mint_token(
     Raises ``TypeError`` for a non-str ``gateway_id``, a secret that is not str/bytes, or a
     non-numeric ``ttl_s``/``now``; ``ValueError`` for an empty id or secret or ``ttl_s <= 0``.
     """
-    if not isinstance(gateway_id, str):
-        raise TypeError(f"gateway_id must be a str, got {type(gateway_id).__name__}")
-    if not gateway_id:
-        raise ValueError("gateway_id must not be empty")
+    require_text("gateway_id", gateway_id)
     key = _check_secret(secret, "secret")
     if not isinstance(ttl_s, int | float) or isinstance(ttl_s, bool):
         raise TypeError(f"ttl_s must be a number of seconds, got {type(ttl_s).__name__}")

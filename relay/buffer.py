@@ -66,6 +66,9 @@ BUFFER: Lifecycle[BufferState] = Lifecycle(
     ),
 )
 
+_UNACKED = BUFFER.sources("ack")
+"""What an ack may retire, from the declaration: the entries still owed to their instance."""
+
 BUFFER_KIND: EntityKind[BufferState] = EntityKind(
     "buffer_entry",
     BUFFER,
@@ -83,8 +86,8 @@ BUFFER_KIND: EntityKind[BufferState] = EntityKind(
     ),
     indexes=(
         # Replay: one instance's unacked entries, in order; settled rows stay out of it.
-        Index(("gateway_id", "seq"), states=frozenset({_B.BUFFERED, _B.SENT})),
-        Index(("updated_at",), states=frozenset({_B.ACKED, _B.EXPIRED})),
+        Index(("gateway_id", "seq"), states=_UNACKED),
+        Index(("updated_at",), states=BUFFER.terminal),
     ),
 )
 
@@ -168,7 +171,7 @@ class InboundBuffer:
         else:
             where["seq"] = gt(after_seq)
         return self.store.select(
-            BUFFER_KIND, states=(_B.BUFFERED, _B.SENT), where=where, order_by="seq", limit=limit
+            BUFFER_KIND, states=_UNACKED, where=where, order_by="seq", limit=limit
         )
 
     def replay_lines(
@@ -249,7 +252,7 @@ class InboundBuffer:
         where: dict[str, object] = {"created_at": lt(now - self.retention_s)}
         if gateway_id is not None:
             where["gateway_id"] = gateway_id
-        stale = self.store.select(BUFFER_KIND, states=(_B.BUFFERED, _B.SENT), where=where)
+        stale = self.store.select(BUFFER_KIND, states=_UNACKED, where=where)
         expired = 0
         with self.store.atomic():
             for row in stale:
@@ -276,9 +279,7 @@ class InboundBuffer:
 
     def count(self, gateway_id: str) -> int:
         """Unacked entries of ``gateway_id``."""
-        return self.store.count(
-            BUFFER_KIND, states=(_B.BUFFERED, _B.SENT), where={"gateway_id": gateway_id}
-        )
+        return self.store.count(BUFFER_KIND, states=_UNACKED, where={"gateway_id": gateway_id})
 
     def prune(self, *, older_than_s: float) -> int:
         """Delete acked and expired entries settled more than ``older_than_s`` ago."""

@@ -32,6 +32,7 @@ from relay.codec import FrameDecoder, encode, error_frame_for
 from relay.descriptor import CapabilityDescriptor
 from relay.errors import AuthError, ProtocolError
 from relay.frames import (
+    EGRESS_DECLINED,
     DescriptorFrame,
     ErrorFrame,
     GoingIdle,
@@ -425,7 +426,7 @@ class Connector:
             log.info(
                 "connector: declined egress of %s to a chat on %s", instance.gateway_id, platform
             )
-            return OutboundOutcome(False, None, EGRESS_DECLINED_MESSAGE, "egress_declined")
+            return OutboundOutcome(False, None, EGRESS_DECLINED_MESSAGE, EGRESS_DECLINED)
         if frame.idempotency_key is None:
             return await self._drive(platform, frame.action)
         key = (instance.gateway_id, frame.idempotency_key)
@@ -469,11 +470,12 @@ class Connector:
         # A chat the platform never showed us: the gateway's metadata, scope first, then user.
         metadata = action.get("metadata")
         meta = metadata if isinstance(metadata, Mapping) else {}
+        # Ids are text on the wire; anything else (a list, an object) is never approved.
         scope = meta.get("scope_id")
         if scope is not None:
-            return scope in approved
+            return isinstance(scope, str) and scope in approved
         user = meta.get("user_id")
-        return user is not None and user in approved
+        return isinstance(user, str) and user in approved
 
     # -- inbound -------------------------------------------------------------------------------
 

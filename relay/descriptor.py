@@ -61,7 +61,8 @@ def _check_ops(_inst: object, _attr: attrs.Attribute[Any], value: tuple[str, ...
             raise TypeError(f"supported_ops must hold non-empty strings, got {op!r}")
 
 
-def _check_strict_int(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+def check_strict_int(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    """attrs validator: an int that is not a bool (``TypeError`` naming the field)."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{attr.name} must be an int, got {type(value).__name__}")
 
@@ -73,7 +74,7 @@ def _check_positive(_inst: object, attr: attrs.Attribute[Any], value: object) ->
 
 def _check_opt_frame_bytes(inst: object, attr: attrs.Attribute[Any], value: object) -> None:
     if value is not None:
-        _check_strict_int(inst, attr, value)
+        check_strict_int(inst, attr, value)
         _check_positive(inst, attr, value)
 
 
@@ -96,10 +97,10 @@ class CapabilityDescriptor:
     :data:`LEGACY_OPS`.
     """
 
-    contract_version: int = attrs.field(validator=_check_strict_int)
+    contract_version: int = attrs.field(validator=check_strict_int)
     platform: str = attrs.field(validator=_str)
     label: str = attrs.field(validator=_str)
-    max_message_length: int = attrs.field(validator=[_check_strict_int, _check_positive])
+    max_message_length: int = attrs.field(validator=[check_strict_int, _check_positive])
     supports_draft_streaming: bool = attrs.field(validator=_bool)
     supports_edit: bool = attrs.field(validator=_bool)
     supports_threads: bool = attrs.field(validator=_bool)

@@ -35,7 +35,7 @@ from typing import Any, ClassVar, Final, Literal, TypeAlias
 
 import attrs
 
-from relay.descriptor import CONTRACT_VERSION, CapabilityDescriptor
+from relay.descriptor import CONTRACT_VERSION, CapabilityDescriptor, check_strict_int
 from relay.errors import ProtocolError
 from statecore.trusted import trusted_constructor
 
@@ -78,23 +78,12 @@ _str = attrs.validators.instance_of(str)
 _opt_str = attrs.validators.optional(_str)
 
 
-def _id(value: str | int) -> str:
+def _id(value: Any) -> Any:
     # Platforms send numeric ids; we keep one representation (str) so routes compare equal.
-    # A bool is not an id: it passes through unchanged and the validator refuses it.
+    # A bool is not an id, and None stays None: both pass through unchanged for the validator.
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    return value  # type: ignore[return-value]
-
-
-def _opt_id(value: str | int | None) -> str | None:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    return value  # type: ignore[return-value]
-
-
-def _strict_int(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{attr.name} must be an int, got {type(value).__name__}")
+    return value
 
 
 def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
@@ -202,7 +191,7 @@ class OutboundOutcome:
     """
 
     success: bool = attrs.field(validator=attrs.validators.instance_of(bool))
-    message_id: str | None = attrs.field(default=None, converter=_opt_id, validator=_opt_str)
+    message_id: str | None = attrs.field(default=None, converter=_id, validator=_opt_str)
     error: str | None = attrs.field(default=None, validator=_opt_str)
     code: str | None = attrs.field(default=None, validator=_opt_str)
 
@@ -259,10 +248,10 @@ class EventSource:
     chat_id: str = attrs.field(converter=_id, validator=_str)
     chat_type: ChatType = attrs.field(validator=_chat_type)
     chat_name: str | None = attrs.field(default=None, validator=_opt_str)
-    user_id: str | None = attrs.field(default=None, converter=_opt_id, validator=_opt_str)
+    user_id: str | None = attrs.field(default=None, converter=_id, validator=_opt_str)
     user_name: str | None = attrs.field(default=None, validator=_opt_str)
-    thread_id: str | None = attrs.field(default=None, converter=_opt_id, validator=_opt_str)
-    scope_id: str | None = attrs.field(default=None, converter=_opt_id, validator=_opt_str)
+    thread_id: str | None = attrs.field(default=None, converter=_id, validator=_opt_str)
+    scope_id: str | None = attrs.field(default=None, converter=_id, validator=_opt_str)
     profile: str | None = attrs.field(default=None, validator=_opt_str)
 
     def to_wire(self) -> dict[str, Any]:
@@ -338,10 +327,8 @@ class InboundEvent:
 
     text: str = attrs.field(validator=_str)
     message_type: str = attrs.field(default="text", validator=_str)
-    message_id: str | None = attrs.field(default=None, converter=_opt_id, validator=_opt_str)
-    reply_to_message_id: str | None = attrs.field(
-        default=None, converter=_opt_id, validator=_opt_str
-    )
+    message_id: str | None = attrs.field(default=None, converter=_id, validator=_opt_str)
+    reply_to_message_id: str | None = attrs.field(default=None, converter=_id, validator=_opt_str)
     source: EventSource = attrs.field(
         kw_only=True, validator=attrs.validators.instance_of(EventSource)
     )
@@ -400,7 +387,7 @@ class Hello:
 
     platform: str = attrs.field(validator=_str)
     bot_id: str = attrs.field(validator=_str)
-    protocol: int = attrs.field(default=CONTRACT_VERSION, validator=_strict_int)
+    protocol: int = attrs.field(default=CONTRACT_VERSION, validator=check_strict_int)
     features: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple, validator=_str_items)
 
     def to_wire(self) -> dict[str, Any]:

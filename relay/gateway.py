@@ -301,7 +301,7 @@ class Gateway:
             return SendResult.failed("already being sent")
         adapter = self.adapter(platform, profile)
         if adapter is None:
-            await self.ledger.release(oid, "send_path_degraded")
+            await self.ledger.release(oid)  # the policy's reconnect error: resent on connect
             return SendResult.failed(f"no adapter for {platform}/{profile}; kept owed")
         result = await self._send(
             adapter,

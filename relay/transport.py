@@ -63,6 +63,7 @@ from statecore.lifecycles import TRANSPORT, TransportState
 __all__ = [
     "DISCONNECT_TIMEOUT_ENV",
     "MAX_DRAIN_GRACE_S",
+    "SERVING",
     "TEARDOWN_AWAITS",
     "TEARDOWN_AWAIT_S",
     "BufferDedupe",
@@ -93,7 +94,8 @@ DISCONNECT_TIMEOUT_ENV = "STATECORE_ADAPTER_DISCONNECT_TIMEOUT"
 
 _DEFAULT_DISCONNECT_BUDGET_S = 5.0
 _RESERVED_S = TEARDOWN_AWAITS * TEARDOWN_AWAIT_S + 0.5
-_SERVING = frozenset({T.CONNECTED, T.GOING_IDLE})
+SERVING = frozenset({T.CONNECTED, T.GOING_IDLE})
+"""The states in which a transport sends requests (and acks): connected or going idle."""
 _FINISHED = TRANSPORT.terminal
 _DIALING = frozenset({T.CONNECTING, T.HANDSHAKING})
 _WAITING = frozenset({T.RECONNECTING, T.DORMANT})
@@ -351,7 +353,7 @@ class WebSocketRelayTransport:
         wait = self.handshake_timeout_s if timeout_s is None else timeout_s
         await self._wait_leave(_DIALING, wait)
         state = self._current()
-        if state in _SERVING:
+        if state in SERVING:
             assert self.descriptor is not None
             return self.descriptor
         if state in _FINISHED or state is T.CLOSING:
@@ -594,13 +596,13 @@ class WebSocketRelayTransport:
 
     async def _ack(self, buffer_ids: list[str]) -> None:
         ws = self._ws
-        if ws is None or self._current() not in _SERVING:
+        if ws is None or self._current() not in SERVING:
             return  # unacked: the connector replays them on the next handshake
         with contextlib.suppress(ConnectionClosed):
             await ws.send("".join(_ack_line(b) for b in buffer_ids))
 
     def _ack_soon(self, buffer_ids: list[str]) -> None:
-        if self._ws is not None and self._current() in _SERVING:
+        if self._ws is not None and self._current() in SERVING:
             task = asyncio.get_running_loop().create_task(self._ack(buffer_ids))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
@@ -633,7 +635,7 @@ class WebSocketRelayTransport:
         if state is T.HANDSHAKING:
             await self._wait_leave(_DIALING, min(timeout, self.handshake_timeout_s))
             state = self._current()
-        if state not in _SERVING:
+        if state not in SERVING:
             closed = state in _FINISHED or state is T.CLOSING
             reason = "relay transport closed" if closed else "relay not connected"
             if state is T.REVOKED:

@@ -268,7 +268,7 @@ async def raw_request(
     return result
 
 
-def send_action(chat_id: str, text: str, **metadata: str) -> dict[str, Any]:
+def send_action(chat_id: str, text: str, **metadata: object) -> dict[str, Any]:
     action: dict[str, Any] = {"op": "send", "chat_id": chat_id, "text": text}
     if metadata:
         action["metadata"] = metadata
@@ -698,6 +698,9 @@ async def test_tenant_egress_to_another_tenants_chat_is_declined(mh: Harness) ->
         send_action("db", "x", user_id="user-b"),
         send_action("unknown-chat", "x"),
         send_action("gz", "x", scope_id="scope-z"),
+        # Ids that are not text are never approved (and never break the guard).
+        send_action("gz", "x", scope_id=["scope-a"]),
+        send_action("dz", "x", user_id={"id": "user-a"}),
     ]
     for action in attempts:
         result = await a.request(action, timeout_s=BOUND)
