@@ -222,7 +222,7 @@ def test_change_feed_holds_exactly_the_committed_changes(tmp_path: Path) -> None
 # -- library bugs found while writing the examples ------------------------------------------------
 #
 # Each test below is the scenario of an example with one twist the examples avoid (the connector
-# is unreachable for a moment).  They fail today; strict xfail makes a fix show up as XPASS.
+# is unreachable for a moment): regressions of bugs found while writing the examples.
 
 BUG_WAIT_S = 3.0
 SECRET = "bug-secret"

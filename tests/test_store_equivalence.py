@@ -9,8 +9,8 @@ this host; a rule switches each between alive, gone and pid-reused) and ``remote
 another host, dead once its lease has expired).  Each example uses the default policy or a
 smaller attempt budget, so the budget edge is reached within a few steps.
 
-A separate, strictly xfailed test pins a divergence found while exploring: text with a lone
-surrogate is stored by InMemoryStore but makes SQLiteStore raise ``UnicodeEncodeError``.
+Separate tests pin what was once a divergence: text with a lone surrogate (which InMemoryStore
+could hold and SQLiteStore could not encode) is now handled identically by both stores.
 """
 
 from __future__ import annotations

@@ -338,9 +338,8 @@ async def test_dormant_gateway_still_buffered_for_after_a_connector_restart(worl
     first_store.close()
     restarted = await world.connector(world.open_store("sqlite"), wake_hook=wake)
     await world.platform.inject("c1", "are you there?")
-    await asyncio.sleep(0.2)
-    assert restarted.buffered("gw-a") == 1
-    assert woken == ["gw-a"]
+    await eventually(lambda: restarted.buffered("gw-a") == 1, "buffered after the restart")
+    await eventually(lambda: woken == ["gw-a"], "the wake hook called")
 
 
 @pytest.mark.asyncio

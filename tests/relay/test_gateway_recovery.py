@@ -650,9 +650,9 @@ async def test_retry_timer_stops_retrying_and_keeps_the_last_attempt_for_a_resta
 async def test_adapter_reconnect_triggers_the_runtime_retry(
     rig: Rig, store: Store, relay: Relay
 ) -> None:
-    """A reply the platform refused with send_path_degraded is not retried while nothing
-    happens; when the relay connection breaks and is re-established, it is resent labelled
-    RECONNECTED and delivered."""
+    """A reply the platform refused with send_path_degraded stays failed and unsent; when the
+    relay connection breaks and is re-established, it is resent labelled RECONNECTED and
+    delivered, once."""
     transport, adapter = relay.adapter()
     sessions = FakeSessions()
     gateway = rig.gateway(sessions=sessions)
@@ -665,7 +665,6 @@ async def test_adapter_reconnect_triggers_the_runtime_retry(
     result = await reply(gateway, platform="loopback", chat_id="c1", session_key=key)
     assert (result.success, result.error) == (False, "send_path_degraded")
     oid = oid_of(session_key=key)
-    await asyncio.sleep(0.2)
     assert relay.platform.texts("c1") == []
     assert row(store, oid).state is _O.FAILED
 

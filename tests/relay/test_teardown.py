@@ -103,8 +103,9 @@ def test_unset_environment_gives_the_default_budget(monkeypatch: pytest.MonkeyPa
     assert default_disconnect_budget_s() == 5.0
     assert drain_grace_s() == pytest.approx(max(0.0, min(MAX_DRAIN_GRACE_S, 5.0 - RESERVED)))
     assert drain_grace_s(None) == drain_grace_s()
-    assert math.isfinite(drain_grace_s(math.inf))
-    assert drain_grace_s(math.nan) >= 0.0
+    # A budget that is not a finite number falls back to the default budget's grace.
+    assert drain_grace_s(math.inf) == pytest.approx(drain_grace_s(5.0))
+    assert drain_grace_s(math.nan) == pytest.approx(drain_grace_s(5.0))
 
 
 # -- disconnect ------------------------------------------------------------------------------------
