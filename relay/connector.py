@@ -133,7 +133,7 @@ class _Instance:
         # Replayed bufferIds, in send order, with when they were sent (loop time), whose replay
         # is not recorded yet and that have not been acked on this connection.
         self.unrecorded: dict[str, float] = {}
-        self.record_timer: asyncio.TimerHandle | None = None
+        self.record_timer: asyncio.Task[None] | None = None
         self.ack_flusher: asyncio.Task[None] | None = None
 
     @property
@@ -552,7 +552,6 @@ class Connector:
     async def _replay(self, instance: _Instance) -> None:
         """Send the instance's backlog in order with bufferIds, then switch it to live."""
         gateway_id = instance.gateway_id
-        loop = asyncio.get_running_loop()
         after: int | None = None
         # A small first chunk starts the replay quickly; larger ones then keep the store calls
         # (and, on a store without an ordered index, the scans) few.
@@ -571,7 +570,8 @@ class Connector:
                         return
                     continue
                 after, limit = chunk[-1][1], _REPLAY_CHUNK
-                send, unrecorded, now = instance.ws.send, instance.unrecorded, loop.time()
+                send, unrecorded = instance.ws.send, instance.unrecorded
+                now = self.clock.monotonic()
                 buffer_id = ""
                 try:
                     for buffer_id, _, line in chunk:
@@ -594,9 +594,12 @@ class Connector:
     def _record_sent_later(self, instance: _Instance) -> None:
         """Arm the timer that records the replayed entries still unacked after the grace."""
         if instance.record_timer is None and instance.unrecorded:
-            instance.record_timer = asyncio.get_running_loop().call_later(
-                _SENT_GRACE_S, self._record_sent, instance, False
-            )
+            instance.record_timer = asyncio.ensure_future(self._record_after_grace(instance))
+
+    async def _record_after_grace(self, instance: _Instance) -> None:
+        await self.clock.sleep(_SENT_GRACE_S)
+        instance.record_timer = None  # this timer is done: _record_sent must not cancel it
+        self._record_sent(instance, False)
 
     def _record_sent(self, instance: _Instance, everything: bool) -> None:
         """Record as ``sent`` the replayed entries of ``instance`` that are still unacked: those
@@ -616,7 +619,7 @@ class Connector:
             due = list(pending)
             pending.clear()
         else:
-            cutoff = asyncio.get_running_loop().time() - _SENT_GRACE_S
+            cutoff = self.clock.monotonic() - _SENT_GRACE_S
             for buffer_id, at in pending.items():  # in send order, so oldest first
                 if at > cutoff:
                     break

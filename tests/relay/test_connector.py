@@ -920,17 +920,20 @@ async def test_replay_not_acked_is_recorded_as_sent_when_the_connection_ends(
 
 
 @pytest.mark.asyncio
-async def test_replay_not_acked_within_the_grace_is_recorded_as_sent(
-    mh: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_replay_not_acked_within_the_grace_is_recorded_as_sent(mh: Harness) -> None:
     """On a connection that stays open, a replayed entry still unacked after the grace is
-    recorded as sent; a later ack retires it from there."""
-    monkeypatch.setattr(connector_module, "_SENT_GRACE_S", 0.05)
-    connector = await mh.start()
-    ws = await mh.raw(connector)
+    recorded as sent (not before); a later ack retires it from there."""
+    clock = FakeClock()
+    connector = await mh.start(clock=clock)
+    token = mint_token("gw-a", SECRETS["gw-a"][0], now=clock.now())
+    ws = await mh.raw(connector, token=token)
     ids = await replayed(connector, ws, 2)
     await ws.send(plain_ack(ids[0]))
-    deadline = time.monotonic() + BOUND
+    await eventually(lambda: connector.buffered("gw-a") == 1, "the first retired")
+    await eventually(lambda: clock.sleepers >= 1, "the grace timer waiting")
+    assert (await entry(connector, ids[1]))[0] is BufferState.BUFFERED  # within the grace
+    clock.advance(connector_module._SENT_GRACE_S)
+    deadline = time.monotonic() + BOUND  # the store thread records it: a bounded wait
     while (await entry(connector, ids[1]))[0] is not BufferState.SENT:
         assert time.monotonic() < deadline, "the unacked replay was not recorded"
         await asyncio.sleep(0.01)
