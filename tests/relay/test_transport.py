@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -240,14 +239,19 @@ async def test_go_idle_true_after_ack_and_the_socket_stays_up(
 
 
 async def test_go_idle_false_on_timeout_and_the_socket_stays_up(
-    connector: Connector, transports: TransportFactory
+    connector: Connector, clock: FakeClock, transports: TransportFactory
 ) -> None:
-    """go_idle returns False when the connector never acks, and the socket stays up."""
+    """go_idle returns False when the connector never acks (after its whole timeout), and the
+    socket stays up."""
     connector.ack_going_idle = False
-    transport = await transports.connected()
-    started = time.monotonic()
-    assert await asyncio.wait_for(transport.go_idle(timeout_s=0.2), GUARD) is False
-    assert time.monotonic() - started >= 0.15
+    transport = await transports.connected(clock=clock)
+    idle = asyncio.ensure_future(transport.go_idle(timeout_s=30.0))
+    assert await next_sleep(clock) == pytest.approx(30.0)
+    clock.advance(29.0)
+    await asyncio.sleep(0)
+    assert not idle.done()
+    clock.advance(1.0)
+    assert await asyncio.wait_for(idle, GUARD) is False
     assert connector.going_idle_count == 1
     assert state_of(transport) is T.CONNECTED
     assert connector.conns[0].is_open
@@ -548,12 +552,16 @@ async def test_request_while_handshaking_waits_for_the_handshake(
 
 
 async def test_idempotency_key_is_sent_and_reused_across_retries(
-    connector: Connector, transports: TransportFactory
+    connector: Connector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """The caller's key is sent as idempotencyKey, unchanged on a retry of an ambiguous send."""
     connector.reply = lambda frame: Reply.never() if len(connector.unanswered) == 0 else Reply.ok()
-    transport = await transports.connected()
-    first = await request(transport, idempotency_key="reply-123", timeout_s=0.1)
+    transport = await transports.connected(clock=clock)
+    pending = asyncio.ensure_future(
+        transport.request(SEND, idempotency_key="reply-123", timeout_s=5.0)
+    )
+    clock.advance(await next_sleep(clock))
+    first = await asyncio.wait_for(pending, GUARD)
     assert first.outcome is RequestOutcome.UNKNOWN
     retry = await request(transport, idempotency_key="reply-123")
     assert retry.outcome is RequestOutcome.OK
@@ -575,12 +583,14 @@ async def test_requests_without_a_key_get_distinct_keys(
 
 
 async def test_late_and_unknown_results_are_ignored(
-    connector: Connector, transports: TransportFactory
+    connector: Connector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """A result for an unknown or timed-out requestId is ignored; later requests are unaffected."""
     connector.reply = Reply.never()
-    transport = await transports.connected()
-    late = await request(transport, timeout_s=0.1)
+    transport = await transports.connected(clock=clock)
+    pending = asyncio.ensure_future(transport.request(SEND, timeout_s=5.0))
+    clock.advance(await next_sleep(clock))
+    late = await asyncio.wait_for(pending, GUARD)
     assert late.outcome is RequestOutcome.UNKNOWN
     assert late.request_id is not None
     await connector.answer(late.request_id, message_id="too-late")
@@ -872,26 +882,28 @@ async def test_deliberate_disconnect_never_redials(
 
 
 async def test_replaced_4409_ends_closed_and_never_redials(
-    connector: Connector, transports: TransportFactory
+    connector: Connector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """A 4409 close ends the transport closed, says it was replaced, and does not re-dial."""
-    transport = await transports.connected()
+    transport = await transports.connected(clock=clock)
     await connector.close_current(4409, "replaced")
     await eventually(lambda: state_of(transport) is T.CLOSED, what="closed")
     assert transport.close_reason is not None
     assert "replaced" in transport.close_reason
     assert not transport.auth_revoked
-    await asyncio.sleep(0.3)
+    assert clock.sleepers == 0  # no dialer armed
+    clock.advance(3600)
+    await asyncio.sleep(0)
     assert connector.connections == 1
     assert (await request(transport)).outcome is RequestOutcome.NOT_SENT
 
 
 async def test_4401_before_any_handshake_is_terminal_revocation(
-    connector: Connector, transports: TransportFactory
+    connector: Connector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """A 4401 (unknown credentials) before any handshake revokes: terminal, no re-dial."""
     connector.secrets = {"someone-else": ["other-secret"]}
-    transport = transports(gateway_id="gw-1", secret="s3cret")
+    transport = transports(gateway_id="gw-1", secret="s3cret", clock=clock)
     await asyncio.wait_for(transport.connect(), GUARD)
     with pytest.raises(RelayClosed):
         await asyncio.wait_for(transport.handshake(), GUARD)
@@ -900,7 +912,9 @@ async def test_4401_before_any_handshake_is_terminal_revocation(
     assert transport.close_reason is not None
     assert "revoked" in transport.close_reason
     assert connector.conns[0].close_code == 4401
-    await asyncio.sleep(0.3)
+    assert clock.sleepers == 0  # no dialer armed
+    clock.advance(3600)
+    await asyncio.sleep(0)
     assert connector.connections == 1
     result = await request(transport)
     assert result.outcome is RequestOutcome.NOT_SENT
@@ -909,16 +923,18 @@ async def test_4401_before_any_handshake_is_terminal_revocation(
 
 
 async def test_http_401_upgrade_refusal_is_revocation(
-    connector: Connector, transports: TransportFactory
+    connector: Connector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """An upgrade refused with HTTP 401 revokes the transport and never re-dials."""
     connector.reject_status = 401
-    transport = transports()
+    transport = transports(clock=clock)
     with pytest.raises(RelayClosed):
         await asyncio.wait_for(transport.connect(), GUARD)
     assert state_of(transport) is T.REVOKED
     assert transport.auth_revoked
-    await asyncio.sleep(0.3)
+    assert clock.sleepers == 0  # no dialer armed
+    clock.advance(3600)
+    await asyncio.sleep(0)
     assert connector.upgrades == 1
 
 
@@ -978,20 +994,23 @@ async def test_legacy_4401_again_before_the_handshake_is_revocation(
     transport = await transports.connected(clock=clock, reconnect_backoff_s=100.0)
     await eventually(lambda: state_of(transport) is T.REVOKED, what="revoked")
     assert transport.auth_revoked
+    assert clock.sleepers == 0  # no dialer armed
     clock.advance(3600)
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0)
     assert connector.connections == 2
 
 
 async def test_connector_restart_is_survived(
-    connector: Connector, transports: TransportFactory
+    connector: Connector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """After the connector restarts on the same port, the transport reconnects and serves."""
-    transport = await transports.connected()
+    transport = await transports.connected(clock=clock)
     await connector.stop()
     await eventually(lambda: state_of(transport) is not T.CONNECTED, what="the loss noticed")
-    await asyncio.sleep(0.2)  # a few refused re-dials while the connector is down
+    for _ in range(3):  # three re-dials, refused while the connector is down
+        clock.advance(await next_sleep(clock, after=clock.monotonic()))
     await connector.start()
+    clock.advance(await next_sleep(clock, after=clock.monotonic()))
     await eventually(
         lambda: state_of(transport) is T.CONNECTED and transport.connections == 2,
         what="reconnected after the restart",
@@ -1001,14 +1020,16 @@ async def test_connector_restart_is_survived(
 
 
 async def test_reconnect_off_unexpected_close_ends_closed(
-    connector: Connector, transports: TransportFactory
+    connector: Connector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """With reconnect=False an unexpected close ends the transport closed, without re-dialing."""
-    transport = await transports.connected(reconnect=False)
+    transport = await transports.connected(reconnect=False, clock=clock)
     await connector.close_current(1011, "crash")
     await eventually(lambda: state_of(transport) is T.CLOSED, what="closed")
     assert transport.close_reason is not None
-    await asyncio.sleep(0.2)
+    assert clock.sleepers == 0  # no dialer armed
+    clock.advance(3600)
+    await asyncio.sleep(0)
     assert connector.connections == 1
 
 
@@ -1034,12 +1055,16 @@ async def test_go_dormant_acked_closes_the_socket_without_the_terminal_path(
 
 
 async def test_go_dormant_without_ack_returns_false_and_stays_connected(
-    connector: Connector, transports: TransportFactory
+    connector: Connector, clock: FakeClock, transports: TransportFactory
 ) -> None:
-    """go_dormant without an ack returns False; the transport stays connected and serving."""
+    """go_dormant without an ack returns False after its timeout; the transport stays connected
+    and serving."""
     connector.ack_going_idle = False
-    transport = await transports.connected()
-    assert await asyncio.wait_for(transport.go_dormant(timeout_s=0.2), GUARD) is False
+    transport = await transports.connected(clock=clock)
+    dormant = asyncio.ensure_future(transport.go_dormant(timeout_s=10.0))
+    assert await next_sleep(clock) == pytest.approx(10.0)
+    clock.advance(10.0)
+    assert await asyncio.wait_for(dormant, GUARD) is False
     assert state_of(transport) is T.CONNECTED
     assert connector.conns[0].is_open
     assert (await request(transport)).success
