@@ -188,7 +188,7 @@ class SessionStore:
                 if existing is not None:
                     return Session.from_row(existing)
             for row in self._active_rows(session_key):
-                self._end(row, "new_session", now)
+                self._end(row.id, "new_session", now, fence=row.fence)
             row, _ = self.store.insert(
                 _K,
                 new_id,
@@ -219,16 +219,8 @@ class SessionStore:
             raise ValueError(
                 "end a session by compression with compress(), which links a successor"
             )
-        now = self.clock.now()
         # No read precedes this write: the state guard (active) is the whole condition.
-        row = self.store.transition(
-            _K,
-            session_id,
-            "end",
-            audit=Audit(now, reason=reason),
-            changes={"ended_at": now, "end_reason": reason, "resume_pending": False},
-        )
-        return Session.from_row(row)
+        return Session.from_row(self._end(session_id, reason, self.clock.now()))
 
     def compress(self, session_id: str, *, successor_id: str | None = None) -> Session:
         """End an active session by compression and start its successor; return the successor.
@@ -246,19 +238,7 @@ class SessionStore:
         now = self.clock.now()
         with self.store.atomic():
             row = self._row(session_id)
-            self.store.transition(
-                _K,
-                session_id,
-                "end",
-                audit=Audit(now, reason=COMPRESSION_END_REASON),
-                fence=row.fence,
-                changes={
-                    "ended_at": now,
-                    "end_reason": COMPRESSION_END_REASON,
-                    "successor_id": new_id,
-                    "resume_pending": False,
-                },
-            )
+            self._end(session_id, COMPRESSION_END_REASON, now, fence=row.fence, successor_id=new_id)
             successor, created = self.store.insert(
                 _K,
                 new_id,
@@ -379,12 +359,23 @@ class SessionStore:
             _K, states=(_A,), where={"session_key": session_key}, order_by="started_at"
         )
 
-    def _end(self, row: Row[SessionState], reason: str, now: float) -> None:
-        self.store.transition(
-            _K,
-            row.id,
-            "end",
-            audit=Audit(now, reason=reason),
-            fence=row.fence,
-            changes={"ended_at": now, "end_reason": reason, "resume_pending": False},
+    def _end(
+        self,
+        session_id: str,
+        reason: str,
+        now: float,
+        *,
+        fence: int | None = None,
+        successor_id: str | None = None,
+    ) -> Row[SessionState]:
+        """The one end write: an ended session never stays flagged for a resumed reply."""
+        changes: dict[str, object] = {
+            "ended_at": now,
+            "end_reason": reason,
+            "resume_pending": False,
+        }
+        if successor_id is not None:
+            changes["successor_id"] = successor_id
+        return self.store.transition(
+            _K, session_id, "end", audit=Audit(now, reason=reason), fence=fence, changes=changes
         )
