@@ -34,6 +34,7 @@ __all__ = [
     "RelayAdapter",
     "RelayTransportLike",
     "accepts_budget",
+    "accepts_keyword",
 ]
 
 log = logging.getLogger(__name__)
@@ -260,10 +261,15 @@ class RelayAdapter:
 
 def accepts_budget(function: Callable[..., Any]) -> bool:
     """True when ``function`` takes a ``budget_s`` keyword (or any keyword)."""
+    return accepts_keyword(function, "budget_s")
+
+
+def accepts_keyword(function: Callable[..., Any], name: str) -> bool:
+    """True when ``function`` takes the keyword ``name`` (or any keyword)."""
     try:
         parameters = inspect.signature(function).parameters
     except (TypeError, ValueError):
         return False
-    return "budget_s" in parameters or any(
+    return name in parameters or any(
         p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
     )

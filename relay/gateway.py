@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from relay.adapter import accepts_budget
+from relay.adapter import accepts_budget, accepts_keyword
 from relay.frames import InboundEvent
 from statecore.adapter import SendResult
 from statecore.async_ledger import AsyncLedger
@@ -177,7 +177,6 @@ class Gateway:
         self._handler: MessageHandler | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._retry_loop: asyncio.Task[None] | None = None
-        self._stopping = False
         self._started = False
         self.delivered = 0
         """Replies delivered by this process (first sends and redeliveries)."""
@@ -235,9 +234,9 @@ class Gateway:
         self, platform: str, profile: str
     ) -> Callable[[TransportState, TransportState, str], None]:
         def changed(before: TransportState, after: TransportState, event: str) -> None:
-            del before
+            del before, after
             # A connection made during start() is covered by start()'s own sweep.
-            if event == "establish" and after is TransportState.CONNECTED and self._started:
+            if event == "establish" and self._started:  # establish always ends connected
                 self._spawn(self._reconnected(platform, profile))
 
         return changed
@@ -359,7 +358,6 @@ class Gateway:
         sessions' ``resume_pending`` flags, then redeliver in the background; start the retry
         timer.  Returns how many rows were claimed.
         """
-        self._stopping = False
         for adapter in self._adapters.values():
             connect = getattr(adapter, "connect", None)
             if connect is not None and not getattr(adapter, "connected", False):
@@ -496,7 +494,7 @@ class Gateway:
 
     async def _retry_timer(self) -> None:
         last_prune = self.clock.monotonic()
-        while not self._stopping:
+        while True:  # until stop() cancels it
             await self.clock.sleep(self.retry_interval_s)
             for platform, profile in sorted(self.connected_targets()):
                 try:
@@ -526,7 +524,6 @@ class Gateway:
     async def stop(self, budget_s: float | None = None) -> None:
         """Stop within ``budget_s`` (default 10 s): let in-flight redeliveries finish while the
         budget allows, disconnect adapters with what remains, close the ledger."""
-        self._stopping = True
         self._started = False
         deadline = Deadline.after(
             SystemClock(), _DEFAULT_STOP_BUDGET_S if budget_s is None else budget_s
@@ -542,12 +539,16 @@ class Gateway:
             disconnect = getattr(adapter, "disconnect", None)
             if disconnect is None:
                 continue
-            # Each adapter gets what is left of the budget, and no more.
+            # Each adapter gets what is left of the budget, and no more: the deadline itself
+            # when it takes one, else the duration left.
             with contextlib.suppress(Exception):
                 remaining = deadline.remaining()
-                call = (
-                    disconnect(budget_s=remaining) if accepts_budget(disconnect) else disconnect()
-                )
+                if accepts_keyword(disconnect, "deadline"):
+                    call = disconnect(deadline=deadline)
+                elif accepts_budget(disconnect):
+                    call = disconnect(budget_s=remaining)
+                else:
+                    call = disconnect()
                 await asyncio.wait_for(call, max(0.01, remaining))
         await self.ledger.aclose()
 

@@ -27,7 +27,7 @@ from relay.gateway import Gateway, Message, SessionFlags, Turn, session_key_for
 from relay.platform import LoopbackPlatform
 from relay.transport import WebSocketRelayTransport
 from statecore.adapter import SendResult
-from statecore.clock import Clock, FakeClock
+from statecore.clock import Clock, Deadline, FakeClock
 from statecore.errors import StoreError
 from statecore.ids import compute_obligation_id
 from statecore.ledger import Ledger
@@ -782,6 +782,36 @@ async def test_stop_finishes_within_its_budget_and_closes_the_ledger(
         await reply(gateway, "after stop", message_ref="m9")
     assert hung.finished == 0
     assert row(store, oid).state is _O.ATTEMPTING
+
+
+class DeadlineDisconnect(FakeAdapter):
+    """An adapter whose ``disconnect`` takes an absolute deadline; records what it got."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deadlines: list[Deadline | None] = []
+        self.budgets: list[float | None] = []
+
+    async def disconnect(
+        self, *, budget_s: float | None = None, deadline: Deadline | None = None
+    ) -> None:
+        self.budgets.append(budget_s)
+        self.deadlines.append(deadline)
+
+
+@pytest.mark.asyncio
+async def test_stop_hands_an_adapter_that_takes_one_the_deadline_itself(rig: Rig) -> None:
+    """An adapter whose disconnect takes a deadline gets stop()'s own absolute deadline (not a
+    duration re-derived from it), with the time still left on it."""
+    adapter = DeadlineDisconnect()
+    gateway = rig.gateway()
+    gateway.add_adapter(SLACK, adapter)
+    await asyncio.wait_for(gateway.start(), BOUND)
+    await asyncio.wait_for(gateway.stop(budget_s=5.0), BOUND)
+    assert adapter.budgets == [None]
+    [deadline] = adapter.deadlines
+    assert deadline is not None
+    assert 0 < deadline.remaining() <= 5.0
 
 
 @pytest.mark.asyncio
