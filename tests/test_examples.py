@@ -18,7 +18,7 @@ from types import ModuleType
 
 import pytest
 
-from statecore import RECONNECTED_MARKER
+from statecore import RECONNECTED_MARKER, FakeClock
 
 if "stores.testing" not in sys.modules:  # detailed assertion messages from the kit's asserts
     pytest.register_assert_rewrite("stores.testing")
@@ -296,8 +296,12 @@ async def test_reply_sent_during_a_connector_blip_is_delivered_after_reconnect()
     port = int(first.url.rsplit(":", 1)[1])
     second = Connector(InMemoryStore(), secrets={"gw": [SECRET]}, drivers={"loopback": platform})
     transport = quick_transport(first.url)
+    clock = FakeClock()  # the gateway's: its retry timer runs when the test moves time
     gateway = Gateway(
-        InMemoryStore(), policy=LedgerPolicy(retry_backoff=(0.05, 0.05)), retry_interval_s=0.1
+        InMemoryStore(),
+        policy=LedgerPolicy(retry_backoff=(0.05, 0.05)),
+        retry_interval_s=0.1,
+        clock=clock,
     )
     gateway.add_adapter("loopback", RelayAdapter(transport))
     try:
@@ -308,8 +312,11 @@ async def test_reply_sent_during_a_connector_blip_is_delivered_after_reconnect()
             session_key="k", platform="loopback", chat_id="c1", content="hi", message_ref="m1"
         )
         assert not result.success  # not sent: the reply is owed
-        # Through the outage the adapter is down: no retry spends an attempt on it.
-        await asyncio.sleep(0.5)
+        # Through the outage the adapter is down: five retry rounds spend no attempt on it.
+        for _ in range(5):
+            assert await eventually(lambda: clock.sleepers == 1)  # the retry timer waiting
+            clock.advance(0.1)
+            assert await eventually(lambda: clock.sleepers == 1)  # its round done
         owed = await gateway.ledger.owed()
         assert [(o.state.value, o.attempts, o.last_error) for o in owed] == [
             ("failed", 0, "send_path_degraded")
