@@ -57,7 +57,7 @@ TEXT = "x" * 120  # with the envelope, ~200-byte frames
 
 def _inbound_line(n: int) -> str:
     event = {
-        "text": TEXT,
+        "content": TEXT,
         "message_type": "text",
         "message_id": str(n),
         "source": {"platform": "bench", "chat_id": "c1", "chat_type": "dm", "user_id": "u1"},
@@ -135,7 +135,7 @@ async def rtt_round(n: int) -> tuple[float, float]:
         transport = WebSocketRelayTransport(url, "bench", "bot", reconnect=False)
         await transport.connect()
         await transport.handshake()
-        action = {"op": "send", "chat_id": "c1", "text": TEXT}
+        action = {"op": "send", "chat_id": "c1", "content": TEXT}
         for _ in range(50):  # warm up
             await transport.request(action)
         start = time.perf_counter()

@@ -286,7 +286,7 @@ async def run_parent(workdir: Path) -> int:
         for chat, *_ in (ADA, BO, CY):
             for message in platform.transcript.get(chat, []):
                 print(f"  {chat:<12} [{message.sender}] {message.text}")
-        late = [s for s in platform.sent if s.text is not None and s.text.startswith("Your ")]
+        late = [s for s in platform.sent if s.content is not None and s.content.startswith("Your ")]
         for sent in late:
             scope = sent.metadata.get("scope_id")
             print(f"  late result to {sent.chat_id} carried scope_id={scope}")

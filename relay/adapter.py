@@ -196,7 +196,8 @@ class RelayAdapter:
             "scope_id": meta.pop("scope_id", None) or route.scope_id,
             "user_id": meta.pop("user_id", None) or route.user_id,
         }
-        action: dict[str, Any] = {"op": "send", "chat_id": chat_id, "text": content}
+        # The contract's body field is ``content`` for every action that carries a message.
+        action: dict[str, Any] = {"op": "send", "chat_id": chat_id, "content": content}
         for key in ("thread_id", "reply_to"):
             if meta.get(key) is not None:
                 action[key] = meta[key]

@@ -1,4 +1,4 @@
-"""Relay upgrade authentication: short-lived HMAC tokens (relay-protocol.md, "Connection").
+"""Relay upgrade authentication: short-lived HMAC tokens (docs/wire-contract.md).
 
 A token is the base64url encoding, without padding, of ``"{gatewayId}:{exp}:{sig}"``: ``exp`` is
 the expiry in unix seconds (an integer), ``sig`` the lowercase hex HMAC-SHA256 of
@@ -28,6 +28,7 @@ from relay.errors import AuthError
 from statecore.checks import require_text
 
 __all__ = [
+    "DEFAULT_MAX_TTL_S",
     "DEFAULT_SKEW_S",
     "DEFAULT_TTL_S",
     "bearer_header",
@@ -41,6 +42,10 @@ DEFAULT_TTL_S: Final = 300
 
 DEFAULT_SKEW_S: Final = 30
 """Clock skew the verifier tolerates past a token's expiry, in seconds."""
+
+DEFAULT_MAX_TTL_S: Final = 3600
+"""The longest lifetime a verifier accepts: a token expiring further ahead (beyond the skew) is
+refused, so a captured token cannot be replayed for ever."""
 
 _TOKEN_RE: Final = re.compile(r"[A-Za-z0-9_-]+={0,2}")
 _EXP_RE: Final = re.compile(r"[0-9]{1,15}")  # ASCII digits only; 15 digits outlive us all
@@ -105,22 +110,26 @@ def verify_token(
     *,
     now: float | None = None,
     skew_s: float = DEFAULT_SKEW_S,
+    max_ttl_s: float = DEFAULT_MAX_TTL_S,
 ) -> str:
     """Check ``token`` and return the gateway id it authenticates.
 
     ``secrets`` maps each gateway id to its secrets, newest first; during a rotation list both the
     new and the old one, and drop the old one once every gateway has switched. The signature is
     compared in constant time against every secret of that gateway. A token is still accepted
-    ``skew_s`` seconds after its expiry (inclusive).
+    ``skew_s`` seconds after its expiry (inclusive), and refused when its expiry lies more than
+    ``max_ttl_s + skew_s`` seconds ahead (a lifetime no honest minter asks for).
 
     On success the caller should authorise the connection as the returned id (never as an id taken
     from a later frame). Raises :class:`~relay.errors.AuthError` with ``reason`` ``"malformed"``
     (bad base64, wrong shape, non-integer expiry, empty id), ``"unknown"`` (no such gateway, or
-    it has no secrets), ``"forged"`` (no secret matches) or ``"expired"`` (genuine but too old:
-    close with 4419 so the client re-dials with a fresh token). Raises ``TypeError`` for a
-    non-str ``token``, a ``secrets`` that is not a mapping of sequences of str/bytes (a bare
-    string in place of the list is refused), or a non-numeric ``now``/``skew_s``; ``ValueError``
-    for a negative ``skew_s``.
+    it has no secrets), ``"forged"`` (no secret matches), ``"expired"`` (genuine but too old:
+    close with 4419 -- 4401 + ``expired`` to an original gateway -- so the client re-dials with
+    a fresh token) or ``"malformed"`` again for a genuine token whose lifetime exceeds the cap.
+    Raises ``TypeError`` for a non-str ``token``, a ``secrets`` that is not a mapping of
+    sequences of str/bytes (a bare string in place of the list is refused), or a non-numeric
+    ``now``/``skew_s``/``max_ttl_s``; ``ValueError`` for a negative ``skew_s`` or a
+    ``max_ttl_s`` that is not positive.
     """
     if not isinstance(token, str):
         raise TypeError(f"token must be a str, got {type(token).__name__}")
@@ -130,6 +139,10 @@ def verify_token(
         raise TypeError(f"skew_s must be a number of seconds, got {type(skew_s).__name__}")
     if not skew_s >= 0:
         raise ValueError(f"skew_s must not be negative, got {skew_s}")
+    if not isinstance(max_ttl_s, int | float) or isinstance(max_ttl_s, bool):
+        raise TypeError(f"max_ttl_s must be a number of seconds, got {type(max_ttl_s).__name__}")
+    if not max_ttl_s > 0:
+        raise ValueError(f"max_ttl_s must be positive, got {max_ttl_s}")
     current = _check_time(now, "now")
 
     gateway_id, exp, sig = _parse(token)
@@ -154,6 +167,8 @@ def verify_token(
     # Expiry is judged only for a genuine token: an attacker learns nothing from "expired".
     if exp < current - skew_s:
         raise AuthError("expired", f"token of {gateway_id!r} expired at {exp}")
+    if exp > current + max_ttl_s + skew_s:
+        raise AuthError("malformed", f"token lifetime exceeds the {max_ttl_s:g} s cap")
     return gateway_id
 
 

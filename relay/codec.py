@@ -5,10 +5,12 @@ back, in order, the frames it carried and a :class:`~relay.errors.ProtocolError`
 bad line (never raised: one bad line never loses the good ones around it). It sends
 ``encode(frame)`` as one text message.
 
-Framing rules (relay-protocol.md, "Connection and framing"): one JSON object + ``"\\n"`` per line;
+Framing rules (docs/wire-contract.md): one JSON object + ``"\\n"`` per line;
 a message may carry several lines, and a line may be split across messages; blank lines are
 ignored; a line longer than the maximum, a line that is not a JSON object, and a known frame with
 wrong field types are protocol errors; an unknown ``type`` is skipped (``FrameDecoder.ignored``).
+A delivery the gateway can never handle comes back as an :class:`~relay.errors.UndeliverableEvent`
+(a ProtocolError) carrying its bufferId and the raw line, so the receiver can settle it.
 
 Cost (measured on the 2-vCPU reference machine, CPython 3.11, stdlib :mod:`json`, best of 7
 repeats, median of 3 runs, ``json`` baselines interleaved in the same run): ``feed`` of one frame
@@ -24,7 +26,7 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-from relay.errors import ProtocolError
+from relay.errors import ProtocolError, UndeliverableEvent
 from relay.frames import (
     CONNECTOR_TO_GATEWAY,
     GATEWAY_TO_CONNECTOR,
@@ -297,6 +299,10 @@ class FrameDecoder:
             return
         try:
             frame = frame_from_wire(obj)
+        except UndeliverableEvent as err:
+            err.raw_line = line  # the receiver records it as received
+            out.append(err)
+            return
         except ProtocolError as err:
             out.append(err)
             return

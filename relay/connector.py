@@ -2,11 +2,17 @@
 
 It holds the platform credentials (its drivers), authenticates each gateway at the upgrade,
 answers every hello with that platform's descriptor, performs outbound actions for the
-identities a connection said hello for (through the tenant guard), and buffers inbound events
-durably for an instance that is asleep, replaying them in order on its next handshake.
+identities a connection said hello for (through the tenant guard, or provenance when there is no
+tenants table), and buffers inbound events durably for an instance that is asleep, replaying
+them in order on its next handshake.
 
-One authenticated gateway id has at most one connection: a newer one replaces the older (closed
-with 4409).  Store work runs on one dedicated thread, never on the event loop.
+One authenticated gateway id is served on at most one connection.  A second one never makes the
+two fight (docs/wire-contract.md, "Compatibility"): while the served connection answers a ping
+within the liveness probe time it stays served and the newer one waits as a *standby* (unserved,
+not closed; its hellos held); the moment the served one goes -- or fails a probe -- the newest
+standby is promoted.  Toward a gateway that did not announce our additions (an original one)
+nothing but the original contract is used.  Store work runs on one dedicated thread, never on
+the event loop.
 """
 
 from __future__ import annotations
@@ -22,13 +28,22 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, TypeVar
 
+import attrs
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from relay.auth import token_from_header, verify_token
+from relay.auth import DEFAULT_MAX_TTL_S, token_from_header, verify_token
 from relay.buffer import InboundBuffer
 from relay.codec import FrameDecoder, encode, error_frame_for
+from relay.compat import (
+    ERROR_FRAMES,
+    EXPIRED_4419,
+    FEATURES_HEADER,
+    OUR_FEATURES,
+    REPLACED_4409,
+    parse_features,
+)
 from relay.descriptor import CapabilityDescriptor
 from relay.errors import AuthError, ProtocolError
 from relay.frames import (
@@ -46,8 +61,10 @@ from relay.frames import (
     OutboundOutcome,
     OutboundResult,
 )
-from relay.platform import PlatformDriver
+from relay.platform import PlatformDriver, target_chat
+from relay.provenance import Provenance
 from relay.subscriptions import Subscriptions
+from relay.throttle import LogThrottle
 from relay.urls import CLOSE_EXPIRED, CLOSE_PROTOCOL, CLOSE_REPLACED, CLOSE_REVOKED, RELAY_PATH
 from statecore.clock import Clock, SystemClock
 from statecore.lifecycle import Lifecycle, Transition
@@ -67,6 +84,11 @@ EGRESS_DECLINED_MESSAGE = "egress declined: target not approved for this connect
 """The one refusal text of the tenant guard: it says nothing about other tenants."""
 
 _MAX_VIOLATIONS = 20
+_MAX_STANDBYS = 4
+"""Standby connections kept per gateway id; a newer one beyond this closes the oldest."""
+_MAX_HELD_HELLOS = 16
+_CLOSE_TRY_LATER = 1013
+"""Close code for an excess standby of an original gateway (it knows no 4409)."""
 _REPLAY_FIRST_CHUNK = 1000
 _REPLAY_CHUNK = 5000
 _SENT_GRACE_S = 1.0
@@ -84,7 +106,10 @@ class ConnectionState(StrEnum):
     """One authenticated gateway connection, as the connector serves it."""
 
     AWAITING_HELLO = "awaiting_hello"
-    """Authenticated; no identity announced yet: nothing is delivered to it."""
+    """Authenticated and served; no identity announced yet: nothing is delivered to it."""
+    STANDBY = "standby"
+    """Another connection of the same gateway is served and alive: this one waits, unserved
+    and not closed (its hellos are held), until that one goes."""
     REPLAYING = "replaying"
     """Said hello; its buffered backlog is being replayed: new inbound is buffered behind it."""
     LIVE = "live"
@@ -102,8 +127,11 @@ CONNECTION: Lifecycle[ConnectionState] = Lifecycle(
     ConnectionState,
     initial=_C.AWAITING_HELLO,
     terminal=(_C.CLOSED,),
-    description="One gateway connection at the connector: hello, replay, live or buffered.",
+    description="One gateway connection at the connector: standby, hello, replay, live, buffered.",
     transitions=(
+        # A second connection of a gateway whose served one is alive waits; promoted when it goes.
+        Transition("stand_by", _C.AWAITING_HELLO, _C.STANDBY),
+        Transition("promote", _C.STANDBY, _C.AWAITING_HELLO),
         Transition("hello", _C.AWAITING_HELLO, _C.REPLAYING),
         Transition("caught_up", _C.REPLAYING, _C.LIVE),
         # going_idle: stop live delivery (and any replay); a repeat is acked again.
@@ -113,7 +141,9 @@ CONNECTION: Lifecycle[ConnectionState] = Lifecycle(
             _C.BUFFERED_ONLY,
         ),
         Transition(
-            "close", (_C.AWAITING_HELLO, _C.REPLAYING, _C.LIVE, _C.BUFFERED_ONLY), _C.CLOSED
+            "close",
+            (_C.AWAITING_HELLO, _C.STANDBY, _C.REPLAYING, _C.LIVE, _C.BUFFERED_ONLY),
+            _C.CLOSED,
         ),
     ),
 )
@@ -122,13 +152,20 @@ CONNECTION: Lifecycle[ConnectionState] = Lifecycle(
 class _Instance:
     """One authenticated connection of one gateway; its state is the CONNECTION machine."""
 
-    def __init__(self, gateway_id: str, ws: ServerConnection) -> None:
+    def __init__(
+        self, gateway_id: str, ws: ServerConnection, features: frozenset[str], clock: Clock
+    ) -> None:
         self.gateway_id = gateway_id
         self.ws = ws
+        # What the gateway announced (upgrade header, then hellos); empty: an original gateway,
+        # which is sent nothing the original contract did not have.
+        self.features = features
         self.identities: list[tuple[str, str]] = []
         self.machine = CONNECTION.track()  # many per connector: the table alone
+        self.held_hellos: list[Hello] = []  # said while on standby, answered once promoted
         self.appended = 0  # events buffered for this instance while it replays
         self.violations = 0
+        self.log_limit = LogThrottle(clock=clock)  # what the peer controls never floods the log
         self.acks: list[str] = []  # acked bufferIds not yet retired in the store
         # Replayed bufferIds, in send order, with when they were sent (loop time), whose replay
         # is not recorded yet and that have not been acked on this connection.
@@ -151,6 +188,11 @@ class _Instance:
         """True when the gateway said hello and has not asked to be buffered for."""
         return self.machine.state in (_C.REPLAYING, _C.LIVE)
 
+    @property
+    def announced(self) -> bool:
+        """True when the gateway announced anything (not an original-contract gateway)."""
+        return bool(self.features)
+
     def platforms(self) -> set[str]:
         return {platform for platform, _ in self.identities}
 
@@ -158,16 +200,22 @@ class _Instance:
 class Connector:
     """The reference connector server (see the module docs).
 
-    ``Connector(store, *, secrets, descriptors=None, drivers, tenants=None, wake_hook=None,
-    wake_interval_s=30.0, retention_s=86400.0, max_frame_bytes=1 MiB, clock=None)``:
+    ``Connector(store, *, secrets, descriptors=None, drivers, tenants=None, open_egress=False,
+    wake_hook=None, wake_interval_s=30.0, retention_s=86400.0, max_frame_bytes=1 MiB,
+    liveness_probe_s=5.0, max_token_ttl_s=3600, clock=None)``:
 
     * ``secrets``: gateway id → its secrets, newest first (rotation);
-    * ``descriptors``: platform → descriptor (default: each driver's own);
+    * ``descriptors``: platform → descriptor (default: each driver's own); the connector adds
+      its own announcement (:data:`~relay.compat.OUR_FEATURES`) to each;
     * ``drivers``: platform → :class:`~relay.platform.PlatformDriver`;
     * ``tenants``: gateway id → approved scope ids (and user ids).  With it, inbound events go
       only to gateways approved for their scope (or user), and egress is refused
       (``egress_declined``) for targets not approved.  Without it, every gateway that said hello
-      for a platform receives that platform's traffic and may answer chats that wrote to it.
+      for a platform receives that platform's traffic, and may address only the chats and users
+      it received inbound from (provenance, kept durably) -- unless ``open_egress`` is set;
+    * ``liveness_probe_s``: how long a served connection has to answer a ping when another
+      connection of its gateway waits (and how often it is probed meanwhile);
+    * ``max_token_ttl_s``: tokens living longer than this are refused.
     """
 
     def __init__(
@@ -178,17 +226,36 @@ class Connector:
         drivers: Mapping[str, PlatformDriver],
         descriptors: Mapping[str, CapabilityDescriptor] | None = None,
         tenants: Mapping[str, Iterable[str]] | None = None,
+        open_egress: bool = False,
         wake_hook: WakeHook | None = None,
         wake_interval_s: float = 30.0,
         retention_s: float = 86_400.0,
         max_frame_bytes: int = 1_048_576,
+        liveness_probe_s: float = 5.0,
+        max_token_ttl_s: float = DEFAULT_MAX_TTL_S,
         clock: Clock | None = None,
     ) -> None:
+        if not liveness_probe_s > 0:
+            raise ValueError(f"liveness_probe_s must be positive, not {liveness_probe_s!r}")
         self.secrets = {gateway: list(values) for gateway, values in secrets.items()}
         self.drivers = dict(drivers)
-        self.descriptors = dict(descriptors or {})
+        fronted = dict(descriptors or {})
         for platform, driver in self.drivers.items():
-            self.descriptors.setdefault(platform, driver.descriptor())
+            fronted.setdefault(platform, driver.descriptor())
+        # The connector announces itself in every descriptor it sends (relay.compat).
+        self.descriptors = {
+            platform: attrs.evolve(
+                descriptor,
+                features=[
+                    *OUR_FEATURES,
+                    *(f for f in descriptor.features if f not in OUR_FEATURES),
+                ],
+            )
+            for platform, descriptor in fronted.items()
+        }
+        self.open_egress = open_egress
+        self.liveness_probe_s = float(liveness_probe_s)
+        self.max_token_ttl_s = max_token_ttl_s
         self.tenants = None if tenants is None else {g: frozenset(s) for g, s in tenants.items()}
         self.wake_hook = wake_hook
         self.wake_interval_s = wake_interval_s
@@ -196,11 +263,14 @@ class Connector:
         self.clock: Clock = clock or SystemClock()
         self.buffer = InboundBuffer(store, retention_s=retention_s, clock=self.clock)
         self.subscriptions = Subscriptions(store, clock=self.clock)
+        self.provenance = Provenance(store, clock=self.clock)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="connector-store"
         )
         self._server: Server | None = None
-        self._instances: dict[str, _Instance] = {}
+        self._instances: dict[str, _Instance] = {}  # the served connection of each gateway
+        self._standbys: dict[str, list[_Instance]] = {}  # waiting connections, oldest first
+        self._watchers: dict[str, asyncio.Task[None]] = {}  # liveness probes, per gateway
         # Platforms each gateway said hello for: durable, so a restart keeps buffering for a
         # gateway that is asleep.
         self._subscriptions: dict[str, set[str]] = collections.defaultdict(set)
@@ -243,6 +313,8 @@ class Connector:
         for task in list(self._tasks):
             task.cancel()
         self._instances.clear()
+        self._standbys.clear()
+        self._watchers.clear()
         await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="connector-store"
@@ -278,16 +350,15 @@ class Connector:
         return None
 
     async def _serve(self, ws: ServerConnection) -> None:
-        gateway_id = await self._authenticate(ws)
-        if gateway_id is None:
+        authenticated = await self._authenticate(ws)
+        if authenticated is None:
             return
-        instance = _Instance(gateway_id, ws)
-        older = self._instances.get(gateway_id)
-        self._instances[gateway_id] = instance
-        if older is not None:
-            log.info("connector: %s reconnected; closing its older connection (4409)", gateway_id)
-            with contextlib.suppress(ConnectionClosed):
-                await older.ws.close(CLOSE_REPLACED, "replaced by a newer connection")
+        gateway_id, features = authenticated
+        instance = _Instance(gateway_id, ws, features, self.clock)
+        if gateway_id in self._instances:
+            self._stand_by(instance)
+        else:
+            self._instances[gateway_id] = instance
         decoder = FrameDecoder(max_frame_bytes=self.max_frame_bytes)
         plain_acks_ok = self.max_frame_bytes >= _PLAIN_ACK_LINE_MAX
         aligned = True  # every message so far ended with a newline: the decoder holds nothing
@@ -306,39 +377,196 @@ class Connector:
                 aligned = message[-1:] in ("\n", b"\n")
                 for item in decoder.feed(message):
                     if isinstance(item, ProtocolError):
-                        await self._violation(instance, item)
+                        if await self._violation(instance, item):
+                            break  # closing: the rest of this message is not processed
                     else:
                         await self._on_frame(instance, item)
         except ConnectionClosed:
             pass
         finally:
-            if instance.machine.can("close"):
-                instance.machine.fire("close")
-            self._record_sent(instance, True)  # what it was shown and did not ack
-            if self._instances.get(gateway_id) is instance:
-                del self._instances[gateway_id]
+            self._closed(instance)
 
-    async def _authenticate(self, ws: ServerConnection) -> str | None:
-        header = ws.request.headers.get("Authorization") if ws.request is not None else None
+    def _closed(self, instance: _Instance) -> None:
+        """The connection ended: settle its bookkeeping and, if it was the served one, promote
+        a standby of its gateway."""
+        if instance.machine.can("close"):
+            instance.machine.fire("close")
+        self._record_sent(instance, True)  # what it was shown and did not ack
+        gateway_id = instance.gateway_id
+        standbys = self._standbys.get(gateway_id)
+        if standbys is not None and instance in standbys:
+            standbys.remove(instance)
+            if not standbys:
+                del self._standbys[gateway_id]
+        if self._instances.get(gateway_id) is instance:
+            del self._instances[gateway_id]
+            self._promote(gateway_id)
+
+    # -- two connections of one gateway --------------------------------------------------------
+
+    def _stand_by(self, instance: _Instance) -> None:
+        """Hold a second connection of a served gateway: unserved, not closed (closing it would
+        make an original gateway redial at once, for ever), and probe the served one."""
+        gateway_id = instance.gateway_id
+        instance.machine.fire("stand_by")
+        standbys = self._standbys.setdefault(gateway_id, [])
+        standbys.append(instance)
+        if len(standbys) > _MAX_STANDBYS:
+            oldest = standbys.pop(0)
+            code = CLOSE_REPLACED if REPLACED_4409 in oldest.features else _CLOSE_TRY_LATER
+            log.warning(
+                "connector: %s has more than %d waiting connections; closing the oldest (%d)",
+                gateway_id,
+                _MAX_STANDBYS,
+                code,
+            )
+            self._background(self._close(oldest, code, "replaced by a newer connection"))
+        log.info(
+            "connector: %s connected again while its connection is served; holding the new one "
+            "until the served one goes (probing it every %g s)",
+            gateway_id,
+            self.liveness_probe_s,
+            extra={"gateway_id": gateway_id},
+        )
+        watcher = self._watchers.get(gateway_id)
+        if watcher is None or watcher.done():
+            self._watchers[gateway_id] = asyncio.ensure_future(self._watch(gateway_id))
+            self._tasks.add(self._watchers[gateway_id])
+            self._watchers[gateway_id].add_done_callback(self._tasks.discard)
+
+    async def _watch(self, gateway_id: str) -> None:
+        """While a standby waits, probe the served connection: one that does not answer a ping
+        within the probe time is dead (or unreachable) and is cut, and the standby served."""
         try:
-            token = token_from_header(header)
-            return verify_token(token, self.secrets, now=self.clock.now())
+            while self._standbys.get(gateway_id):
+                served = self._instances.get(gateway_id)
+                if served is None:
+                    self._promote(gateway_id)
+                    continue
+                if await self._answers_ping(served.ws):
+                    await self.clock.sleep(self.liveness_probe_s)
+                    continue
+                log.warning(
+                    "connector: the served connection of %s did not answer a ping within %g s; "
+                    "serving its newer connection",
+                    gateway_id,
+                    self.liveness_probe_s,
+                    extra={"gateway_id": gateway_id},
+                )
+                served.ws.transport.abort()  # dead or unreachable: no close handshake to wait for
+                self._closed(served)  # promotes now; its own reader's cleanup is then a no-op
+        finally:
+            if self._watchers.get(gateway_id) is asyncio.current_task():
+                del self._watchers[gateway_id]
+
+    async def _answers_ping(self, ws: ServerConnection) -> bool:
+        """True when ``ws`` answers a ping within the liveness probe time."""
+        try:
+            pong = asyncio.ensure_future(await ws.ping())
+        except ConnectionClosed:
+            return False
+        sleeper = asyncio.ensure_future(self.clock.sleep(self.liveness_probe_s))
+        try:
+            await asyncio.wait({pong, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+        if not pong.done():
+            pong.cancel()
+            return False
+        return not pong.cancelled() and pong.exception() is None
+
+    def _promote(self, gateway_id: str) -> None:
+        """Serve the newest standby of ``gateway_id`` (if any): it gets the descriptors for the
+        hellos it said while waiting, then its replay -- as if it had just connected."""
+        standbys = self._standbys.get(gateway_id)
+        while standbys:
+            candidate = standbys.pop()
+            if candidate.state is not _C.STANDBY:
+                continue
+            if not standbys:
+                del self._standbys[gateway_id]
+            candidate.machine.fire("promote")
+            self._instances[gateway_id] = candidate
+            log.info(
+                "connector: serving the waiting connection of %s",
+                gateway_id,
+                extra={"gateway_id": gateway_id},
+            )
+            self._background(self._answer_held_hellos(candidate))
+            return
+        self._standbys.pop(gateway_id, None)
+
+    async def _answer_held_hellos(self, instance: _Instance) -> None:
+        held, instance.held_hellos = instance.held_hellos, []
+        for hello in held:
+            if instance.state in (_C.CLOSED, _C.STANDBY):
+                return
+            await self._hello(instance, hello)
+
+    async def _close(self, instance: _Instance, code: int, reason: str) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            await instance.ws.close(code, reason)
+
+    # -- authentication and violations ---------------------------------------------------------
+
+    async def _authenticate(self, ws: ServerConnection) -> tuple[str, frozenset[str]] | None:
+        """The gateway id the upgrade's token proves, and the features it announced; or None
+        after closing a refused upgrade (4401; an expired token 4419 only to a gateway that
+        announced it, else 4401 + ``expired`` as the original contract says)."""
+        request = ws.request
+        values = request.headers.get_all("Authorization") if request is not None else []
+        features = (
+            parse_features(request.headers.get_all(FEATURES_HEADER))
+            if request is not None
+            else frozenset()
+        )
+        try:
+            if len(values) > 1:
+                raise AuthError("malformed", "more than one Authorization header")
+            token = token_from_header(values[0] if values else None)
+            gateway_id = verify_token(
+                token, self.secrets, now=self.clock.now(), max_ttl_s=self.max_token_ttl_s
+            )
         except AuthError as exc:
-            code = CLOSE_EXPIRED if exc.reason == "expired" else CLOSE_REVOKED
-            log.warning("connector: refused an upgrade (%s)", exc.reason)
+            code = CLOSE_REVOKED
+            if exc.reason == "expired" and EXPIRED_4419 in features:
+                code = CLOSE_EXPIRED
+            log.warning(
+                "connector: refused an upgrade (%s); closing %d",
+                exc.reason,
+                code,
+                extra={"reason": exc.reason},
+            )
             with contextlib.suppress(ConnectionClosed):
                 await ws.close(code, exc.reason)
             return None
+        return gateway_id, features
 
-    async def _violation(self, instance: _Instance, error: ProtocolError) -> None:
+    async def _violation(self, instance: _Instance, error: ProtocolError) -> bool:
+        """Count, log (rate-limited) and -- to a gateway that announced them -- answer an invalid
+        frame; True when the limit was passed and the connection is being closed (4400)."""
         instance.violations += 1
-        log.warning(
-            "connector: %s sent an invalid frame (%s): %s", instance.gateway_id, error.code, error
-        )
-        await self._send(instance, encode(error_frame_for(error)))
+        suppressed = instance.log_limit.allow()
+        if suppressed is not None:
+            log.warning(
+                "connector: %s sent an invalid frame (%s): %s%s",
+                instance.gateway_id,
+                error.code,
+                error,
+                f" ({suppressed} more not logged)" if suppressed else "",
+                extra={"gateway_id": instance.gateway_id, "code": error.code},
+            )
+        if ERROR_FRAMES in instance.features:
+            await self._send(instance, encode(error_frame_for(error)))
         if instance.violations > _MAX_VIOLATIONS:
-            with contextlib.suppress(ConnectionClosed):
-                await instance.ws.close(CLOSE_PROTOCOL, "too many protocol violations")
+            log.warning(
+                "connector: %s sent %d invalid frames; closing (4400)",
+                instance.gateway_id,
+                instance.violations,
+            )
+            await self._close(instance, CLOSE_PROTOCOL, "too many protocol violations")
+            return True
+        return False
 
     async def _send(self, instance: _Instance, text: str) -> bool:
         try:
@@ -349,7 +577,16 @@ class Connector:
 
     async def _on_frame(self, instance: _Instance, frame: object) -> None:
         try:
-            if isinstance(frame, InboundAck):
+            if isinstance(frame, Hello) and frame.announced:
+                instance.features = instance.features | frozenset(frame.features) | {"protocol"}
+            if instance.state is _C.STANDBY:
+                # Unserved: a hello is held for the promotion, anything else is dropped (it was
+                # shown nothing, and what it would send belongs to the served connection).
+                if isinstance(frame, Hello) and len(instance.held_hellos) < _MAX_HELD_HELLOS:
+                    instance.held_hellos.append(frame)
+                else:
+                    log.debug("connector: dropping %s from a waiting connection", type(frame))
+            elif isinstance(frame, InboundAck):
                 self._acked(instance, [frame.buffer_id])
             elif isinstance(frame, Outbound):
                 self._background(self._outbound(instance, frame))
@@ -357,7 +594,8 @@ class Connector:
                 await self._hello(instance, frame)
             elif isinstance(frame, GoingIdle):
                 # Identity comes from the upgrade, never from the frame.
-                instance.machine.fire("go_idle")
+                if instance.machine.can("go_idle"):
+                    instance.machine.fire("go_idle")
                 await self._send(instance, encode(GoingIdleAck(frame.request_id)))
             elif isinstance(frame, Interrupt):
                 log.info("connector: interrupt for %s (%s)", frame.session_key, frame.reason)
@@ -369,6 +607,8 @@ class Connector:
     def _acked(self, instance: _Instance, buffer_ids: list[str]) -> None:
         """Queue acked bufferIds for retirement: they arrive many per message during a replay
         and are retired together, in one store call per round (see :meth:`_retire_acks`)."""
+        if instance.state is _C.STANDBY:
+            return  # it was shown nothing: what it acks is not its to retire
         instance.acks.extend(buffer_ids)
         unrecorded = instance.unrecorded
         if unrecorded:
@@ -382,20 +622,31 @@ class Connector:
         while instance.acks:
             batch, instance.acks = instance.acks, []
             try:
-                await self._store(functools.partial(self.buffer.ack, instance.gateway_id, batch))
+                retired = await self._store(
+                    functools.partial(self.buffer.ack, instance.gateway_id, batch)
+                )
             except Exception:
                 # Not retired: the entries stay unacked and are replayed again (never lost).
                 log.warning("connector: retiring %d acks failed", len(batch), exc_info=True)
+                continue
+            ignored = len(set(batch)) - retired
+            if ignored > 0:
+                # A peer decides how many of these there are: one line per batch, rate-limited.
+                suppressed = instance.log_limit.allow()
+                if suppressed is not None:
+                    log.info(
+                        "connector: ignored %d acks from %s of bufferIds that are not its unacked "
+                        "entries%s",
+                        ignored,
+                        instance.gateway_id,
+                        f" ({suppressed} more lines not logged)" if suppressed else "",
+                        extra={"gateway_id": instance.gateway_id, "ignored": ignored},
+                    )
 
     async def _hello(self, instance: _Instance, hello: Hello) -> None:
         descriptor = self.descriptors.get(hello.platform)
         if descriptor is None or hello.platform not in self.drivers:
-            await self._send(
-                instance,
-                encode(
-                    ErrorFrame("unknown_platform", f"no platform {hello.platform!r} here", "hello")
-                ),
-            )
+            await self._unfronted(instance, hello)
             return
         instance.identities.append((hello.platform, hello.bot_id))
         if hello.platform not in self._subscriptions[instance.gateway_id]:
@@ -407,6 +658,30 @@ class Connector:
         if instance.machine.can("hello"):
             instance.machine.fire("hello")
             self._background(self._replay(instance))
+
+    async def _unfronted(self, instance: _Instance, hello: Hello) -> None:
+        """Answer a hello for a platform this connector does not front, so that no gateway
+        waits out a handshake timeout: a connection's first hello closes it with a reason naming
+        the platform (4400 to a gateway that announced itself; 4401 to an original gateway,
+        which backs off on an early 4401 instead of redialing in a tight loop).  A later hello
+        gets an ``error`` frame (announced gateways) or a log line."""
+        platform = hello.platform[:64]
+        reason = f"unknown platform {platform!r}"
+        log.warning(
+            "connector: %s said hello for %s, which this connector does not front",
+            instance.gateway_id,
+            reason[len("unknown platform ") :],
+            extra={"gateway_id": instance.gateway_id, "platform": platform},
+        )
+        if not instance.identities:
+            code = CLOSE_PROTOCOL if instance.announced else CLOSE_REVOKED
+            await self._close(
+                instance, code, reason.encode("utf-8")[:120].decode("utf-8", "ignore")
+            )
+        elif ERROR_FRAMES in instance.features:
+            await self._send(
+                instance, encode(ErrorFrame("unknown_platform", f"no {reason} here", "hello"))
+            )
 
     # -- outbound ------------------------------------------------------------------------------
 
@@ -458,12 +733,17 @@ class Connector:
             self._outcomes.pop(self._outcome_order.popleft(), None)
 
     def _egress_allowed(self, gateway_id: str, platform: str, action: Mapping[str, Any]) -> bool:
-        """The tenant guard: the target chat's tenant must be approved for this gateway."""
+        """The tenant guard: the target chat's tenant must be approved for this gateway; with no
+        tenants table, the target must be a chat or user it received inbound from (provenance),
+        unless egress is explicitly open."""
         if self.tenants is None:
-            return True
+            if self.open_egress:
+                return True
+            target = target_chat(action)
+            return target is not None and self.provenance.allows(gateway_id, platform, target)
         approved = self.tenants.get(gateway_id, frozenset())
-        chat_id = action.get("chat_id")
-        known = None if chat_id is None else self._chat_tenants.get((platform, str(chat_id)))
+        chat_id = target_chat(action)
+        known = None if chat_id is None else self._chat_tenants.get((platform, chat_id))
         if known is not None:
             # What the platform told us about the chat outranks what the gateway claims.
             return known in approved
@@ -501,6 +781,16 @@ class Connector:
                 event.message_id,
             )
         for gateway_id in audience:
+            if self.tenants is None and not self.open_egress:
+                # Provenance first, durably: the gateway may answer this chat (and user) as soon
+                # as it sees the event, so the permission must exist before the event goes out.
+                fresh = self.provenance.unknown(
+                    gateway_id, platform, (source.chat_id, source.user_id)
+                )
+                if fresh:
+                    await self._store(
+                        functools.partial(self.provenance.learn, gateway_id, platform, fresh)
+                    )
             instance = self._instances.get(gateway_id)
             if (
                 instance is not None

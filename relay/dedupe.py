@@ -1,9 +1,14 @@
-"""The gateway's durable memory of handled buffered deliveries.
+"""The gateway's durable memory of handled buffered deliveries, and of undeliverable ones.
 
 A buffered inbound event is acked only after its handler returned; if the gateway dies between
 the handler and the ack, the connector replays it.  Remembering each handled bufferId durably
 (before the ack) lets the transport ack such a replay without handling it a second time, even
 after a restart.  The keys are persisted entities like any other, with a lifecycle of their own.
+
+A buffered delivery that can never be handled (a *poison* event: no usable ``chat_id``, or an
+original-contract frame nobody handles) is recorded here as :class:`Undeliverable` -- the raw
+line as received and the reason -- before it is acked, so a buffer never stalls behind it and
+an operator can still see (:meth:`StoreBufferDedupe.undeliverable`) what was not delivered.
 """
 
 from __future__ import annotations
@@ -11,12 +16,27 @@ from __future__ import annotations
 import asyncio
 from enum import StrEnum
 
+import attrs
+
 from statecore.clock import Clock, SystemClock
 from statecore.entity import EntityKind, Field, Index
 from statecore.lifecycle import Lifecycle, Transition
 from statecore.store import Audit, Store, lt
 
-__all__ = ["DEDUPE", "DEDUPE_KIND", "DedupeState", "StoreBufferDedupe"]
+__all__ = [
+    "DEDUPE",
+    "DEDUPE_KIND",
+    "MAX_RAW_LINE_CHARS",
+    "UNDELIVERABLE",
+    "UNDELIVERABLE_KIND",
+    "DedupeState",
+    "StoreBufferDedupe",
+    "Undeliverable",
+    "UndeliverableState",
+]
+
+MAX_RAW_LINE_CHARS = 65_536
+"""The longest raw line kept for an undeliverable delivery; a longer one is kept truncated."""
 
 
 class DedupeState(StrEnum):
@@ -53,6 +73,60 @@ DEDUPE_KIND: EntityKind[DedupeState] = EntityKind(
 )
 
 
+class UndeliverableState(StrEnum):
+    """A buffered delivery the gateway could never handle, kept for an operator."""
+
+    RECORDED = "recorded"
+    """Recorded (and acked, so the connector's buffer moved on); waiting for an operator."""
+    DISMISSED = "dismissed"
+    """Terminal: an operator has seen it."""
+
+
+_U = UndeliverableState
+
+UNDELIVERABLE: Lifecycle[UndeliverableState] = Lifecycle(
+    "undeliverable",
+    UndeliverableState,
+    initial=_U.RECORDED,
+    terminal=(_U.DISMISSED,),
+    description="A buffered delivery that could not be handled, recorded before it was acked.",
+    transitions=(
+        Transition("record", None, _U.RECORDED),
+        Transition("dismiss", _U.RECORDED, _U.DISMISSED),
+        Transition("prune", _U.DISMISSED, None),
+    ),
+)
+
+UNDELIVERABLE_KIND: EntityKind[UndeliverableState] = EntityKind(
+    "undeliverable_inbound",
+    UNDELIVERABLE,
+    table="relay_undeliverable",
+    id_field="buffer_id",
+    fields=(
+        Field("frame_type", str, nullable=False, immutable=True),
+        Field("reason", str, nullable=False, immutable=True),
+        Field("raw_line", str, nullable=False, immutable=True),
+        Field("recorded_at", float, nullable=False, immutable=True),
+    ),
+    indexes=(Index(("recorded_at",)),),
+)
+
+
+@attrs.frozen
+class Undeliverable:
+    """One buffered delivery that was recorded as undeliverable (and then acked)."""
+
+    buffer_id: str
+    frame_type: str
+    """``inbound``, ``interrupt_inbound`` or ``passthrough_forward``."""
+    reason: str
+    """Why it could not be handled (e.g. ``field 'event.source.chat_id' is required``)."""
+    raw_line: str
+    """The line exactly as received (truncated to :data:`MAX_RAW_LINE_CHARS`)."""
+    recorded_at: float
+    state: UndeliverableState
+
+
 class StoreBufferDedupe:
     """:class:`relay.transport.BufferDedupe` over any Store; store work runs off the loop.
 
@@ -63,6 +137,7 @@ class StoreBufferDedupe:
         self.store = store
         self.clock: Clock = clock or SystemClock()
         store.register(DEDUPE_KIND)
+        store.register(UNDELIVERABLE_KIND)
 
     async def seen(self, buffer_id: str) -> bool:
         """True when ``buffer_id`` was handled before (by this gateway, in any run)."""
@@ -79,6 +154,61 @@ class StoreBufferDedupe:
             {"handled_at": now},
             event="handle",
             audit=Audit(now),
+        )
+
+    async def record_undeliverable(
+        self, buffer_id: str, *, frame_type: str, reason: str, raw_line: str
+    ) -> None:
+        """Record a delivery that can never be handled, and remember it as handled, in one
+        transaction (idempotent: a replay of it changes nothing).  Ack it only after this
+        returned.  Raises ``StoreError`` when the store cannot record it (then do not ack)."""
+        now = self.clock.now()
+        await asyncio.to_thread(
+            self._record_undeliverable, buffer_id, frame_type, reason, raw_line, now
+        )
+
+    def _record_undeliverable(
+        self, buffer_id: str, frame_type: str, reason: str, raw_line: str, now: float
+    ) -> None:
+        with self.store.atomic():
+            self.store.insert(
+                UNDELIVERABLE_KIND,
+                buffer_id,
+                {
+                    "frame_type": frame_type,
+                    "reason": reason,
+                    "raw_line": raw_line[:MAX_RAW_LINE_CHARS],
+                    "recorded_at": now,
+                },
+                event="record",
+                audit=Audit(now, reason=reason),
+            )
+            self.store.insert(
+                DEDUPE_KIND, buffer_id, {"handled_at": now}, event="handle", audit=Audit(now)
+            )
+
+    def undeliverable(self, *, include_dismissed: bool = False) -> list[Undeliverable]:
+        """Every delivery recorded as undeliverable, oldest first (dismissed ones only when
+        ``include_dismissed``).  Synchronous: call it off the event loop in a server."""
+        states = tuple(UndeliverableState) if include_dismissed else (_U.RECORDED,)
+        rows = self.store.select(UNDELIVERABLE_KIND, states=states, order_by="recorded_at")
+        return [
+            Undeliverable(
+                buffer_id=row.id,
+                frame_type=row["frame_type"],
+                reason=row["reason"],
+                raw_line=row["raw_line"],
+                recorded_at=row["recorded_at"],
+                state=row.state,
+            )
+            for row in rows
+        ]
+
+    def dismiss(self, buffer_id: str) -> None:
+        """Mark one undeliverable record as seen by an operator.  Raises ``InvalidTransition``
+        when it is unknown or already dismissed."""
+        self.store.transition(
+            UNDELIVERABLE_KIND, buffer_id, "dismiss", audit=Audit(self.clock.now())
         )
 
     def forget_older_than(self, seconds: float) -> int:

@@ -286,7 +286,7 @@ class Demo:
         """The bot's replies in ``chat`` so far (new ones are printed first)."""
         for action in self.platform.sent[self._shown :]:
             if action.op == "send":
-                _say("chat", f"bot -> {action.chat_id}: {action.text!r}")
+                _say("chat", f"bot -> {action.chat_id}: {action.content!r}")
         self._shown = len(self.platform.sent)
         return self.platform.texts(chat)
 

@@ -5,14 +5,15 @@ completes the handshake. This module is pure data: :meth:`CapabilityDescriptor.f
 peer's JSON object into a validated record (a remote error is a :class:`ProtocolError`), the
 constructor validates values built locally (a local error is a ``TypeError``/``ValueError``).
 
-Wire rules (relay-protocol.md, "Capability descriptor"):
+Wire rules (docs/wire-contract.md):
 
 * required: ``contract_version`` (must equal :data:`CONTRACT_VERSION`), ``platform``, ``label``,
   ``max_message_length`` (``<= 0`` or garbage -> 4096), ``supports_draft_streaming``,
   ``supports_edit``, ``supports_threads``, ``markdown_dialect``, ``len_unit`` (``"chars"`` |
   ``"utf16"``);
 * optional: ``supported_ops`` (missing/empty -> the legacy set :data:`LEGACY_OPS`),
-  ``max_frame_bytes``;
+  ``max_frame_bytes``, and our addition ``features`` (what the connector announces, see
+  :mod:`relay.compat`; missing or unreadable -> none: an original connector);
 * unknown keys are dropped; JSON ``null`` counts as absent.
 """
 
@@ -39,8 +40,9 @@ CONTRACT_VERSION: Final = 1
 DEFAULT_MAX_MESSAGE_LENGTH: Final = 4096
 """Used when the peer's ``max_message_length`` is missing, not a positive integer, or garbage."""
 
-LEGACY_OPS: Final[tuple[str, ...]] = ("send", "edit", "typing")
-"""The operations every connector of the original contract supports."""
+LEGACY_OPS: Final[tuple[str, ...]] = ("send", "edit", "typing", "follow_up")
+"""The operations every connector of the original contract supports (a descriptor that lists no
+``supported_ops`` supports exactly these)."""
 
 LenUnit = Literal["chars", "utf16"]
 """How ``max_message_length`` is counted: code points, or UTF-16 code units."""
@@ -78,6 +80,16 @@ def _check_opt_frame_bytes(inst: object, attr: attrs.Attribute[Any], value: obje
         _check_positive(inst, attr, value)
 
 
+def _features(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _check_features(_inst: object, _attr: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
+    for name in value:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"features must hold non-empty strings, got {name!r}")
+
+
 def _check_len_unit(_inst: object, _attr: attrs.Attribute[Any], value: str) -> None:
     if value not in _LEN_UNITS:
         raise ValueError(f"len_unit must be 'chars' or 'utf16', got {value!r}")
@@ -110,6 +122,14 @@ class CapabilityDescriptor:
         default=LEGACY_OPS, converter=_ops, validator=_check_ops
     )
     max_frame_bytes: int | None = attrs.field(default=None, validator=_check_opt_frame_bytes)
+    features: tuple[str, ...] = attrs.field(
+        default=(), converter=_features, validator=_check_features
+    )
+
+    def announces(self, feature: str) -> bool:
+        """Return whether the connector announced ``feature`` (see :mod:`relay.compat`); an
+        original connector announces nothing.  Raises nothing."""
+        return feature in self.features
 
     def supports(self, op: str) -> bool:
         """Return whether the platform performs the outbound action ``op`` (e.g. ``"edit"``).
@@ -136,6 +156,8 @@ class CapabilityDescriptor:
         }
         if self.max_frame_bytes is not None:
             wire["max_frame_bytes"] = self.max_frame_bytes
+        if self.features:
+            wire["features"] = list(self.features)
         return wire
 
     @classmethod
@@ -187,7 +209,16 @@ class CapabilityDescriptor:
             len_unit=len_unit,
             supported_ops=ops,
             max_frame_bytes=max_frame,
+            features=_lenient_features(obj.get("features")),
         )
+
+
+def _lenient_features(value: object) -> tuple[str, ...]:
+    """Our addition is never a reason to refuse a descriptor: anything but a list of non-empty
+    strings reads as "no features" (an original connector), and at most 32 names are kept."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(dict.fromkeys(f for f in value if isinstance(f, str) and f))[:32]
 
 
 def _lenient_length(value: object) -> int:

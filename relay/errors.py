@@ -30,6 +30,7 @@ __all__ = [
     "ProtocolError",
     "RelayBroken",
     "RelayClosed",
+    "UndeliverableEvent",
 ]
 
 
@@ -79,6 +80,38 @@ class ContractVersionError(ProtocolError):
     # The base class's __reduce__ would call this __init__ with (code, message, ref).
     def __reduce__(self) -> tuple[type[ContractVersionError], tuple[int, int, str | None]]:  # type: ignore[override]
         return (type(self), (self.expected, self.received, self.ref))
+
+
+class UndeliverableEvent(ProtocolError):
+    """A delivery from the connector that can never be handled: a *poison* event.
+
+    Raised (and handed back by the decoder) for an ``inbound``, ``interrupt_inbound`` or
+    ``passthrough_forward`` frame whose essentials are unusable -- an inbound event without a
+    usable ``source.chat_id``, say.  ``buffer_id`` is the delivery's bufferId when it carried a
+    usable one, ``frame_type`` its type, ``raw_line`` the line as received (set by the decoder).
+
+    What to do next: never let it block what follows.  With a ``buffer_id``, record it durably
+    as undeliverable (raw line and reason) and then ack it, so a connector that replays one
+    entry at a time moves on; without one, log and count it.  It is not a protocol violation
+    (an original connector may send such events), so it never counts toward closing with 4400.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        buffer_id: str | None = None,
+        frame_type: str = "inbound",
+        raw_line: str = "",
+    ) -> None:
+        self.buffer_id = buffer_id
+        self.frame_type = frame_type
+        self.raw_line = raw_line
+        super().__init__("undeliverable", message, buffer_id or frame_type)
+
+    def __reduce__(  # type: ignore[override]
+        self,
+    ) -> tuple[type[UndeliverableEvent], tuple[str, str | None, str, str]]:
+        return (type(self), (self.message, self.buffer_id, self.frame_type, self.raw_line))
 
 
 class RelayClosed(StatecoreError):

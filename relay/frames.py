@@ -1,8 +1,9 @@
-"""The frames of the relay wire protocol, one frozen class per ``type`` (relay-protocol.md).
+"""The frames of the relay wire protocol, one frozen class per ``type`` (docs/wire-contract.md).
 
 Gateway -> connector: :class:`Hello`, :class:`Outbound`, :class:`InboundAck`, :class:`GoingIdle`,
 :class:`Interrupt`. Connector -> gateway: :class:`DescriptorFrame`, :class:`Inbound`,
-:class:`OutboundResult`, :class:`GoingIdleAck`, :class:`ErrorFrame`. Records carried inside them:
+:class:`OutboundResult`, :class:`GoingIdleAck`, :class:`ErrorFrame`, and the original contract's
+:class:`InterruptInbound` and :class:`PassthroughForward`. Records carried inside them:
 :class:`OutboundOutcome`, :class:`InboundEvent`, :class:`EventSource`.
 
 Two ways in, two kinds of error (the h11 / websockets split between local and remote errors):
@@ -25,7 +26,11 @@ Wire conventions, pinned by the tests:
   ``str``; booleans are never ids. Relay ids (``requestId``, ``bufferId``) must be strings: they
   are echoed back verbatim and must compare equal on the peer;
 * unknown keys inside a known frame are ignored, and an unknown ``type`` makes
-  :func:`frame_from_wire` return ``None`` (forward compatibility).
+  :func:`frame_from_wire` return ``None`` (forward compatibility);
+* an inbound event is read as leniently as the original reader reads it (defaults for a missing
+  ``text``, ``message_type``, ``chat_type`` ...); a delivery that still cannot be used (no
+  usable ``source.chat_id``) raises :class:`~relay.errors.UndeliverableEvent`, carrying its
+  bufferId, so the receiver can record it and ack it instead of stalling the buffer.
 """
 
 from __future__ import annotations
@@ -36,12 +41,14 @@ from typing import Any, ClassVar, Final, Literal, TypeAlias
 import attrs
 
 from relay.descriptor import CONTRACT_VERSION, CapabilityDescriptor, check_strict_int
-from relay.errors import ProtocolError
+from relay.errors import ProtocolError, UndeliverableEvent
 from statecore.trusted import trusted_constructor
 
 __all__ = [
     "CHAT_TYPES",
     "CONNECTOR_TO_GATEWAY",
+    "DEFAULT_CHAT_TYPE",
+    "DELIVERIES",
     "EGRESS_DECLINED",
     "FRAME_TYPES",
     "GATEWAY_TO_CONNECTOR",
@@ -57,16 +64,21 @@ __all__ = [
     "InboundAck",
     "InboundEvent",
     "Interrupt",
+    "InterruptInbound",
     "Outbound",
     "OutboundOutcome",
     "OutboundResult",
+    "PassthroughForward",
     "frame_from_wire",
 ]
 
-ChatType = Literal["dm", "group", "channel", "thread"]
+ChatType = Literal["dm", "group", "channel", "thread", "forum"]
 """The kind of conversation an inbound event came from."""
 
-CHAT_TYPES: Final[frozenset[str]] = frozenset(("dm", "group", "channel", "thread"))
+CHAT_TYPES: Final[frozenset[str]] = frozenset(("dm", "group", "channel", "thread", "forum"))
+
+DEFAULT_CHAT_TYPE: Final = "dm"
+"""How an inbound event without a known ``chat_type`` is read (the original reader's default)."""
 
 EGRESS_DECLINED: Final = "egress_declined"
 """``OutboundOutcome.code`` of a definite refusal by the connector's tenant guard."""
@@ -100,7 +112,14 @@ def _str_items(_inst: object, attr: attrs.Attribute[Any], value: tuple[object, .
 
 def _chat_type(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None:
     if value not in CHAT_TYPES:
-        raise ValueError(f"chat_type must be one of dm, group, channel, thread; got {value!r}")
+        raise ValueError(
+            f"chat_type must be one of dm, group, channel, thread, forum; got {value!r}"
+        )
+
+
+def _opt_strict_int(inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    if value is not None:
+        check_strict_int(inst, attr, value)
 
 
 def _action(value: Mapping[str, Any]) -> dict[str, Any]:
@@ -282,43 +301,57 @@ class EventSource:
 
 
 def _source_from_wire(obj: dict[str, Any], where: str, ref: str | None) -> EventSource:
+    # Lenient exactly where the original reader is: only a usable chat_id is essential (an event
+    # without one cannot be routed anywhere: the caller treats it as poison). Every other field
+    # falls back to its default when it is missing or of the wrong type; see _lenient_*.
     get = obj.get
+    chat_id = get("chat_id")
+    if type(chat_id) is not str or not chat_id:
+        chat_id = _as_id(chat_id, where + "chat_id", ref)
+        if not chat_id:
+            raise ProtocolError("bad_field", f"field {where + 'chat_id'!r} is empty", ref)
     platform = get("platform")
     if type(platform) is not str:
-        platform = _as_str(platform, where + "platform", ref)
-    chat_id = get("chat_id")
-    if type(chat_id) is not str:
-        chat_id = _as_id(chat_id, where + "chat_id", ref)
+        platform = _lenient_str(platform) or ""  # "": the receiver fills in its own platform
     chat_type = get("chat_type")
-    if not isinstance(chat_type, str) or chat_type not in CHAT_TYPES:
-        if chat_type is None:
-            raise _missing(where + "chat_type", ref)
-        raise ProtocolError(
-            "bad_field",
-            f"field {where + 'chat_type'!r} must be one of dm, group, channel, thread",
-            ref,
-        )
+    if chat_type not in CHAT_TYPES:
+        chat_type = DEFAULT_CHAT_TYPE
     chat_name = get("chat_name")
     if chat_name is not None and type(chat_name) is not str:
-        chat_name = _as_str(chat_name, where + "chat_name", ref)
+        chat_name = _lenient_str(chat_name)
     user_id = get("user_id")
     if user_id is not None and type(user_id) is not str:
-        user_id = _as_id(user_id, where + "user_id", ref)
+        user_id = _lenient_id(user_id)
     user_name = get("user_name")
     if user_name is not None and type(user_name) is not str:
-        user_name = _as_str(user_name, where + "user_name", ref)
+        user_name = _lenient_str(user_name)
     thread_id = get("thread_id")
     if thread_id is not None and type(thread_id) is not str:
-        thread_id = _as_id(thread_id, where + "thread_id", ref)
+        thread_id = _lenient_id(thread_id)
     scope_id = get("scope_id")
     if scope_id is not None and type(scope_id) is not str:
-        scope_id = _as_id(scope_id, where + "scope_id", ref)
+        scope_id = _lenient_id(scope_id)
     profile = get("profile")
     if profile is not None and type(profile) is not str:
-        profile = _as_str(profile, where + "profile", ref)
+        profile = _lenient_str(profile)
     return _new_source(
         platform, chat_id, chat_type, chat_name, user_id, user_name, thread_id, scope_id, profile
     )
+
+
+def _lenient_str(value: object) -> str | None:
+    """An optional text field of an inbound event: a str (subclass) is kept, anything else is
+    read as absent (the original reader never refused an event for it)."""
+    return str(value) if isinstance(value, str) else None
+
+
+def _lenient_id(value: object) -> str | None:
+    """An optional platform id of an inbound event: str or int (not bool) -> str, else absent."""
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return None
 
 
 @attrs.frozen
@@ -350,19 +383,23 @@ class InboundEvent:
 
 
 def _event_from_wire(obj: dict[str, Any], where: str, ref: str | None) -> InboundEvent:
+    """Read an ``event`` object as leniently as the original reader: ``text`` missing -> "",
+    ``message_type`` missing or not text -> "text", ids of a wrong type -> absent.  Raises
+    :class:`ProtocolError` only when the event cannot be routed at all (no usable ``source`` or
+    ``source.chat_id``)."""
     get = obj.get
     text = get("text")
     if type(text) is not str:
-        text = _as_str(text, where + "text", ref)
+        text = _lenient_str(text) or ""
     message_type = get("message_type")
-    if type(message_type) is not str:
-        message_type = _as_opt_str(message_type, where + "message_type", ref) or "text"
+    if type(message_type) is not str or not message_type:
+        message_type = _lenient_str(message_type) or "text"
     message_id = get("message_id")
     if message_id is not None and type(message_id) is not str:
-        message_id = _as_id(message_id, where + "message_id", ref)
+        message_id = _lenient_id(message_id)
     reply_to = get("reply_to_message_id")
     if reply_to is not None and type(reply_to) is not str:
-        reply_to = _as_id(reply_to, where + "reply_to_message_id", ref)
+        reply_to = _lenient_id(reply_to)
     source = get("source")
     if type(source) is not dict:
         source = _as_object(source, where + "source", ref)
@@ -379,26 +416,31 @@ class Hello:
     """Announce one fronted identity; the connector answers with a :class:`DescriptorFrame`.
 
     Send one per identity right after the upgrade; the first is the default identity.
-    ``protocol``/``features`` are our additions: a peer that omits them reads as protocol 1 with no
-    features.
+    ``protocol``/``features`` are our additions (the announcement, see :mod:`relay.compat`): a
+    hello read from the wire without ``protocol`` has ``protocol=None`` -- an original-contract
+    gateway, to which nothing the contract did not have (``error`` frames, 4419, 4409) is sent.
     """
 
     TYPE: ClassVar[str] = "hello"
 
     platform: str = attrs.field(validator=_str)
     bot_id: str = attrs.field(validator=_str)
-    protocol: int = attrs.field(default=CONTRACT_VERSION, validator=check_strict_int)
+    protocol: int | None = attrs.field(default=CONTRACT_VERSION, validator=_opt_strict_int)
     features: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple, validator=_str_items)
 
+    @property
+    def announced(self) -> bool:
+        """True when the sender announced itself (``protocol`` present): not an original peer."""
+        return self.protocol is not None
+
     def to_wire(self) -> dict[str, Any]:
-        """Return the frame's JSON object (a fresh dict)."""
-        return {
-            "type": "hello",
-            "platform": self.platform,
-            "botId": self.bot_id,
-            "protocol": self.protocol,
-            "features": list(self.features),
-        }
+        """Return the frame's JSON object (a fresh dict; ``protocol``/``features`` only for an
+        announced hello, so an original one is written exactly as the original wrote it)."""
+        wire: dict[str, Any] = {"type": "hello", "platform": self.platform, "botId": self.bot_id}
+        if self.protocol is not None:
+            wire["protocol"] = self.protocol
+            wire["features"] = list(self.features)
+        return wire
 
     @classmethod
     def from_wire(cls, obj: Mapping[str, Any]) -> Hello:
@@ -412,9 +454,7 @@ class Hello:
         if type(bot_id) is not str:
             bot_id = _as_str(bot_id, "botId", ref)
         protocol = get("protocol")
-        if protocol is None:
-            protocol = CONTRACT_VERSION
-        elif type(protocol) is not int:
+        if protocol is not None and type(protocol) is not int:
             raise _bad("protocol", "an integer", protocol, ref)
         features = get("features")
         if features is None:
@@ -685,6 +725,81 @@ class GoingIdleAck:
 
 
 @attrs.frozen
+class InterruptInbound:
+    """The connector asks the gateway to cancel the turn of ``session_key`` in ``chat_id``.
+
+    ``buffer_id`` is set when it came from the durable buffer: ack it once it was handled -- or,
+    with no handler for it, once it was recorded as unhandled (it must never block the buffer).
+    """
+
+    TYPE: ClassVar[str] = "interrupt_inbound"
+
+    session_key: str = attrs.field(validator=_str)
+    chat_id: str | None = attrs.field(default=None, converter=_id, validator=_opt_str)
+    buffer_id: str | None = attrs.field(default=None, validator=_opt_str)
+
+    def to_wire(self) -> dict[str, Any]:
+        """Return the frame's JSON object (``None`` fields omitted)."""
+        wire: dict[str, Any] = {"type": "interrupt_inbound", "session_key": self.session_key}
+        if self.chat_id is not None:
+            wire["chat_id"] = self.chat_id
+        if self.buffer_id is not None:
+            wire["bufferId"] = self.buffer_id
+        return wire
+
+    @classmethod
+    def from_wire(cls, obj: Mapping[str, Any]) -> InterruptInbound:
+        """Validate the peer's frame object; raises :class:`ProtocolError`."""
+        ref = "interrupt_inbound"
+        buffer_id = _buffer_id(obj, ref)
+        session_key = obj.get("session_key")
+        if type(session_key) is not str:
+            session_key = _as_str(session_key, "session_key", ref)
+        return _new_interrupt_inbound(session_key, _lenient_id(obj.get("chat_id")), buffer_id)
+
+
+@attrs.frozen
+class PassthroughForward:
+    """A platform webhook the connector already acknowledged, forwarded verbatim.
+
+    ``forward`` holds ``platform``, ``botId``, ``method``, ``path``, ``headers``, ``bodyB64``
+    and optionally ``profile`` (kept as the peer sent them; a private copy).  ``buffer_id``: as
+    for :class:`InterruptInbound`.
+    """
+
+    TYPE: ClassVar[str] = "passthrough_forward"
+
+    # Mutable inner data: excluded from the hash (equality still compares it).
+    forward: Mapping[str, Any] = attrs.field(converter=dict, hash=False)
+    buffer_id: str | None = attrs.field(default=None, validator=_opt_str)
+
+    def to_wire(self) -> dict[str, Any]:
+        """Return the frame's JSON object (``bufferId`` only for a buffered delivery)."""
+        wire: dict[str, Any] = {"type": "passthrough_forward", "forward": self.forward}
+        if self.buffer_id is not None:
+            wire["bufferId"] = self.buffer_id
+        return wire
+
+    @classmethod
+    def from_wire(cls, obj: Mapping[str, Any]) -> PassthroughForward:
+        """Validate the peer's frame object; raises :class:`ProtocolError`."""
+        ref = "passthrough_forward"
+        buffer_id = _buffer_id(obj, ref)
+        forward = _as_object(obj.get("forward"), "forward", ref)
+        for key in ("platform", "method", "path"):
+            if type(forward.get(key)) is not str:
+                _as_str(forward.get(key), "forward." + key, ref)
+        return _new_passthrough(dict(forward), buffer_id)
+
+
+def _buffer_id(obj: Mapping[str, Any], ref: str) -> str | None:
+    buffer_id = obj.get("bufferId")
+    if buffer_id is not None and type(buffer_id) is not str:
+        buffer_id = _as_str(buffer_id, "bufferId", ref)
+    return buffer_id
+
+
+@attrs.frozen
 class ErrorFrame:
     """A typed protocol error about a frame we sent (``ref``: its requestId or type).
 
@@ -736,6 +851,8 @@ _new_inbound = trusted_constructor(Inbound)
 _new_outbound_result = trusted_constructor(OutboundResult)
 _new_going_idle_ack = trusted_constructor(GoingIdleAck)
 _new_error_frame = trusted_constructor(ErrorFrame)
+_new_interrupt_inbound = trusted_constructor(InterruptInbound)
+_new_passthrough = trusted_constructor(PassthroughForward)
 
 Frame: TypeAlias = (
     Hello
@@ -748,6 +865,8 @@ Frame: TypeAlias = (
     | OutboundResult
     | GoingIdleAck
     | ErrorFrame
+    | InterruptInbound
+    | PassthroughForward
 )
 """Any frame of the protocol, in either direction."""
 
@@ -755,8 +874,22 @@ GATEWAY_TO_CONNECTOR: Final[frozenset[type[Frame]]] = frozenset(
     (Hello, Outbound, InboundAck, GoingIdle, Interrupt)
 )
 CONNECTOR_TO_GATEWAY: Final[frozenset[type[Frame]]] = frozenset(
-    (DescriptorFrame, Inbound, OutboundResult, GoingIdleAck, ErrorFrame)
+    (
+        DescriptorFrame,
+        Inbound,
+        OutboundResult,
+        GoingIdleAck,
+        ErrorFrame,
+        InterruptInbound,
+        PassthroughForward,
+    )
 )
+
+DELIVERIES: Final[frozenset[str]] = frozenset(
+    (Inbound.TYPE, InterruptInbound.TYPE, PassthroughForward.TYPE)
+)
+"""The connector -> gateway frames that may come from the durable buffer (with a bufferId): one
+the gateway cannot read is poison (:class:`~relay.errors.UndeliverableEvent`), never a stall."""
 
 FRAME_TYPES: Final[Mapping[str, type[Frame]]] = {
     cls.TYPE: cls for cls in (*GATEWAY_TO_CONNECTOR, *CONNECTOR_TO_GATEWAY)
@@ -787,7 +920,15 @@ def frame_from_wire(obj: Mapping[str, Any]) -> Frame | None:
             return None
         try:
             return parse(obj)
+        except UndeliverableEvent:
+            raise
+        except ProtocolError as err:
+            if frame_type in DELIVERIES:
+                raise _undeliverable(obj, frame_type, err.message) from err
+            raise
         except (TypeError, ValueError) as exc:
+            if frame_type in DELIVERIES:
+                raise _undeliverable(obj, frame_type, str(exc)) from exc
             # Safety net: the readers check every field explicitly and raise ProtocolError; should
             # one still trip over a value (a TypeError/ValueError from a nested parse), that is
             # the peer's bad field, never a crash of the reader loop.
@@ -795,3 +936,10 @@ def frame_from_wire(obj: Mapping[str, Any]) -> Frame | None:
     if frame_type is None:
         raise _missing("type", None)
     raise _bad("type", "a string", frame_type, None)
+
+
+def _undeliverable(obj: Mapping[str, Any], frame_type: str, reason: str) -> UndeliverableEvent:
+    buffer_id = obj.get("bufferId")
+    return UndeliverableEvent(
+        reason, buffer_id if type(buffer_id) is str and buffer_id else None, frame_type
+    )

@@ -7,11 +7,19 @@ from typing import Any
 
 from relay.buffer import BUFFER
 from relay.connector import CONNECTION
-from relay.dedupe import DEDUPE
+from relay.dedupe import DEDUPE, UNDELIVERABLE
+from relay.provenance import PROVENANCE
 from relay.subscriptions import SUBSCRIPTION
 from statecore.lifecycle import Lifecycle
 
 __all__ = ["RELAY_LIFECYCLES"]
 
-RELAY_LIFECYCLES: tuple[Lifecycle[Any], ...] = (BUFFER, CONNECTION, DEDUPE, SUBSCRIPTION)
+RELAY_LIFECYCLES: tuple[Lifecycle[Any], ...] = (
+    BUFFER,
+    CONNECTION,
+    DEDUPE,
+    PROVENANCE,
+    SUBSCRIPTION,
+    UNDELIVERABLE,
+)
 """Every lifecycle the relay declares."""

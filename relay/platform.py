@@ -16,10 +16,17 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 import attrs
 
-from relay.descriptor import CONTRACT_VERSION, CapabilityDescriptor
+from relay.descriptor import CONTRACT_VERSION, LEGACY_OPS, CapabilityDescriptor
 from relay.frames import CHAT_TYPES, ChatType, EventSource, InboundEvent, OutboundOutcome
 
-__all__ = ["ChatMessage", "Intake", "LoopbackPlatform", "PlatformDriver", "SentAction"]
+__all__ = [
+    "ChatMessage",
+    "Intake",
+    "LoopbackPlatform",
+    "PlatformDriver",
+    "SentAction",
+    "target_chat",
+]
 
 Intake = Callable[[str, InboundEvent], Awaitable[None]]
 """The connector's entry for inbound events: ``await intake(platform, event)``."""
@@ -51,7 +58,8 @@ class SentAction:
 
     op: str
     chat_id: str
-    text: str | None
+    content: str | None
+    """The action's ``content`` (the message body; a typing status, or None to clear it)."""
     message_id: str | None
     thread_id: str | None = None
     reply_to: str | None = None
@@ -84,7 +92,7 @@ class LoopbackPlatform:
         *,
         label: str = "Loopback chat",
         max_message_length: int = 4096,
-        supported_ops: tuple[str, ...] = ("send", "edit", "typing"),
+        supported_ops: tuple[str, ...] = LEGACY_OPS,
     ) -> None:
         self.platform = platform
         self._descriptor = CapabilityDescriptor(
@@ -158,23 +166,30 @@ class LoopbackPlatform:
         return message_id
 
     async def perform(self, action: Mapping[str, Any]) -> OutboundOutcome:
-        """Perform ``send``, ``edit`` or ``typing`` like a real platform would."""
+        """Perform ``send``, ``edit``, ``typing`` or ``follow_up`` like a real platform would.
+
+        The body is the action's ``content`` (docs/wire-contract.md); ``follow_up`` carries no
+        ``chat_id`` and goes to ``metadata.chat_id``.  A refusal is a failed outcome with a
+        ``code`` (``bad_action``, ``unsupported_op``, ``not_found``, ``too_long`` ...).
+        """
         op = action.get("op")
         if self.down:
             return OutboundOutcome(False, None, "platform unreachable", "platform_down")
         if op not in self._descriptor.supported_ops:
             return OutboundOutcome(False, None, f"unsupported op {op!r}", "unsupported_op")
-        chat_id = action.get("chat_id")
-        if not isinstance(chat_id, str) or not chat_id:
-            return OutboundOutcome(False, None, "chat_id is required", "bad_action")
         metadata = action.get("metadata")
         meta = dict(metadata) if isinstance(metadata, Mapping) else {}
+        chat_id = target_chat(action)
+        if chat_id is None:
+            return OutboundOutcome(False, None, "chat_id is required", "bad_action")
+        content = action.get("content")
         if op == "typing":
-            self.sent.append(SentAction("typing", chat_id, None, None, metadata=meta))
+            status = content if isinstance(content, str) and content else None
+            self.sent.append(SentAction("typing", chat_id, status, None, metadata=meta))
             return OutboundOutcome(True)
-        text = action.get("text")
-        if not isinstance(text, str):
-            return OutboundOutcome(False, None, "text is required", "bad_action")
+        if not isinstance(content, str) or not content:
+            return OutboundOutcome(False, None, "content is required", "bad_action")
+        text = content
         if op == "edit":
             return self._edit(chat_id, action.get("message_id"), text, meta)
         if self._failures:
@@ -186,7 +201,7 @@ class LoopbackPlatform:
         thread_id = _opt_str(action.get("thread_id"))
         reply_to = _opt_str(action.get("reply_to"))
         self._log(ChatMessage(message_id, chat_id, "bot", text, thread_id))
-        self.sent.append(SentAction("send", chat_id, text, message_id, thread_id, reply_to, meta))
+        self.sent.append(SentAction(str(op), chat_id, text, message_id, thread_id, reply_to, meta))
         self.sent_event.set()
         return OutboundOutcome(True, message_id)
 
@@ -209,6 +224,19 @@ class LoopbackPlatform:
     def texts(self, chat_id: str) -> list[str]:
         """What the bot sent to ``chat_id``, in order (edits applied)."""
         return [m.text for m in self.transcript.get(chat_id, []) if m.sender == "bot"]
+
+
+def target_chat(action: Mapping[str, Any]) -> str | None:
+    """The chat an outbound action addresses: its ``chat_id`` (a string, or an integer id), or
+    for an action without one (``follow_up``) its ``metadata.chat_id``; None when it names none.
+    The connector's egress guard and the loopback driver read the target the same way."""
+    chat_id = action.get("chat_id")
+    if chat_id is None:
+        metadata = action.get("metadata")
+        chat_id = metadata.get("chat_id") if isinstance(metadata, Mapping) else None
+    if isinstance(chat_id, int) and not isinstance(chat_id, bool):
+        return str(chat_id)
+    return chat_id if isinstance(chat_id, str) and chat_id else None
 
 
 def _chat_type(value: str) -> ChatType:

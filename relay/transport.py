@@ -40,8 +40,15 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from relay.auth import bearer_header, mint_token
 from relay.codec import FrameDecoder, encode, error_frame_for
+from relay.compat import ERROR_FRAMES, OUR_FEATURES, features_header
 from relay.descriptor import CapabilityDescriptor
-from relay.errors import ContractVersionError, ProtocolError, RelayBroken, RelayClosed
+from relay.errors import (
+    ContractVersionError,
+    ProtocolError,
+    RelayBroken,
+    RelayClosed,
+    UndeliverableEvent,
+)
 from relay.frames import (
     DescriptorFrame,
     ErrorFrame,
@@ -50,10 +57,13 @@ from relay.frames import (
     Hello,
     Inbound,
     InboundEvent,
+    InterruptInbound,
     Outbound,
     OutboundOutcome,
     OutboundResult,
+    PassthroughForward,
 )
+from relay.throttle import LogThrottle
 from relay.urls import CLOSE_PROTOCOL, CloseKind, classify_close, relay_url
 from statecore.checks import require_text
 from statecore.clock import Clock, Deadline, SystemClock
@@ -67,6 +77,7 @@ __all__ = [
     "TEARDOWN_AWAITS",
     "TEARDOWN_AWAIT_S",
     "BufferDedupe",
+    "DeliveryHandler",
     "InboundHandler",
     "RequestOutcome",
     "RequestResult",
@@ -169,16 +180,30 @@ class RequestResult:
 
 InboundHandler = Callable[[InboundEvent], Awaitable[None]]
 
+DeliveryHandler = Callable[[Any], Awaitable[None]]
+"""A handler of an original-contract delivery (:class:`~relay.frames.InterruptInbound` or
+:class:`~relay.frames.PassthroughForward`): ``await handler(frame)``."""
+
+_Delivery = Inbound | UndeliverableEvent | InterruptInbound | PassthroughForward
+"""What the dispatcher settles, in arrival order."""
+
 
 class BufferDedupe(Protocol):
-    """Durable memory of handled buffered deliveries, so a replay is not handled twice."""
+    """Durable memory of handled buffered deliveries, so a replay is not handled twice, and of
+    buffered deliveries that could never be handled (recorded, then acked)."""
 
     async def seen(self, buffer_id: str) -> bool:
-        """True when ``buffer_id`` was handled before."""
+        """True when ``buffer_id`` was handled (or recorded as undeliverable) before."""
         ...
 
     async def remember(self, buffer_id: str) -> None:
         """Record that ``buffer_id`` has been handled (before it is acked)."""
+        ...
+
+    async def record_undeliverable(
+        self, buffer_id: str, *, frame_type: str, reason: str, raw_line: str
+    ) -> None:
+        """Durably record a delivery that can never be handled (before it is acked)."""
         ...
 
 
@@ -190,6 +215,12 @@ class WebSocketRelayTransport:
     request_timeout_s=30.0, clock=None, ...)``.  ``url`` is normalised by
     :func:`relay.urls.relay_url` (``ValueError`` for an unusable one).  With ``secret``, every
     dial carries a freshly minted bearer token for ``gateway_id`` (default: ``bot_id``).
+
+    Compatibility (docs/wire-contract.md): ``features`` (default :data:`~relay.compat.OUR_FEATURES`)
+    are announced on the upgrade and in every hello; ``error`` frames go only to a connector
+    whose descriptor announced ``error_frames``.  A 4401 (or HTTP 401/403) before the first
+    successful handshake is retried with backoff for ``refusal_grace_s`` before the transport
+    ends ``revoked``.  ``dedupe`` remembers handled bufferIds and records undeliverable ones.
     """
 
     # Timing settings, validated and set from the constructor's keywords.
@@ -200,6 +231,7 @@ class WebSocketRelayTransport:
     handshake_timeout_s: float
     open_timeout_s: float
     stable_after_s: float
+    refusal_grace_s: float
 
     def __init__(
         self,
@@ -221,9 +253,10 @@ class WebSocketRelayTransport:
         max_frame_bytes: int = 1_048_576,
         token_ttl_s: int = 300,
         identities: Iterable[tuple[str, str]] = (),
-        features: Iterable[str] = (),
+        features: Iterable[str] = OUR_FEATURES,
         dedupe: BufferDedupe | None = None,
         rng: random.Random | None = None,
+        refusal_grace_s: float = 120.0,
     ) -> None:
         for name, value in (
             ("reconnect_backoff_s", reconnect_backoff_s),
@@ -233,6 +266,7 @@ class WebSocketRelayTransport:
             ("handshake_timeout_s", handshake_timeout_s),
             ("open_timeout_s", open_timeout_s),
             ("stable_after_s", stable_after_s),
+            ("refusal_grace_s", refusal_grace_s),
         ):
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"{name} must be a non-negative number, not {value!r}")
@@ -249,6 +283,7 @@ class WebSocketRelayTransport:
         self.token_ttl_s = token_ttl_s
         self._identities = ((platform, bot_id), *tuple(identities))
         self._features = tuple(features)
+        self._announcement = [features_header(self._features)] if self._features else []
         self._dedupe = dedupe
         self._clock: Clock = clock or SystemClock()
         self._rng = rng or random.Random()
@@ -260,18 +295,15 @@ class WebSocketRelayTransport:
         self._dispatcher: asyncio.Task[None] | None = None
         self._torn_down: asyncio.Event | None = None
         self._background: set[asyncio.Task[None]] = set()
-        self._inbound: collections.deque[Inbound] = collections.deque()
+        self._inbound: collections.deque[_Delivery] = collections.deque()
         self._inbound_ready = asyncio.Event()
         self._handler: InboundHandler | None = None
+        self._init_compat()
         self._pending: dict[str, asyncio.Future[OutboundOutcome]] = {}
         self._idle_waiters: dict[str, asyncio.Future[bool]] = {}
         self._ids = itertools.count(1)
         self._prefix = secrets.token_hex(4)
-        self._attempt = 0
-        self._connected_at: float | None = None
-        self._legacy_retry_used = False
-        self._immediate_retry_used = False
-        self._redial_now = False
+        self._init_redial()
         self._violations = 0
         self.descriptor: CapabilityDescriptor | None = None
         """The descriptor of the first hello of the current (or last) connection."""
@@ -281,8 +313,31 @@ class WebSocketRelayTransport:
         """Why the transport ended (closed or revoked), for operators."""
         self.connections = 0
         """Successful handshakes so far (reconnects included)."""
+        self.undeliverable = 0
+        """Deliveries that could never be handled: recorded and acked when buffered, logged and
+        counted when live."""
         self.listeners: list[Callable[[TransportState, TransportState, str], None]] = []
         """Observers of every state change ``(from, to, event)``; they must not raise."""
+
+    def _init_compat(self) -> None:
+        """The state that keeps this transport within what its connector understands."""
+        self._interrupt_handler: DeliveryHandler | None = None
+        self._passthrough_handler: DeliveryHandler | None = None
+        # What the connector of the current connection announced (empty until its descriptor:
+        # an original connector announces nothing and is sent nothing it does not know).
+        self._peer_features: frozenset[str] = frozenset()
+        self._log_limit = LogThrottle(clock=self._clock)
+
+    def _init_redial(self) -> None:
+        """The state the supervisor's redial decisions read: the backoff ladder and the
+        one-shot allowances of the close rules."""
+        self._attempt = 0
+        self._connected_at: float | None = None
+        self._legacy_retry_used = False
+        self._immediate_retry_used = False
+        self._redial_now = False
+        # When the current run of pre-handshake refusals began (monotonic), if one is running.
+        self._refused_since: float | None = None
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -384,7 +439,8 @@ class WebSocketRelayTransport:
 
     async def _dial(self) -> None:
         self._fire("dial")
-        headers: list[tuple[str, str]] = []
+        headers: list[tuple[str, str]] = list(self._announcement)
+        self._peer_features = frozenset()
         if self._secret is not None:
             token = mint_token(
                 self.gateway_id, self._secret, ttl_s=self.token_ttl_s, now=self._clock.now()
@@ -404,7 +460,11 @@ class WebSocketRelayTransport:
             )
         except InvalidStatus as exc:
             status = exc.response.status_code
-            if status in (401, 403) and self._current() is T.CONNECTING:
+            if (
+                status in (401, 403)
+                and self._current() is T.CONNECTING
+                and not self._refusal_may_be_a_race()
+            ):
                 self.close_reason = f"connector refused the upgrade with HTTP {status}"
                 self._fire("revoke")
                 raise RelayClosed(self.close_reason) from exc
@@ -436,12 +496,18 @@ class WebSocketRelayTransport:
                 message = await recv()
                 for item in feed(message):
                     if type(item) is Inbound:
-                        enqueue(item)  # the bulk of the traffic: straight to the dispatcher
+                        # The bulk of the traffic: straight to the dispatcher.
+                        enqueue(item if item.event.source.platform else self._on_own_platform(item))
+                    elif isinstance(
+                        item, UndeliverableEvent | InterruptInbound | PassthroughForward
+                    ):
+                        enqueue(item)  # settled in order with the inbound events around it
                     elif isinstance(item, ContractVersionError):
                         await self._incompatible(ws, item)
                         return
                     elif isinstance(item, ProtocolError):
-                        await self._violation(ws, item)
+                        if await self._violation(ws, item):
+                            break  # closing: the rest of this message is not processed
                     else:
                         self._route(item)
         except ConnectionClosed:
@@ -465,13 +531,27 @@ class WebSocketRelayTransport:
             await ws.send(encode(error_frame_for(error)))
         await _bounded(ws.close(CLOSE_PROTOCOL, "contract version"), TEARDOWN_AWAIT_S)
 
-    async def _violation(self, ws: ClientConnection, error: ProtocolError) -> None:
+    async def _violation(self, ws: ClientConnection, error: ProtocolError) -> bool:
+        """Count, log (rate-limited) and -- to a connector that announced them -- answer one
+        invalid frame; True when the limit was passed and the connection is being closed."""
         self._violations += 1
-        log.warning("relay peer sent an invalid frame (%s): %s", error.code, error)
+        suppressed = self._log_limit.allow()
+        if suppressed is not None:
+            more = f" ({suppressed} more not logged)" if suppressed else ""
+            log.warning("relay peer sent an invalid frame (%s): %s%s", error.code, error, more)
         with contextlib.suppress(ConnectionClosed):
-            await ws.send(encode(error_frame_for(error)))
+            if ERROR_FRAMES in self._peer_features:
+                await ws.send(encode(error_frame_for(error)))
             if self._violations > _MAX_VIOLATIONS:
+                log.warning("relay %s: too many invalid frames; closing (4400)", self.url)
                 await ws.close(CLOSE_PROTOCOL, "too many protocol violations")
+                return True
+        return False
+
+    def _on_own_platform(self, frame: Inbound) -> Inbound:
+        """An event whose source names no platform came from this connection's platform."""
+        source = attrs.evolve(frame.event.source, platform=self.platform)
+        return Inbound(attrs.evolve(frame.event, source=source), frame.buffer_id)
 
     def _route(self, frame: object) -> None:
         """Route one decoded frame other than an inbound event (the reader queues those
@@ -497,6 +577,8 @@ class WebSocketRelayTransport:
         if self._current() is T.HANDSHAKING:
             # The first descriptor of a connection completes the handshake.
             self.descriptor = descriptor
+            self._peer_features = frozenset(descriptor.features)
+            self._refused_since = None
             self._connected_at = self._clock.monotonic()
             self._legacy_retry_used = False
             self._immediate_retry_used = False
@@ -529,7 +611,20 @@ class WebSocketRelayTransport:
         """
         self._handler = handler
 
-    def _enqueue(self, frame: Inbound) -> None:
+    def set_interrupt_handler(self, handler: DeliveryHandler | None) -> None:
+        """Call ``await handler(frame)`` for every :class:`~relay.frames.InterruptInbound`.
+
+        Without a handler a buffered one is recorded as undeliverable ("no handler") and acked,
+        a live one is logged and counted: it never blocks the deliveries behind it.
+        """
+        self._interrupt_handler = handler
+
+    def set_passthrough_handler(self, handler: DeliveryHandler | None) -> None:
+        """Call ``await handler(frame)`` for every :class:`~relay.frames.PassthroughForward`
+        (same rules as :meth:`set_interrupt_handler`)."""
+        self._passthrough_handler = handler
+
+    def _enqueue(self, frame: _Delivery) -> None:
         self._inbound.append(frame)
         ready = self._inbound_ready
         if not ready.is_set():
@@ -558,7 +653,10 @@ class WebSocketRelayTransport:
                 # Read per event: either may be replaced while a handler runs.
                 handler, dedupe = self._handler, self._dedupe
                 try:
-                    if (
+                    if not isinstance(frame, Inbound):
+                        if await self._settle(frame) and buffer_id is not None:
+                            acks.append(buffer_id)
+                    elif (
                         buffer_id is not None
                         and dedupe is not None
                         and await dedupe.seen(buffer_id)
@@ -593,6 +691,91 @@ class WebSocketRelayTransport:
                     await self._ack(acks)
                 else:
                     self._ack_soon(acks)
+
+    async def _settle(
+        self, frame: UndeliverableEvent | InterruptInbound | PassthroughForward
+    ) -> bool:
+        """Settle a delivery other than a readable inbound event; True when its bufferId may
+        now be acked (it was handled, or durably recorded as undeliverable).
+
+        Nothing here may stall the buffer for good: a poison entry, or a frame nobody handles,
+        is recorded and acked.  Only a failure to record it (or a handler that raised) leaves
+        it unacked, so the connector replays it.
+        """
+        buffer_id = frame.buffer_id
+        dedupe = self._dedupe
+        try:
+            if buffer_id is not None and dedupe is not None and await dedupe.seen(buffer_id):
+                return True  # handled or recorded before a restart: ack, don't redo
+            if isinstance(frame, UndeliverableEvent):
+                await self._undeliverable(
+                    frame.frame_type, buffer_id, frame.message, frame.raw_line
+                )
+                return buffer_id is not None
+            handler = (
+                self._interrupt_handler
+                if isinstance(frame, InterruptInbound)
+                else self._passthrough_handler
+            )
+            if handler is None:
+                raw = encode(frame).rstrip("\n")
+                await self._undeliverable(
+                    frame.TYPE, buffer_id, f"no handler for {frame.TYPE}", raw
+                )
+                return buffer_id is not None
+            await handler(frame)
+            if buffer_id is not None and dedupe is not None:
+                await dedupe.remember(buffer_id)
+            return buffer_id is not None
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception(
+                "relay: settling a %s failed (bufferId %s)", type(frame).__name__, buffer_id
+            )
+            return False
+
+    async def _undeliverable(
+        self, frame_type: str, buffer_id: str | None, reason: str, raw_line: str
+    ) -> None:
+        """Record (buffered) or log and count (live) one delivery that cannot be handled; raises
+        when a buffered one cannot be recorded (it must then stay unacked)."""
+        self.undeliverable += 1
+        if buffer_id is not None and self._dedupe is not None:
+            await self._dedupe.record_undeliverable(
+                buffer_id, frame_type=frame_type, reason=reason, raw_line=raw_line
+            )
+            log.warning(
+                "relay %s: recorded undeliverable %s %s: %s",
+                self.url,
+                frame_type,
+                buffer_id,
+                reason,
+                extra={"buffer_id": buffer_id, "frame_type": frame_type, "reason": reason},
+            )
+            return
+        suppressed = self._log_limit.allow()
+        if buffer_id is not None:
+            # No durable record is configured: the log is the record, so it is never throttled.
+            log.error(
+                "relay %s: undeliverable %s %s (%s), acked without a durable record (configure a "
+                "dedupe to keep one): %.2000s",
+                self.url,
+                frame_type,
+                buffer_id,
+                reason,
+                raw_line,
+            )
+        elif suppressed is not None:
+            more = f" ({suppressed} more not logged)" if suppressed else ""
+            log.warning(
+                "relay %s: dropped an undeliverable live %s (%s)%s: %.500s",
+                self.url,
+                frame_type,
+                reason,
+                more,
+                raw_line,
+            )
 
     async def _ack(self, buffer_ids: list[str]) -> None:
         ws = self._ws
@@ -753,7 +936,11 @@ class WebSocketRelayTransport:
         code, reason = _close_of(ws)
         # A handshake since the last legacy re-dial grants one more (see classify_close).
         handshaken = self.connections > 0 and not self._legacy_retry_used
-        kind = classify_close(code, reason, handshaken_before=handshaken)
+        kind = classify_close(
+            code, reason, handshaken_before=handshaken, ever_handshaken=self.connections > 0
+        )
+        if kind is CloseKind.REFUSED and not self._refusal_may_be_a_race():
+            kind = CloseKind.REVOKED
         if (
             self._connected_at is not None
             and self._clock.monotonic() - self._connected_at >= self.stable_after_s
@@ -762,6 +949,10 @@ class WebSocketRelayTransport:
         self._connected_at = None
         if kind is CloseKind.REVOKED:
             self.close_reason = f"credentials revoked by the connector ({code} {reason})"
+            if self.connections == 0:
+                self.close_reason += (
+                    f", refused for {self.refusal_grace_s:g} s before any handshake"
+                )
             self._fire("revoke")
             log.warning("relay %s: %s", self.url, self.close_reason)
             return
@@ -782,6 +973,25 @@ class WebSocketRelayTransport:
             self._immediate_retry_used = True
             self._redial_now = True
         self._arm()
+
+    def _refusal_may_be_a_race(self) -> bool:
+        """Whether a refusal of our credentials may still be a start-up race: only before the
+        first handshake this transport ever made, and only within ``refusal_grace_s`` of the
+        first such refusal (after which it is taken as revocation)."""
+        if self.connections > 0:
+            return False
+        now = self._clock.monotonic()
+        if self._refused_since is None:
+            self._refused_since = now
+        if now - self._refused_since >= self.refusal_grace_s:
+            return False
+        log.info(
+            "relay %s: credentials refused before any handshake; retrying with backoff "
+            "(a connector that does not know us yet), for %g s more",
+            self.url,
+            self.refusal_grace_s - (now - self._refused_since),
+        )
+        return True
 
     def _next_delay(self) -> float:
         """Jittered exponential backoff: uniform in [d/2, d], d = min(cap, base * 2**attempt)."""

@@ -1,4 +1,4 @@
-"""Where the gateway dials, and what a close code means (relay-protocol.md, "Connection").
+"""Where the gateway dials, and what a close code means (docs/wire-contract.md).
 
 * :func:`relay_url` turns the configured connector base into the WebSocket URL to dial.
 * :func:`classify_close` turns a received close code and reason into a :class:`CloseKind` the
@@ -114,6 +114,10 @@ class CloseKind(StrEnum):
     """Another connection of this gateway took over: stop, never re-dial."""
     PROTOCOL = "protocol"
     """The peer closed for protocol violations: a bug on one side; re-dial with backoff."""
+    REFUSED = "refused"
+    """A 4401 before this transport ever completed a handshake: a start-up race (the connector
+    does not know us yet) or a revocation.  Re-dial with backoff for a bounded period before
+    concluding revocation, so one early refusal never locks a valid gateway out for good."""
     RETRY_ONCE = "retry_once"
     """A legacy 4401 after an earlier successful handshake: re-dial once at once with a fresh
     token; if that also ends in 4401 before a handshake, it is revocation."""
@@ -121,14 +125,21 @@ class CloseKind(StrEnum):
     """Any other code, or none: treat as a broken connection and re-dial with backoff."""
 
 
-def classify_close(code: int | None, reason: str | None, *, handshaken_before: bool) -> CloseKind:
+def classify_close(
+    code: int | None,
+    reason: str | None,
+    *,
+    handshaken_before: bool,
+    ever_handshaken: bool = True,
+) -> CloseKind:
     """Classify a received WebSocket close (code and reason) into a :class:`CloseKind`.
 
     Rules: 4419 -> EXPIRED; 4409 -> REPLACED; 4400 -> PROTOCOL; 1000/1001 -> NORMAL; 4401 with
     the reason ``expired`` (case and surrounding spaces ignored) -> EXPIRED, the way connectors
     of the original contract signal expiry; any other 4401 -> RETRY_ONCE when
-    ``handshaken_before``, else REVOKED. A missing, non-integer or out-of-range (outside
-    1000-4999) code -> OTHER.
+    ``handshaken_before``, REFUSED when the transport has not ``ever_handshaken`` (the caller
+    retries it with backoff for a bounded period), else REVOKED. A missing, non-integer or
+    out-of-range (outside 1000-4999) code -> OTHER.
 
     ``handshaken_before`` must be True only if a handshake succeeded since the last RETRY_ONCE
     was acted on: the caller grants the legacy re-dial once, and classifies the 4401 that ends
@@ -148,5 +159,7 @@ def classify_close(code: int | None, reason: str | None, *, handshaken_before: b
     if code == CLOSE_REVOKED:
         if isinstance(reason, str) and reason.strip().lower() == "expired":
             return CloseKind.EXPIRED
-        return CloseKind.RETRY_ONCE if handshaken_before else CloseKind.REVOKED
+        if handshaken_before:
+            return CloseKind.RETRY_ONCE
+        return CloseKind.REVOKED if ever_handshaken else CloseKind.REFUSED
     return CloseKind.OTHER

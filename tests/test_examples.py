@@ -274,7 +274,14 @@ async def test_crash_recovery_when_the_connector_comes_up_after_the_bot(tmp_path
     gateway = Gateway(store, retry_interval_s=0.1)
     gateway.add_adapter("loopback", adapter)
     platform = LoopbackPlatform()
-    connector = Connector(InMemoryStore(), secrets={"gw": [SECRET]}, drivers={"loopback": platform})
+    connector = Connector(
+        # The owed reply was recorded by hand, not in answer to an inbound message: egress is
+        # opened explicitly (provenance would rightly decline a chat that never wrote).
+        InMemoryStore(),
+        secrets={"gw": [SECRET]},
+        drivers={"loopback": platform},
+        open_egress=True,
+    )
     try:
         assert await gateway.start() == 0  # the connector is down: nothing can be claimed yet
         await connector.start("127.0.0.1", port)
@@ -291,10 +298,24 @@ async def test_crash_recovery_when_the_connector_comes_up_after_the_bot(tmp_path
 @pytest.mark.asyncio
 async def test_reply_sent_during_a_connector_blip_is_delivered_after_reconnect() -> None:
     platform = LoopbackPlatform()
-    first = Connector(InMemoryStore(), secrets={"gw": [SECRET]}, drivers={"loopback": platform})
+    first = Connector(
+        # The owed reply was recorded by hand, not in answer to an inbound message: egress is
+        # opened explicitly (provenance would rightly decline a chat that never wrote).
+        InMemoryStore(),
+        secrets={"gw": [SECRET]},
+        drivers={"loopback": platform},
+        open_egress=True,
+    )
     await first.start("127.0.0.1", 0)
     port = int(first.url.rsplit(":", 1)[1])
-    second = Connector(InMemoryStore(), secrets={"gw": [SECRET]}, drivers={"loopback": platform})
+    second = Connector(
+        # The owed reply was recorded by hand, not in answer to an inbound message: egress is
+        # opened explicitly (provenance would rightly decline a chat that never wrote).
+        InMemoryStore(),
+        secrets={"gw": [SECRET]},
+        drivers={"loopback": platform},
+        open_egress=True,
+    )
     transport = quick_transport(first.url)
     clock = FakeClock()  # the gateway's: its retry timer runs when the test moves time
     gateway = Gateway(

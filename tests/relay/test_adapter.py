@@ -136,9 +136,10 @@ async def test_connect_returns_false_when_the_connector_is_unreachable(
 async def test_connect_returns_false_when_credentials_are_refused(
     connector: Connector, transports: TransportFactory
 ) -> None:
-    """connect() returns False when the connector revokes the credentials."""
+    """connect() returns False when the connector revokes the credentials (no grace for a
+    start-up race configured, so the first refusal is final)."""
     connector.close_on_connect = {1: (4401, "unknown gateway")}
-    transport = transports()
+    transport = transports(refusal_grace_s=0)
     adapter = adapter_for(transport)
     assert await asyncio.wait_for(adapter.connect(), GUARD) is False
     assert state_of(transport) is T.REVOKED
@@ -306,7 +307,9 @@ async def test_send_success_returns_the_message_id(
     result = await asyncio.wait_for(adapter.send("c1", "hi there"), GUARD)
     assert result == SendResult.ok("m-123")
     action = connector.frames_of("outbound")[0]["action"]
-    assert (action["op"], action["chat_id"], action["text"]) == ("send", "c1", "hi there")
+    # The contract's body field is ``content`` (an original connector refuses a send without it).
+    assert (action["op"], action["chat_id"], action["content"]) == ("send", "c1", "hi there")
+    assert "text" not in action
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import pytest_asyncio
 from websockets.asyncio.client import ClientConnection, connect
@@ -25,6 +26,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from relay import connector as connector_module
 from relay.auth import mint_token
 from relay.buffer import BUFFER_KIND, BufferState
+from relay.compat import OUR_FEATURES, features_header
 from relay.connector import EGRESS_DECLINED_MESSAGE, Connector
 from relay.frames import EventSource, InboundEvent
 from relay.platform import LoopbackPlatform
@@ -101,6 +103,10 @@ class Harness:
         secrets: Mapping[str, Sequence[str | bytes]] = SECRETS,
         **options: Any,
     ) -> Connector:
+        # Most tests here exercise something other than the egress guard, so they open egress
+        # explicitly; the provenance default is pinned by tests that pass open_egress=False.
+        if "tenants" not in options:
+            options.setdefault("open_egress", True)
         connector = Connector(
             self.store,
             secrets=secrets,
@@ -146,13 +152,17 @@ class Harness:
         token: str | None = None,
         header: str | None = None,
         path: str = "/relay",
+        announce: bool = True,
     ) -> ClientConnection:
-        """A raw WebSocket client, authenticated as ``gateway_id`` unless told otherwise."""
+        """A raw WebSocket client, authenticated as ``gateway_id`` unless told otherwise, that
+        announces our features on the upgrade (``announce=False``: an original gateway)."""
         if header is None and token is None and gateway_id is not None:
             token = mint_token(gateway_id, SECRETS[gateway_id][0])
         if header is None and token is not None:
             header = f"Bearer {token}"
         headers = [] if header is None else [("Authorization", header)]
+        if announce:
+            headers.append(features_header(OUR_FEATURES))
         ws = await connect(
             connector.url + path,
             additional_headers=headers,
@@ -269,7 +279,7 @@ async def raw_request(
 
 
 def send_action(chat_id: str, text: str, **metadata: object) -> dict[str, Any]:
-    action: dict[str, Any] = {"op": "send", "chat_id": chat_id, "text": text}
+    action: dict[str, Any] = {"op": "send", "chat_id": chat_id, "content": text}
     if metadata:
         action["metadata"] = metadata
     return action
@@ -300,12 +310,13 @@ async def test_valid_token_is_accepted_and_hello_answered_with_the_descriptor(
     transport = harness.transport(connector, "gw-a")
     await asyncio.wait_for(transport.connect(), BOUND)
     descriptor = await transport.handshake(BOUND)
-    assert descriptor == harness.platform.descriptor()
+    # The platform's capabilities, plus the connector's own announcement.
+    assert descriptor == attrs.evolve(harness.platform.descriptor(), features=OUR_FEATURES)
     assert transport.state is TransportState.CONNECTED
     await eventually(lambda: connector.connected("gw-a"), "gw-a connected")
     ws = await harness.raw(connector, "gw-b")
     frame = await raw_hello(ws)
-    assert frame == {"type": "descriptor", "descriptor": harness.platform.descriptor().to_wire()}
+    assert frame == {"type": "descriptor", "descriptor": descriptor.to_wire()}
 
 
 @pytest.mark.asyncio
@@ -315,7 +326,7 @@ async def test_configured_descriptor_overrides_the_drivers(mh: Harness) -> None:
     connector = await mh.start(descriptors={"loopback": custom})
     ws = await mh.raw(connector)
     frame = await raw_hello(ws)
-    assert frame["descriptor"] == custom.to_wire()
+    assert frame["descriptor"] == attrs.evolve(custom, features=OUR_FEATURES).to_wire()
 
 
 @pytest.mark.asyncio
@@ -331,11 +342,15 @@ async def test_legacy_hello_without_additions_is_served(mh: Harness) -> None:
 async def test_expired_token_is_closed_with_4419(
     mh: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A genuine but expired token is refused with close code 4419 (re-dial with a fresh one)."""
+    """A genuine but expired token is refused with close code 4419 (re-dial with a fresh one)
+    to a gateway that announced it, and with 4401 + ``expired`` to an original gateway."""
     connector = await mh.start()
     token = mint_token("gw-a", "secret-a", ttl_s=60, now=time.time() - 3600)
     ws = await mh.raw(connector, token=token)
     assert await close_code(ws) == 4419
+    original = await mh.raw(connector, token=token, announce=False)
+    await asyncio.wait_for(original.wait_closed(), BOUND)
+    assert (original.close_code, original.close_reason) == (4401, "expired")
     assert not connector.connected("gw-a")
     assert not no_errors(caplog)
 
@@ -396,20 +411,41 @@ async def test_paths_other_than_relay_are_refused_with_404(mh: Harness, path: st
 
 
 @pytest.mark.asyncio
-async def test_hello_for_an_unknown_platform_gets_an_error_frame(mh: Harness) -> None:
-    """A hello for a platform the connector has no driver for is answered with an error frame,
-    and the connection may still say hello for a real one."""
+async def test_a_first_hello_for_an_unknown_platform_closes_at_once_naming_it(
+    mh: Harness,
+) -> None:
+    """A connection whose first hello names a platform the connector does not front is closed at
+    once with a reason naming it (4400 to an announced gateway, 4401 to an original one, which
+    backs off on an early 4401), so no gateway waits out its handshake timeout."""
+    connector = await mh.start()
+    for announce, code in ((True, 4400), (False, 4401)):
+        ws = await mh.raw(connector, announce=announce)
+        await send_line(ws, {"type": "hello", "platform": "nowhere", "botId": "b"})
+        await asyncio.wait_for(ws.wait_closed(), BOUND)
+        assert ws.close_code == code
+        assert ws.close_reason is not None
+        assert "nowhere" in ws.close_reason
+    assert not connector.connected("gw-a")
+
+
+@pytest.mark.asyncio
+async def test_a_later_hello_for_an_unknown_platform_gets_an_error_frame(mh: Harness) -> None:
+    """Once a connection is served, a hello for a platform the connector does not front gets an
+    error frame (announced gateways only) and the connection carries on."""
     connector = await mh.start()
     ws = await mh.raw(connector)
+    assert (await raw_hello(ws))["type"] == "descriptor"
     frame = await raw_hello(ws, "nowhere")
     assert (frame["type"], frame["code"], frame.get("ref")) == (
         "error",
         "unknown_platform",
         "hello",
     )
-    assert not connector.connected("gw-a")
-    assert (await raw_hello(ws))["type"] == "descriptor"
-    await eventually(lambda: connector.connected("gw-a"), "handshake after a good hello")
+    await eventually(lambda: connector.connected("gw-a"), "still served")
+    original = await mh.raw(connector, "gw-b", announce=False)
+    assert (await raw_hello(original))["type"] == "descriptor"
+    await send_line(original, {"type": "hello", "platform": "nowhere", "botId": "b"})
+    assert await nothing_arrives(original)
 
 
 @pytest.mark.asyncio
@@ -588,31 +624,6 @@ async def test_transport_go_idle_makes_the_connector_buffer(harness: Harness) ->
     await harness.platform.inject("c1", "later")
     await eventually(lambda: connector.buffered("gw-a") == 1, "buffered while idle")
     assert recorder.events == []
-
-
-@pytest.mark.asyncio
-async def test_newer_connection_replaces_the_older_with_4409(mh: Harness) -> None:
-    """When a gateway connects again, its older connection is closed with 4409 and the newer
-    one serves; the older transport does not fight back by re-dialing."""
-    connector = await mh.start()
-    first_raw = await mh.raw(connector)
-    await raw_hello(first_raw)
-    second_raw = await mh.raw(connector)
-    assert await close_code(first_raw) == 4409
-    await raw_hello(second_raw)
-    await second_raw.close()
-
-    older = await mh.gateway(connector, "gw-a", reconnect=True, reconnect_backoff_s=0.01)
-    recorder = Recorder()
-    newer = await mh.gateway(connector, "gw-a", recorder)
-    await eventually(lambda: older.state is TransportState.CLOSED, "older transport closed")
-    assert older.close_reason is not None
-    assert "4409" in older.close_reason
-    assert newer.state is TransportState.CONNECTED
-    assert connector.connected("gw-a")
-    assert (await newer.request(send_action("c1", "from newer"), timeout_s=BOUND)).success
-    await mh.platform.inject("c1", "hi")
-    await eventually(lambda: recorder.texts == ["hi"], "newer receives")
 
 
 @pytest.mark.asyncio

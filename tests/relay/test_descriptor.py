@@ -62,7 +62,7 @@ def test_seed_descriptor_decodes_with_defaults() -> None:
         markdown_dialect="discord",
         len_unit="chars",
     )
-    assert d.supported_ops == LEGACY_OPS == ("send", "edit", "typing")
+    assert d.supported_ops == LEGACY_OPS == ("send", "edit", "typing", "follow_up")
     assert d.max_frame_bytes is None
 
 

@@ -15,10 +15,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import pytest_asyncio
 
 from relay.adapter import RelayAdapter
+from relay.compat import OUR_FEATURES
 from relay.connector import EGRESS_DECLINED_MESSAGE, Connector
 from relay.dedupe import StoreBufferDedupe
 from relay.frames import InboundEvent
@@ -423,7 +425,7 @@ async def test_echo_bot_end_to_end(world: World, store_kind: str) -> None:
         connector, "gw-a", echo, clock=clock, dormant_redial_s=2
     )
     adapter_ref.append(adapter)
-    assert adapter.descriptor == world.platform.descriptor()
+    assert adapter.descriptor == attrs.evolve(world.platform.descriptor(), features=OUR_FEATURES)
     words = [f"w{n}" for n in range(9)]
     for word in words[:3]:
         await world.platform.inject("room", word, user_id="u1", thread_id="t1")

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relay.descriptor import CONTRACT_VERSION, LEGACY_OPS, CapabilityDescriptor
-from relay.errors import ContractVersionError, ProtocolError
+from relay.errors import ContractVersionError, ProtocolError, UndeliverableEvent
 from relay.frames import (
     CHAT_TYPES,
     CONNECTOR_TO_GATEWAY,
@@ -31,9 +31,11 @@ from relay.frames import (
     InboundAck,
     InboundEvent,
     Interrupt,
+    InterruptInbound,
     Outbound,
     OutboundOutcome,
     OutboundResult,
+    PassthroughForward,
     frame_from_wire,
 )
 
@@ -101,6 +103,12 @@ SAMPLE_FRAMES: list[Frame] = [
     GoingIdleAck("r3"),
     ErrorFrame("bad_field", "field 'requestId' must be a string"),
     ErrorFrame("frame_too_large", "too big", ref="r7"),
+    InterruptInbound("agent:main:p:dm:c1", "c1"),
+    InterruptInbound("s", buffer_id="b-9"),
+    PassthroughForward(
+        {"platform": "p", "botId": "b", "method": "POST", "path": "/hook", "headers": {}},
+        buffer_id="b-10",
+    ),
 ]
 
 
@@ -145,7 +153,7 @@ json_values = st.recursive(
 sources = st.builds(
     EventSource,
     platform=texts,
-    chat_id=ids,
+    chat_id=ids.filter(lambda v: v != ""),  # an empty chat id routes nowhere: poison
     chat_type=st.sampled_from(sorted(CHAT_TYPES)),
     chat_name=st.none() | texts,
     user_id=st.none() | ids,
@@ -157,7 +165,7 @@ sources = st.builds(
 events = st.builds(
     InboundEvent,
     text=texts,
-    message_type=texts,
+    message_type=texts.filter(bool),
     message_id=st.none() | ids,
     reply_to_message_id=st.none() | ids,
     source=sources,
@@ -175,6 +183,7 @@ descriptors = st.builds(
     len_unit=st.sampled_from(["chars", "utf16"]),
     supported_ops=st.lists(st.text(min_size=1, max_size=8), max_size=4).map(tuple),
     max_frame_bytes=st.none() | st.integers(1, 10**9),
+    features=st.lists(st.text(min_size=1, max_size=8), max_size=3, unique=True).map(tuple),
 )
 actions = st.tuples(st.text(min_size=1, max_size=8), st.dictionaries(texts, json_values)).map(
     lambda pair: {**pair[1], "op": pair[0]}
@@ -188,6 +197,21 @@ frames: st.SearchStrategy[Frame] = st.one_of(
     st.builds(Interrupt, texts, opt),
     st.builds(DescriptorFrame, descriptors),
     st.builds(Inbound, events, opt),
+    st.builds(InterruptInbound, texts, st.none() | ids, opt),
+    st.builds(
+        PassthroughForward,
+        st.fixed_dictionaries(
+            {
+                "platform": texts,
+                "botId": texts,
+                "method": texts,
+                "path": texts,
+                "headers": st.dictionaries(texts, texts, max_size=2),
+                "bodyB64": texts,
+            }
+        ),
+        opt,
+    ),
     st.builds(
         OutboundResult,
         texts,
@@ -213,6 +237,8 @@ def test_directions_partition_the_frame_types() -> None:
         "interrupt",
     }
     assert {cls.TYPE for cls in CONNECTOR_TO_GATEWAY} == {
+        "interrupt_inbound",
+        "passthrough_forward",
         "descriptor",
         "inbound",
         "outbound_result",
@@ -379,13 +405,21 @@ def test_constructors_normalise_integer_ids_too() -> None:
     assert OutboundOutcome(True, message_id=9).message_id == "9"
 
 
-@pytest.mark.parametrize("key", ["chat_id", "user_id", "thread_id", "scope_id"])
+@pytest.mark.parametrize("key", ["user_id", "thread_id", "scope_id"])
 def test_booleans_are_not_ids(key: str) -> None:
-    """A JSON boolean where an id belongs is a bad_field, not the id "True"."""
+    """A JSON boolean where an optional id belongs reads as absent, never as the id "True"."""
     source: dict[str, Any] = {"platform": "p", "chat_id": "c", "chat_type": "dm", key: True}
-    err = refused({"type": "inbound", "event": {"text": "x", "source": source}})
-    assert err.code == "bad_field"
-    assert f"event.source.{key}" in err.message
+    frame = frame_from_wire({"type": "inbound", "event": {"text": "x", "source": source}})
+    assert isinstance(frame, Inbound)
+    assert getattr(frame.event.source, key) is None
+
+
+def test_a_boolean_chat_id_makes_the_event_undeliverable() -> None:
+    """A JSON boolean chat_id is no chat at all: the event is poison, naming the field."""
+    source = {"platform": "p", "chat_id": True, "chat_type": "dm"}
+    with pytest.raises(UndeliverableEvent) as caught:
+        frame_from_wire({"type": "inbound", "event": {"text": "x", "source": source}})
+    assert "event.source.chat_id" in caught.value.message
 
 
 def test_null_is_the_same_as_absent() -> None:
@@ -434,10 +468,117 @@ def test_a_non_object_is_not_an_object(obj: Any) -> None:
     assert refused(obj).code == "not_an_object"
 
 
-def test_hello_defaults_protocol_and_features_for_original_gateways() -> None:
-    """A hello without protocol/features (original contract) reads as protocol 1, no features."""
-    assert frame_from_wire({"type": "hello", "platform": "p", "botId": "b"}) == Hello("p", "b")
+def test_hello_without_protocol_is_an_original_gateway() -> None:
+    """A hello without protocol/features (original contract) reads as protocol None, unannounced,
+    and is written back exactly as the original writes it; ours announces protocol 1."""
+    original = frame_from_wire({"type": "hello", "platform": "p", "botId": "b"})
+    assert original == Hello("p", "b", protocol=None)
+    assert isinstance(original, Hello)
+    assert not original.announced
+    assert original.to_wire() == {"type": "hello", "platform": "p", "botId": "b"}
     assert Hello("p", "b").protocol == CONTRACT_VERSION
+    assert Hello("p", "b").announced
+
+
+# -- lenient inbound reading (the original reader's rules) ---------------------------------------
+
+
+def test_inbound_is_read_as_leniently_as_the_original_reader() -> None:
+    """A missing text is "", a forum chat is kept, a missing or unknown chat_type is dm, a
+    message_type that is not text is "text", a missing platform is left for the receiver, and
+    mistyped optional fields read as absent: none of these refuses the event."""
+    cases: list[tuple[dict[str, Any], dict[str, Any]]] = [
+        ({"source": {"platform": "p", "chat_id": "c", "chat_type": "forum"}}, {"text": ""}),
+        ({"text": "x", "source": {"platform": "p", "chat_id": "c"}}, {"chat_type": "dm"}),
+        (
+            {"text": "x", "source": {"platform": "p", "chat_id": "c", "chat_type": "space"}},
+            {"chat_type": "dm"},
+        ),
+        ({"text": 1, "source": {"platform": "p", "chat_id": "c"}}, {"text": ""}),
+        (
+            {"text": "x", "message_type": 2, "source": {"chat_id": 7, "chat_type": "group"}},
+            {"message_type": "text", "platform": "", "chat_id": "7", "chat_type": "group"},
+        ),
+        (
+            {
+                "text": "x",
+                "message_id": 1.5,
+                "source": {"platform": "p", "chat_id": "c", "user_name": 3, "thread_id": []},
+            },
+            {"message_id": None, "user_name": None, "thread_id": None},
+        ),
+    ]
+    for event, expected in cases:
+        frame = frame_from_wire({"type": "inbound", "event": event, "bufferId": "b-1"})
+        assert isinstance(frame, Inbound), event
+        assert frame.buffer_id == "b-1"
+        got = {**attrs.asdict(frame.event.source), **attrs.asdict(frame.event, recurse=False)}
+        for key, value in expected.items():
+            assert got[key] == value, (event, key)
+
+
+@pytest.mark.parametrize(
+    ("event", "field"),
+    [
+        (None, "event"),
+        ("hi", "event"),
+        ({"text": "x"}, "event.source"),
+        ({"text": "x", "source": []}, "event.source"),
+        ({"text": "x", "source": {"platform": "p", "chat_type": "dm"}}, "event.source.chat_id"),
+        ({"text": "x", "source": {"platform": "p", "chat_id": ""}}, "event.source.chat_id"),
+        ({"text": "x", "source": {"platform": "p", "chat_id": {"id": 1}}}, "event.source.chat_id"),
+    ],
+)
+def test_an_unroutable_inbound_is_undeliverable_with_its_buffer_id(event: Any, field: str) -> None:
+    """An inbound without a usable source.chat_id is poison: an UndeliverableEvent naming the
+    field and carrying the bufferId (so it can be recorded and acked), never a plain violation."""
+    obj: dict[str, Any] = {"type": "inbound", "bufferId": "b-7"}
+    if event is not None:
+        obj["event"] = event
+    with pytest.raises(UndeliverableEvent) as caught:
+        frame_from_wire(obj)
+    err = caught.value
+    assert (err.code, err.buffer_id, err.frame_type, err.ref) == (
+        "undeliverable",
+        "b-7",
+        "inbound",
+        "b-7",
+    )
+    assert repr(field) in err.message
+    live = dict(obj)
+    del live["bufferId"]
+    with pytest.raises(UndeliverableEvent) as caught:
+        frame_from_wire(live)
+    assert caught.value.buffer_id is None
+
+
+def test_a_malformed_original_delivery_is_undeliverable_too() -> None:
+    """An interrupt_inbound or passthrough_forward that cannot be read is poison with its
+    bufferId, like an inbound event; a bufferId of the wrong type is no bufferId at all."""
+    for obj in (
+        {"type": "interrupt_inbound", "chat_id": "c", "bufferId": "b-1"},
+        {"type": "passthrough_forward", "forward": "x", "bufferId": "b-1"},
+        {"type": "passthrough_forward", "forward": {"method": "POST"}, "bufferId": "b-1"},
+    ):
+        with pytest.raises(UndeliverableEvent) as caught:
+            frame_from_wire(obj)
+        assert caught.value.buffer_id == "b-1"
+        assert caught.value.frame_type == obj["type"]
+    with pytest.raises(UndeliverableEvent) as caught:
+        frame_from_wire({"type": "inbound", "bufferId": 3, "event": {}})
+    assert caught.value.buffer_id is None
+
+
+def test_undeliverable_events_pickle_with_their_fields() -> None:
+    """An UndeliverableEvent survives a process boundary with its bufferId, type and raw line."""
+    err = UndeliverableEvent("no chat", "b-1", "passthrough_forward", raw_line='{"x":1}')
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.message, back.buffer_id, back.frame_type, back.raw_line) == (
+        "no chat",
+        "b-1",
+        "passthrough_forward",
+        '{"x":1}',
+    )
 
 
 def test_interrupt_accepts_the_camel_case_spelling() -> None:
@@ -458,24 +599,6 @@ MISSING_CASES: list[tuple[dict[str, Any], str, str | None]] = [
     ({"type": "outbound", "requestId": "r9", "action": {}}, "action.op", "r9"),
     ({"type": "inbound_ack"}, "bufferId", "inbound_ack"),
     ({"type": "descriptor"}, "descriptor", "descriptor"),
-    ({"type": "inbound"}, "event", "inbound"),
-    ({"type": "inbound", "event": {"source": SOURCE.to_wire()}}, "event.text", "inbound"),
-    ({"type": "inbound", "event": {"text": "x"}}, "event.source", "inbound"),
-    (
-        {"type": "inbound", "event": {"text": "x", "source": {"chat_id": "c", "chat_type": "dm"}}},
-        "event.source.platform",
-        "inbound",
-    ),
-    (
-        {"type": "inbound", "event": {"text": "x", "source": {"platform": "p", "chat_type": "dm"}}},
-        "event.source.chat_id",
-        "inbound",
-    ),
-    (
-        {"type": "inbound", "event": {"text": "x", "source": {"platform": "p", "chat_id": "c"}}},
-        "event.source.chat_type",
-        "inbound",
-    ),
     ({"type": "outbound_result", "result": {"success": True}}, "requestId", "outbound_result"),
     ({"type": "outbound_result", "requestId": "r5"}, "result", "r5"),
     ({"type": "outbound_result", "requestId": "r5", "result": {}}, "result.success", "r5"),
@@ -523,50 +646,6 @@ BAD_CASES: list[tuple[dict[str, Any], str, str | None]] = [
     ({"type": "interrupt", "session_key": 5}, "session_key", "interrupt"),
     ({"type": "interrupt", "session_key": "s", "reason": 5}, "reason", "interrupt"),
     ({"type": "descriptor", "descriptor": "x"}, "descriptor", "descriptor"),
-    ({"type": "inbound", "event": "hi"}, "event", "inbound"),
-    ({"type": "inbound", "bufferId": 3, "event": {}}, "bufferId", "inbound"),
-    ({"type": "inbound", "event": {"text": 1, "source": {}}}, "event.text", "inbound"),
-    (
-        {"type": "inbound", "event": {"text": "x", "message_type": 2, "source": {}}},
-        "event.message_type",
-        "inbound",
-    ),
-    (
-        {"type": "inbound", "event": {"text": "x", "message_id": 1.5, "source": {}}},
-        "event.message_id",
-        "inbound",
-    ),
-    ({"type": "inbound", "event": {"text": "x", "source": []}}, "event.source", "inbound"),
-    (
-        {
-            "type": "inbound",
-            "event": {"text": "x", "source": {"platform": "p", "chat_id": "c", "chat_type": "dms"}},
-        },
-        "event.source.chat_type",
-        "inbound",
-    ),
-    (
-        {
-            "type": "inbound",
-            "event": {
-                "text": "x",
-                "source": {"platform": "p", "chat_id": "c", "chat_type": ["dm"]},
-            },
-        },
-        "event.source.chat_type",
-        "inbound",
-    ),
-    (
-        {
-            "type": "inbound",
-            "event": {
-                "text": "x",
-                "source": {"platform": "p", "chat_id": "c", "chat_type": "dm", "user_name": 3},
-            },
-        },
-        "event.source.user_name",
-        "inbound",
-    ),
     ({"type": "outbound_result", "requestId": 1, "result": {}}, "requestId", "outbound_result"),
     ({"type": "outbound_result", "requestId": "r2", "result": True}, "result", "r2"),
     (
@@ -674,7 +753,7 @@ def test_corrupted_frames_are_refused_or_decoded_valid(frame: Frame, data: st.Da
     else:
         if result is not None:
             validate_deep(result)
-    assert code in {None, "missing_field", "bad_field", "contract_version"}
+    assert code in {None, "missing_field", "bad_field", "contract_version", "undeliverable"}
 
 
 # -- local validation (constructors) ------------------------------------------------------------

@@ -307,7 +307,14 @@ class Relay:
         self.transports: list[WebSocketRelayTransport] = []
 
     async def start(self) -> Connector:
-        connector = Connector(self.store, secrets=SECRETS, drivers={"loopback": self.platform})
+        # Replies here go to chats the test names directly, not always ones that wrote first:
+        # egress is opened explicitly (the provenance default is pinned by the connector tests).
+        connector = Connector(
+            self.store,
+            secrets=SECRETS,
+            drivers={"loopback": self.platform},
+            open_egress=True,
+        )
         await connector.start(port=self.port)
         self.port = int(connector.url.rsplit(":", 1)[1])
         self.connector = connector

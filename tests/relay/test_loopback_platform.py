@@ -29,7 +29,7 @@ def attached(platform: LoopbackPlatform) -> Intake:
 async def send(
     platform: LoopbackPlatform, chat_id: str, text: str, **extra: object
 ) -> OutboundOutcome:
-    return await platform.perform({"op": "send", "chat_id": chat_id, "text": text, **extra})
+    return await platform.perform({"op": "send", "chat_id": chat_id, "content": text, **extra})
 
 
 def test_loopback_is_a_platform_driver() -> None:
@@ -41,7 +41,7 @@ def test_descriptor_advertises_the_supported_ops() -> None:
     """The descriptor names the platform, its limits and exactly the ops it supports."""
     default = LoopbackPlatform().descriptor()
     assert default.platform == "loopback"
-    assert tuple(default.supported_ops) == ("send", "edit", "typing")
+    assert tuple(default.supported_ops) == ("send", "edit", "typing", "follow_up")
     assert default.supports_edit
     assert default.supports_threads
     assert default.max_message_length == 4096
@@ -130,7 +130,7 @@ async def test_edit_changes_the_bots_message_in_place() -> None:
     first = await send(platform, "c1", "draft")
     await send(platform, "c1", "second")
     edited = await platform.perform(
-        {"op": "edit", "chat_id": "c1", "message_id": first.message_id, "text": "final"}
+        {"op": "edit", "chat_id": "c1", "message_id": first.message_id, "content": "final"}
     )
     assert edited == OutboundOutcome(True, first.message_id)
     assert platform.texts("c1") == ["final", "second"]
@@ -139,7 +139,7 @@ async def test_edit_changes_the_bots_message_in_place() -> None:
     assert platform.sent[-1] == SentAction("edit", "c1", "final", first.message_id)
     for chat_id, message_id in (("c1", user_msg), ("c1", "m999"), ("c2", first.message_id)):
         refused = await platform.perform(
-            {"op": "edit", "chat_id": chat_id, "message_id": message_id, "text": "x"}
+            {"op": "edit", "chat_id": chat_id, "message_id": message_id, "content": "x"}
         )
         assert (refused.success, refused.code) == (False, "not_found")
     assert platform.texts("c1") == ["final", "second"]
@@ -161,9 +161,15 @@ async def test_every_advertised_op_can_be_performed() -> None:
     platform = LoopbackPlatform()
     sent = await send(platform, "c1", "base")
     actions: dict[str, dict[str, object]] = {
-        "send": {"chat_id": "c1", "text": "t"},
-        "edit": {"chat_id": "c1", "text": "t2", "message_id": sent.message_id},
+        "send": {"chat_id": "c1", "content": "t"},
+        "edit": {"chat_id": "c1", "content": "t2", "message_id": sent.message_id},
         "typing": {"chat_id": "c1"},
+        "follow_up": {
+            "session_key": "agent:default:loopback:dm:c1",
+            "kind": "result",
+            "content": "done",
+            "metadata": {"chat_id": "c1"},
+        },
     }
     for op in platform.descriptor().supported_ops:
         outcome = await platform.perform({"op": op, **actions[op]})
@@ -175,13 +181,14 @@ async def test_every_advertised_op_can_be_performed() -> None:
     ("action", "code"),
     [
         ({"op": "delete", "chat_id": "c1"}, "unsupported_op"),
-        ({"chat_id": "c1", "text": "no op"}, "unsupported_op"),
-        ({"op": "send", "text": "no chat"}, "bad_action"),
-        ({"op": "send", "chat_id": "", "text": "empty chat"}, "bad_action"),
-        ({"op": "send", "chat_id": 5, "text": "int chat"}, "bad_action"),
+        ({"chat_id": "c1", "content": "no op"}, "unsupported_op"),
+        ({"op": "send", "content": "no chat"}, "bad_action"),
+        ({"op": "send", "chat_id": "", "content": "empty chat"}, "bad_action"),
+        ({"op": "send", "chat_id": ["c1"], "content": "list chat"}, "bad_action"),
+        ({"op": "send", "chat_id": "c1", "text": "the body is content"}, "bad_action"),
         ({"op": "typing"}, "bad_action"),
         ({"op": "send", "chat_id": "c1"}, "bad_action"),
-        ({"op": "send", "chat_id": "c1", "text": 42}, "bad_action"),
+        ({"op": "send", "chat_id": "c1", "content": 42}, "bad_action"),
         ({"op": "edit", "chat_id": "c1", "message_id": "m1"}, "bad_action"),
     ],
 )
@@ -203,7 +210,7 @@ async def test_unadvertised_op_is_unsupported() -> None:
     platform = LoopbackPlatform(supported_ops=("send", "typing"))
     sent = await send(platform, "c1", "x")
     outcome = await platform.perform(
-        {"op": "edit", "chat_id": "c1", "message_id": sent.message_id, "text": "y"}
+        {"op": "edit", "chat_id": "c1", "message_id": sent.message_id, "content": "y"}
     )
     assert (outcome.success, outcome.code) == (False, "unsupported_op")
     assert platform.texts("c1") == ["x"]
@@ -243,8 +250,8 @@ async def test_down_platform_fails_every_action_until_back() -> None:
     sent = await send(platform, "c1", "before")
     platform.down = True
     for action in (
-        {"op": "send", "chat_id": "c1", "text": "x"},
-        {"op": "edit", "chat_id": "c1", "message_id": sent.message_id, "text": "x"},
+        {"op": "send", "chat_id": "c1", "content": "x"},
+        {"op": "edit", "chat_id": "c1", "message_id": sent.message_id, "content": "x"},
         {"op": "typing", "chat_id": "c1"},
     ):
         outcome = await platform.perform(action)

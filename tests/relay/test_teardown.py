@@ -32,7 +32,7 @@ from tests.relay.connector_stub import (
     state_of,
 )
 
-SEND = {"op": "send", "chat_id": "c1", "text": "hello"}
+SEND = {"op": "send", "chat_id": "c1", "content": "hello"}
 GUARD = 5.0
 RESERVED = TEARDOWN_AWAITS * TEARDOWN_AWAIT_S + 0.5
 

@@ -35,7 +35,7 @@ from tests.relay.connector_stub import (
 
 pytestmark = pytest.mark.asyncio
 
-SEND = {"op": "send", "chat_id": "c1", "text": "hello"}
+SEND = {"op": "send", "chat_id": "c1", "content": "hello"}
 GUARD = 3.0
 
 StateLog = list[tuple[T, T]]
@@ -609,6 +609,7 @@ async def test_malformed_frame_is_answered_with_an_error_frame_and_only_warned(
     are unaffected."""
     caplog.set_level(logging.WARNING)
     connector.reply = Reply.never()
+    connector.descriptor = {**connector.descriptor, "features": ["error_frames"]}
     transport = await transports.connected()
     pending = asyncio.ensure_future(transport.request(SEND))
     await eventually(lambda: len(connector.unanswered) == 1, what="the request sent")
@@ -693,7 +694,7 @@ async def _reconnecting(c: Connector, k: FakeClock, f: TransportFactory) -> WebS
 
 async def _revoked(c: Connector, k: FakeClock, f: TransportFactory) -> WebSocketRelayTransport:
     c.close_on_connect = {1: (4401, "unknown gateway")}
-    transport = f(clock=k)
+    transport = f(clock=k, refusal_grace_s=0)
     await asyncio.wait_for(transport.connect(), GUARD)
     with pytest.raises(RelayClosed):
         await asyncio.wait_for(transport.handshake(), GUARD)
@@ -898,12 +899,13 @@ async def test_replaced_4409_ends_closed_and_never_redials(
     assert (await request(transport)).outcome is RequestOutcome.NOT_SENT
 
 
-async def test_4401_before_any_handshake_is_terminal_revocation(
+async def test_4401_before_any_handshake_is_terminal_revocation_without_a_grace(
     connector: Connector, clock: FakeClock, transports: TransportFactory
 ) -> None:
-    """A 4401 (unknown credentials) before any handshake revokes: terminal, no re-dial."""
+    """With no start-up grace configured, a 4401 before any handshake revokes at once:
+    terminal, no re-dial."""
     connector.secrets = {"someone-else": ["other-secret"]}
-    transport = transports(gateway_id="gw-1", secret="s3cret", clock=clock)
+    transport = transports(gateway_id="gw-1", secret="s3cret", clock=clock, refusal_grace_s=0)
     await asyncio.wait_for(transport.connect(), GUARD)
     with pytest.raises(RelayClosed):
         await asyncio.wait_for(transport.handshake(), GUARD)
@@ -925,9 +927,10 @@ async def test_4401_before_any_handshake_is_terminal_revocation(
 async def test_http_401_upgrade_refusal_is_revocation(
     connector: Connector, clock: FakeClock, transports: TransportFactory
 ) -> None:
-    """An upgrade refused with HTTP 401 revokes the transport and never re-dials."""
+    """With no start-up grace, an upgrade refused with HTTP 401 revokes the transport and never
+    re-dials."""
     connector.reject_status = 401
-    transport = transports(clock=clock)
+    transport = transports(clock=clock, refusal_grace_s=0)
     with pytest.raises(RelayClosed):
         await asyncio.wait_for(transport.connect(), GUARD)
     assert state_of(transport) is T.REVOKED
@@ -936,6 +939,78 @@ async def test_http_401_upgrade_refusal_is_revocation(
     clock.advance(3600)
     await asyncio.sleep(0)
     assert connector.upgrades == 1
+
+
+async def test_an_early_4401_is_a_start_up_race_retried_with_backoff(
+    connector: Connector, clock: FakeClock, transports: TransportFactory
+) -> None:
+    """A 4401 before this transport's first handshake is retried with backoff, not taken as
+    revocation: a connector that refused the first two dials (it did not know us yet) gets a
+    third, and the transport connects."""
+    connector.close_on_connect = {1: (4401, "unknown"), 2: (4401, "unknown")}
+    transport = transports(clock=clock, refusal_grace_s=120)
+    await asyncio.wait_for(transport.connect(), GUARD)
+    with pytest.raises(RelayBroken):
+        await asyncio.wait_for(transport.handshake(), GUARD)
+    assert state_of(transport) is T.RECONNECTING
+    for dials in (2, 3):
+        delay = await next_sleep(clock)
+        assert delay > 0  # backoff, never a tight loop
+        clock.advance(delay)
+        await eventually(lambda n=dials: connector.connections == n, what=f"dial {dials}")
+    await eventually(lambda: state_of(transport) is T.CONNECTED, what="connected at last")
+    assert transport.close_reason is None
+
+
+async def test_an_early_4401_that_persists_past_the_grace_is_revocation(
+    connector: Connector, clock: FakeClock, transports: TransportFactory
+) -> None:
+    """Refused on every dial before any handshake, the transport retries with a growing backoff
+    for the grace period only, then ends revoked (and says why); a handful of dials, no more."""
+    connector.secrets = {"someone-else": ["other-secret"]}
+    transport = transports(
+        gateway_id="gw-1",
+        secret="s3cret",
+        clock=clock,
+        refusal_grace_s=60,
+        reconnect_backoff_s=1.0,
+        reconnect_max_s=30,
+    )
+    await asyncio.wait_for(transport.connect(), GUARD)
+    with pytest.raises(RelayBroken):
+        await asyncio.wait_for(transport.handshake(), GUARD)
+    while state_of(transport) is T.RECONNECTING:
+        before = connector.connections
+        clock.advance(await next_sleep(clock))
+        await eventually(
+            lambda b=before: connector.connections > b or state_of(transport) is T.REVOKED,
+            what="the next dial",
+        )
+        await eventually(lambda: state_of(transport) is not T.CONNECTING, what="dial settled")
+        await eventually(
+            lambda: state_of(transport) in (T.RECONNECTING, T.REVOKED), what="refused again"
+        )
+    assert state_of(transport) is T.REVOKED
+    assert transport.close_reason is not None
+    assert "before any handshake" in transport.close_reason
+    assert 3 <= connector.connections <= 10
+    assert clock.sleepers == 0
+
+
+async def test_an_early_http_401_is_retried_within_the_grace(
+    connector: Connector, clock: FakeClock, transports: TransportFactory
+) -> None:
+    """An upgrade refused with HTTP 401 before any handshake is retried with backoff while the
+    grace lasts; once the connector accepts, the transport connects."""
+    connector.reject_status = 401
+    transport = transports(clock=clock, refusal_grace_s=120)
+    with pytest.raises(RelayBroken):
+        await asyncio.wait_for(transport.connect(), GUARD)
+    assert state_of(transport) is T.RECONNECTING
+    connector.reject_status = None
+    clock.advance(await next_sleep(clock))
+    await eventually(lambda: state_of(transport) is T.CONNECTED, what="connected")
+    assert connector.upgrades == 2
 
 
 async def test_4419_redials_at_once_with_a_fresh_token(
@@ -1191,6 +1266,7 @@ async def test_protocol_violations_are_counted_per_connection(
     """Each connection starts with a clean slate: malformed frames on an earlier connection do
     not make a later one close itself after a few more."""
     connector.push_on_handshake = ["this is not json\n"] * 30  # 30 < the limit, 60 > it
+    connector.descriptor = {**connector.descriptor, "features": ["error_frames"]}
     transport = await transports.connected()
     await eventually(lambda: len(connector.frames_of("error")) == 30, what="30 error frames")
     await connector.close_current(1011, "restart")

@@ -27,7 +27,7 @@ from tests.relay.connector_stub import (
 
 pytestmark = pytest.mark.asyncio
 
-SEND = {"op": "send", "chat_id": "c1", "text": "hello"}
+SEND = {"op": "send", "chat_id": "c1", "content": "hello"}
 GUARD = 5.0
 
 

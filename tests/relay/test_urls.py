@@ -158,6 +158,7 @@ def test_close_kind_is_a_str_enum() -> None:
         "replaced",
         "protocol",
         "retry_once",
+        "refused",
         "other",
     }
     assert isinstance(CloseKind.RETRY_ONCE, str)

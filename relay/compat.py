@@ -1,0 +1,82 @@
+"""Announcements: what each side adds to the original relay contract, and who said it knows it.
+
+The wire contract is shared with gateways and connectors we do not control.  Everything this
+project adds on top of the original contract is used only toward a peer that announced it:
+
+* a gateway announces on the upgrade request (the :data:`FEATURES_HEADER` header: the connector
+  must choose a close code before any frame is read) and in every hello (``protocol`` +
+  ``features``);
+* a connector announces in its descriptors (``features``).
+
+A peer that announces nothing is an *original* peer: it gets exactly the original contract (no
+``error`` frames, 4401 + ``expired`` for an expired token, never 4409).  The feature names are
+the constants below; :data:`OUR_FEATURES` is what this project's gateway and connector announce.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+__all__ = [
+    "ERROR_FRAMES",
+    "EXPIRED_4419",
+    "FEATURES_HEADER",
+    "OUR_FEATURES",
+    "REPLACED_4409",
+    "features_header",
+    "parse_features",
+]
+
+ERROR_FRAMES: Final = "error_frames"
+"""The peer accepts ``error`` frames about frames it sent."""
+EXPIRED_4419: Final = "close_4419"
+"""The peer reads close code 4419 as "token expired: re-dial at once with a fresh token"."""
+REPLACED_4409: Final = "close_4409"
+"""The peer reads close code 4409 as "replaced by another connection of this gateway"."""
+
+OUR_FEATURES: Final[tuple[str, ...]] = (ERROR_FRAMES, EXPIRED_4419, REPLACED_4409)
+"""What this project's gateway and connector announce."""
+
+FEATURES_HEADER: Final = "X-Relay-Features"
+"""The upgrade request header in which a gateway announces its features (comma-separated)."""
+
+_MAX_FEATURES: Final = 32
+_MAX_FEATURE_CHARS: Final = 64
+
+
+def features_header(features: Iterable[str]) -> tuple[str, str]:
+    """Return the ``(FEATURES_HEADER, "a, b")`` header announcing ``features``.
+
+    Raises ``ValueError`` for a feature name that is empty, too long, or holds a comma, space
+    or control character (it could not be read back, or could split the header).
+    """
+    names = list(features)
+    for name in names:
+        if (
+            not isinstance(name, str)
+            or not name
+            or len(name) > _MAX_FEATURE_CHARS
+            or not name.isascii()
+            or not name.isprintable()
+            or any(c in name for c in ", ")
+        ):
+            raise ValueError(f"feature name {name!r} cannot be announced in a header")
+    return (FEATURES_HEADER, ", ".join(names))
+
+
+def parse_features(values: Iterable[object]) -> frozenset[str]:
+    """Read the features a peer announced in ``values`` (each header value, comma-separated).
+
+    Lenient and bounded: blank items are skipped, surrounding spaces stripped, at most 32 names
+    of at most 64 characters are kept (a hostile header cannot grow memory).  Raises nothing.
+    """
+    found: set[str] = set()
+    for value in values:
+        if not isinstance(value, str):
+            continue
+        for item in value.split(",", _MAX_FEATURES):
+            name = item.strip()
+            if name and len(name) <= _MAX_FEATURE_CHARS and len(found) < _MAX_FEATURES:
+                found.add(name)
+    return frozenset(found)

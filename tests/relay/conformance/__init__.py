@@ -1,0 +1,1 @@
+"""Conformance doubles and tests for the original relay contract."""
