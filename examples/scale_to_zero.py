@@ -95,6 +95,14 @@ class ObservedDedupe:
             self.died.set()
             await asyncio.Event().wait()  # the instance is torn down while we wait here
 
+    async def record_undeliverable(
+        self, buffer_id: str, *, frame_type: str, reason: str, raw_line: str
+    ) -> None:
+        print(f"  dedupe: bufferId {buffer_id} cannot be handled ({reason}) -> recorded, acked")
+        await self.inner.record_undeliverable(
+            buffer_id, frame_type=frame_type, reason=reason, raw_line=raw_line
+        )
+
 
 class Instance:
     """One running instance of the bot: transport, adapter and gateway over the bot's store."""

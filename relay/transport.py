@@ -41,7 +41,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from relay.auth import bearer_header, mint_token
 from relay.codec import FrameDecoder, encode, error_frame_for
 from relay.compat import ERROR_FRAMES, OUR_FEATURES, features_header
-from relay.descriptor import CapabilityDescriptor
+from relay.descriptor import CONTRACT_VERSION, CapabilityDescriptor
 from relay.errors import (
     ContractVersionError,
     ProtocolError,
@@ -481,8 +481,10 @@ class WebSocketRelayTransport:
         self._fire("open")
         self._reader = asyncio.create_task(self._read(ws, decoder), name="relay-reader")
         try:
+            # Announced: protocol + features.  With no features the hello is the original's.
+            protocol = CONTRACT_VERSION if self._features else None
             for platform, bot_id in self._identities:
-                await ws.send(encode(Hello(platform, bot_id, protocol=1, features=self._features)))
+                await ws.send(encode(Hello(platform, bot_id, protocol, self._features)))
         except ConnectionClosed:
             pass  # the reader sees the close and handles it
 

@@ -142,6 +142,8 @@ class Conn:
     number: int
     ws: ServerConnection
     authorization: str | None
+    features: str | None = None
+    """The ``X-Relay-Features`` header of the upgrade (None: the gateway announced nothing)."""
     frames: list[Frame] = attrs.Factory(list)
     hellos: int = 0
     handshaken: bool = False
@@ -345,7 +347,8 @@ class Connector:
     async def _handle(self, ws: ServerConnection) -> None:
         request = ws.request
         authorization = request.headers.get("Authorization") if request is not None else None
-        conn = Conn(len(self.conns) + 1, ws, authorization)
+        features = request.headers.get("X-Relay-Features") if request is not None else None
+        conn = Conn(len(self.conns) + 1, ws, authorization, features)
         self.conns.append(conn)
         self.live += 1
         self.max_live = max(self.max_live, self.live)

@@ -307,3 +307,24 @@ def test_auth_error_pickles() -> None:
     err = AuthError("forged", "no match")
     copy = pickle.loads(pickle.dumps(err))
     assert (copy.reason, copy.detail, str(copy)) == ("forged", "no match", str(err))
+
+
+def test_a_token_living_longer_than_the_cap_is_refused() -> None:
+    """A genuine token whose expiry lies beyond now + max_ttl_s (+ skew) is refused as
+    malformed: a captured long-lived token cannot be replayed for ever.  At the cap it passes."""
+    now = 1_700_000_000.0
+    secrets = {"gw": ["k"]}
+    forever = mint_token("gw", "k", ttl_s=10**9, now=now)
+    with pytest.raises(AuthError) as caught:
+        verify_token(forever, secrets, now=now)
+    assert caught.value.reason == "malformed"
+    assert "cap" in str(caught.value)
+    at_cap = mint_token("gw", "k", ttl_s=3600 + DEFAULT_SKEW_S, now=now)
+    assert verify_token(at_cap, secrets, now=now) == "gw"
+    with pytest.raises(AuthError):
+        verify_token(mint_token("gw", "k", ttl_s=601, now=now), secrets, now=now, max_ttl_s=570)
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(ValueError, match="max_ttl_s"):
+            verify_token(at_cap, secrets, now=now, max_ttl_s=bad)
+    with pytest.raises(TypeError, match="max_ttl_s"):
+        verify_token(at_cap, secrets, now=now, max_ttl_s="1")  # type: ignore[arg-type]

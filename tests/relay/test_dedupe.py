@@ -12,11 +12,12 @@ import pytest
 import pytest_asyncio
 
 from relay.connector import Connector
-from relay.dedupe import DEDUPE_KIND, DedupeState, StoreBufferDedupe
+from relay.dedupe import DEDUPE_KIND, MAX_RAW_LINE_CHARS, DedupeState, StoreBufferDedupe
 from relay.frames import EventSource, InboundEvent
 from relay.platform import LoopbackPlatform
 from relay.transport import WebSocketRelayTransport
 from statecore.clock import FakeClock
+from statecore.errors import InvalidTransition
 from statecore.store import Store
 from stores.memory import InMemoryStore
 from stores.sqlite import SQLiteStore
@@ -57,6 +58,46 @@ async def test_remember_then_seen(store: Store) -> None:
     assert row is not None
     assert row.state is DedupeState.HANDLED
     assert [h.event for h in store.history(DEDUPE_KIND, "b1")] == ["handle"]
+
+
+@pytest.mark.asyncio
+async def test_an_undeliverable_delivery_is_recorded_listed_and_dismissable(store: Store) -> None:
+    """record_undeliverable keeps the raw line and reason, counts as seen (a replay is acked
+    without a second record), is listed oldest first, and an operator can dismiss it."""
+    clock = FakeClock()
+    dedupe = StoreBufferDedupe(store, clock=clock)
+    raw = '{"type":"inbound","event":{"source":{}},"bufferId":"b1"}'
+    await dedupe.record_undeliverable("b1", frame_type="inbound", reason="no chat_id", raw_line=raw)
+    clock.advance(1)
+    await dedupe.record_undeliverable(
+        "b2", frame_type="passthrough_forward", reason="no handler", raw_line="{}"
+    )
+    await dedupe.record_undeliverable("b1", frame_type="inbound", reason="again", raw_line=raw)
+    assert await dedupe.seen("b1")
+    listed = dedupe.undeliverable()
+    assert [(u.buffer_id, u.frame_type, u.reason, u.raw_line) for u in listed] == [
+        ("b1", "inbound", "no chat_id", raw),
+        ("b2", "passthrough_forward", "no handler", "{}"),
+    ]
+    assert listed[1].recorded_at - listed[0].recorded_at == 1
+    dedupe.dismiss("b1")
+    assert [u.buffer_id for u in dedupe.undeliverable()] == ["b2"]
+    assert [u.state.value for u in dedupe.undeliverable(include_dismissed=True)] == [
+        "dismissed",
+        "recorded",
+    ]
+    with pytest.raises(InvalidTransition):
+        dedupe.dismiss("b1")
+
+
+@pytest.mark.asyncio
+async def test_a_huge_raw_line_is_kept_truncated(store: Store) -> None:
+    """A raw line longer than MAX_RAW_LINE_CHARS is kept, truncated to it."""
+    dedupe = StoreBufferDedupe(store)
+    await dedupe.record_undeliverable(
+        "b1", frame_type="inbound", reason="r", raw_line="x" * (MAX_RAW_LINE_CHARS + 10)
+    )
+    assert len(dedupe.undeliverable()[0].raw_line) == MAX_RAW_LINE_CHARS
 
 
 @pytest.mark.asyncio

@@ -245,3 +245,16 @@ def test_descriptor_is_hashable_and_picklable() -> None:
     d = CapabilityDescriptor.from_wire(with_(supported_ops=["send"], max_frame_bytes=10))
     assert {d: 1}[d] == 1
     assert pickle.loads(pickle.dumps(d)) == d
+
+
+def test_features_are_our_addition_read_leniently() -> None:
+    """A descriptor's features (what a connector announces) are kept when they are a list of
+    names; missing or garbage reads as none (an original connector), never a refusal."""
+    assert CapabilityDescriptor.from_wire(SEED).features == ()
+    announced = CapabilityDescriptor.from_wire({**SEED, "features": ["error_frames", "x", "x"]})
+    assert announced.features == ("error_frames", "x")
+    assert announced.announces("error_frames")
+    assert announced.to_wire()["features"] == ["error_frames", "x"]
+    for garbage in ("error_frames", 7, {"a": 1}, [1, None, ""]):
+        assert CapabilityDescriptor.from_wire({**SEED, "features": garbage}).features == ()
+    assert "features" not in CapabilityDescriptor.from_wire(SEED).to_wire()

@@ -104,6 +104,13 @@ class RecordingDedupe:
             self.stalled.set()
             await asyncio.Event().wait()  # cancelled by the teardown
 
+    async def record_undeliverable(
+        self, buffer_id: str, *, frame_type: str, reason: str, raw_line: str
+    ) -> None:
+        await self.inner.record_undeliverable(
+            buffer_id, frame_type=frame_type, reason=reason, raw_line=raw_line
+        )
+
 
 class World:
     """Connectors, gateways (transport + adapter) and stores of one test; all closed at the end."""

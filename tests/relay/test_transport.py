@@ -404,6 +404,8 @@ class MemoryDedupe:
         self.handled = set(seen)
         self.remembered: list[str] = []
         self.acked_before_remembered: dict[str, bool] = {}
+        self.undeliverable: list[tuple[str, str, str, str]] = []
+        self.fail_records = False
 
     async def seen(self, buffer_id: str) -> bool:
         return buffer_id in self.handled
@@ -414,6 +416,16 @@ class MemoryDedupe:
         self.acked_before_remembered[buffer_id] = buffer_id in self.connector.inbound_acks
         self.handled.add(buffer_id)
         self.remembered.append(buffer_id)
+
+    async def record_undeliverable(
+        self, buffer_id: str, *, frame_type: str, reason: str, raw_line: str
+    ) -> None:
+        if self.fail_records:
+            raise OSError("disk full")
+        await asyncio.sleep(0.05)  # a premature ack would arrive meanwhile
+        self.acked_before_remembered[buffer_id] = buffer_id in self.connector.inbound_acks
+        self.handled.add(buffer_id)
+        self.undeliverable.append((buffer_id, frame_type, reason, raw_line))
 
 
 async def test_dedupe_seen_buffer_id_is_acked_without_calling_the_handler(

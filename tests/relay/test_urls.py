@@ -221,3 +221,33 @@ def test_int_enum_close_codes_are_accepted() -> None:
 def test_garbage_reason_does_not_crash() -> None:
     """A non-string reason on a 4401 is treated as no reason."""
     assert classify_close(4401, 5, handshaken_before=False) is CloseKind.REVOKED  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("handshaken_before", "ever_handshaken", "expected"),
+    [
+        (True, True, CloseKind.RETRY_ONCE),
+        (False, True, CloseKind.REVOKED),
+        (False, False, CloseKind.REFUSED),
+    ],
+)
+def test_a_4401_before_the_first_handshake_is_a_refusal_to_retry(
+    handshaken_before: bool, ever_handshaken: bool, expected: CloseKind
+) -> None:
+    """A plain 4401 is RETRY_ONCE after a handshake, REFUSED (retried with backoff for a
+    bounded period) before the transport's first handshake, and REVOKED otherwise; 4401 +
+    expired stays EXPIRED either way."""
+    kind = classify_close(
+        CLOSE_REVOKED,
+        "unknown",
+        handshaken_before=handshaken_before,
+        ever_handshaken=ever_handshaken,
+    )
+    assert kind is expected
+    expired = classify_close(
+        CLOSE_REVOKED,
+        "expired",
+        handshaken_before=handshaken_before,
+        ever_handshaken=ever_handshaken,
+    )
+    assert expired is CloseKind.EXPIRED
