@@ -365,14 +365,20 @@ class InboundEvent:
     source: EventSource = attrs.field(
         kw_only=True, validator=attrs.validators.instance_of(EventSource)
     )
+    media_urls: tuple[str, ...] = attrs.field(
+        default=(), kw_only=True, converter=_str_tuple, validator=_str_items
+    )
+    """Attachments' URLs, in order (empty for a plain text message)."""
 
     def to_wire(self) -> dict[str, Any]:
-        """Return the ``event`` object (``None`` fields omitted); a fresh dict."""
+        """Return the ``event`` object (``None`` fields and no media omitted); a fresh dict."""
         wire: dict[str, Any] = {"text": self.text, "message_type": self.message_type}
         if self.message_id is not None:
             wire["message_id"] = self.message_id
         if self.reply_to_message_id is not None:
             wire["reply_to_message_id"] = self.reply_to_message_id
+        if self.media_urls:
+            wire["media_urls"] = list(self.media_urls)
         wire["source"] = self.source.to_wire()
         return wire
 
@@ -384,7 +390,8 @@ class InboundEvent:
 
 def _event_from_wire(obj: dict[str, Any], where: str, ref: str | None) -> InboundEvent:
     """Read an ``event`` object as leniently as the original reader: ``text`` missing -> "",
-    ``message_type`` missing or not text -> "text", ids of a wrong type -> absent.  Raises
+    ``message_type`` missing or not text -> "text", ids of a wrong type -> absent, ``media_urls``
+    keeps its non-empty strings (anything else -> none).  Raises
     :class:`ProtocolError` only when the event cannot be routed at all (no usable ``source`` or
     ``source.chat_id``)."""
     get = obj.get
@@ -403,8 +410,17 @@ def _event_from_wire(obj: dict[str, Any], where: str, ref: str | None) -> Inboun
     source = get("source")
     if type(source) is not dict:
         source = _as_object(source, where + "source", ref)
+    media = get("media_urls")
+    media_urls = (
+        tuple(u for u in media if isinstance(u, str) and u) if isinstance(media, list) else ()
+    )
     return _new_event(
-        text, message_type, message_id, reply_to, _source_from_wire(source, where + "source.", ref)
+        text,
+        message_type,
+        message_id,
+        reply_to,
+        _source_from_wire(source, where + "source.", ref),
+        media_urls,
     )
 
 

@@ -85,6 +85,8 @@ class Message:
     user_name: str | None
     scope_id: str | None
     session_key: str
+    media_urls: tuple[str, ...] = ()
+    """Attachments' URLs, in order."""
 
     @classmethod
     def from_event(cls, event: InboundEvent, *, profile: str) -> Message:
@@ -104,6 +106,7 @@ class Message:
             session_key=session_key_for(
                 profile, source.platform, source.chat_type, source.chat_id, source.thread_id
             ),
+            media_urls=event.media_urls,
         )
 
 

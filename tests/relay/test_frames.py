@@ -169,6 +169,7 @@ events = st.builds(
     message_id=st.none() | ids,
     reply_to_message_id=st.none() | ids,
     source=sources,
+    media_urls=st.lists(texts.filter(bool), max_size=2).map(tuple),
 )
 descriptors = st.builds(
     CapabilityDescriptor,
@@ -515,6 +516,16 @@ def test_inbound_is_read_as_leniently_as_the_original_reader() -> None:
         got = {**attrs.asdict(frame.event.source), **attrs.asdict(frame.event, recurse=False)}
         for key, value in expected.items():
             assert got[key] == value, (event, key)
+
+
+def test_media_urls_are_carried_and_read_leniently() -> None:
+    """media_urls round-trips; a value that is not a list of URLs reads as no media."""
+    event = InboundEvent("pic", source=SOURCE, media_urls=("https://x/1.png", "https://x/2.png"))
+    assert event.to_wire()["media_urls"] == ["https://x/1.png", "https://x/2.png"]
+    assert InboundEvent.from_wire(event.to_wire()) == event
+    for garbage in ("https://x/1.png", 3, [1, None, ""], {"a": "b"}):
+        wire = {**event.to_wire(), "media_urls": garbage}
+        assert InboundEvent.from_wire(wire).media_urls == ()
 
 
 @pytest.mark.parametrize(
