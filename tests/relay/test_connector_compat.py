@@ -327,3 +327,45 @@ def test_features_header_round_trips() -> None:
     assert len(parse_features([",".join(f"f{i}" for i in range(100))])) <= 32
     with pytest.raises(ValueError, match="cannot be announced"):
         features_header(["bad,name"])
+
+
+@pytest.mark.asyncio
+async def test_two_of_our_gateways_with_one_id_make_a_few_dials_a_minute(mh: Harness) -> None:
+    """Two of our transports with one gateway id on our connector: the first stays served; the
+    second waits as a standby until its handshake timeout, then backs off and tries again -- a
+    handful of dials in a minute, never a fight -- and it is served as soon as the first goes."""
+    connector = await mh.start()
+    first = await mh.gateway(connector, "gw-a")
+    clock = FakeClock(time.time())
+    second = mh.transport(
+        connector,
+        "gw-a",
+        clock=clock,
+        reconnect=True,
+        handshake_timeout_s=10.0,
+        reconnect_backoff_s=1.0,
+        reconnect_max_s=30.0,
+    )
+    await asyncio.wait_for(second.connect(), BOUND)
+    started = clock.monotonic()
+    dials = 1
+    handshake = asyncio.ensure_future(second.handshake())
+    while True:
+        delay = await next_sleep(clock)
+        if clock.monotonic() + delay - started > 60.0:
+            break
+        before = second.state
+        clock.advance(delay)
+        if before.value == "reconnecting":
+            await eventually(lambda: second.state.value == "handshaking", "the next dial")
+            dials += 1
+        else:
+            await eventually(lambda: second.state.value == "reconnecting", "gave up waiting")
+    with pytest.raises(Exception, match="no descriptor"):
+        await handshake
+    assert 2 <= dials <= 6
+    assert first.state.value == "connected"
+    assert connector._standbys.get("gw-a")  # the current attempt waits, unserved
+    await first.disconnect(budget_s=1.0)
+    await eventually(lambda: second.state.value == "connected", "the standby served")
+    assert is_live(connector, "gw-a")
