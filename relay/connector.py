@@ -160,6 +160,7 @@ class _Instance:
         # What the gateway announced (upgrade header, then hellos); empty: an original gateway,
         # which is sent nothing the original contract did not have.
         self.features = features
+        self.protocol_hello = False  # a hello carried ``protocol``: not an original gateway
         self.identities: list[tuple[str, str]] = []
         self.machine = CONNECTION.track()  # many per connector: the table alone
         self.held_hellos: list[Hello] = []  # said while on standby, answered once promoted
@@ -190,8 +191,9 @@ class _Instance:
 
     @property
     def announced(self) -> bool:
-        """True when the gateway announced anything (not an original-contract gateway)."""
-        return bool(self.features)
+        """True when the gateway announced itself (features on the upgrade, or ``protocol`` in a
+        hello): not an original-contract gateway."""
+        return self.protocol_hello or bool(self.features)
 
     def platforms(self) -> set[str]:
         return {platform for platform, _ in self.identities}
@@ -578,7 +580,8 @@ class Connector:
     async def _on_frame(self, instance: _Instance, frame: object) -> None:
         try:
             if isinstance(frame, Hello) and frame.announced:
-                instance.features = instance.features | frozenset(frame.features) | {"protocol"}
+                instance.protocol_hello = True
+                instance.features = instance.features | frozenset(frame.features)
             if instance.state is _C.STANDBY:
                 # Unserved: a hello is held for the promotion, anything else is dropped (it was
                 # shown nothing, and what it would send belongs to the served connection).
