@@ -166,9 +166,9 @@ def verify_token(
         raise AuthError("forged", f"signature does not match any secret of {gateway_id!r}")
     # Expiry is judged only for a genuine token: an attacker learns nothing from "expired".
     if exp < current - skew_s:
-        raise AuthError("expired", f"token of {gateway_id!r} expired at {exp}")
+        raise AuthError("expired", f"token of {gateway_id!r} expired at {exp}", timing=True)
     if exp > current + max_ttl_s + skew_s:
-        raise AuthError("malformed", f"token lifetime exceeds the {max_ttl_s:g} s cap")
+        raise AuthError("malformed", f"token lifetime exceeds the {max_ttl_s:g} s cap", timing=True)
     return gateway_id
 
 

@@ -17,12 +17,13 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from enum import StrEnum
 
 import attrs
 
 from relay.frames import InboundEvent
+from statecore.batch import BatchStore, Creation
 from statecore.clock import Clock, SystemClock
 from statecore.entity import EntityKind, Field, Index
 from statecore.errors import InvalidTransition, StaleState
@@ -155,6 +156,52 @@ class InboundBuffer:
         )
         return buffer_id
 
+    def append_many(
+        self, items: Sequence[tuple[str, str, InboundEvent]]
+    ) -> list[tuple[str, int, str]]:
+        """Buffer many ``(gateway_id, platform, event)`` in one transaction, in order; return
+        each one's ``(bufferId, seq, line)`` -- the line ready to send (as :meth:`replay_lines`
+        gives it).  Nothing is written when it raises (``StoreError``)."""
+        if not items:
+            return []
+        now = self.clock.now()
+        creations: list[tuple[str, dict[str, object], str]] = []
+        out: list[tuple[str, int, str]] = []
+        for gateway_id, platform, event in items:
+            seq = self._next_seq()
+            buffer_id = f"{self._prefix}-{seq:x}"
+            event_json = _EVENT_JSON(event.to_wire())
+            creations.append(
+                (
+                    buffer_id,
+                    {
+                        "gateway_id": gateway_id,
+                        "platform": platform,
+                        "seq": seq,
+                        "event_json": event_json,
+                        "created_at": now,
+                        "updated_at": now,
+                    },
+                    gateway_id,
+                )
+            )
+            out.append((buffer_id, seq, _line(buffer_id, event_json)))
+        if isinstance(self.store, BatchStore):  # one multi-row statement where the store can
+            outcomes = self.store.insert_each(
+                BUFFER_KIND,
+                [Creation(i, v, "append", Audit(now, g)) for i, v, g in creations],
+            )
+            for outcome in outcomes:
+                if isinstance(outcome, Exception):
+                    raise outcome
+        else:
+            with self.store.atomic():
+                for buffer_id, values, gateway_id in creations:
+                    self.store.insert(
+                        BUFFER_KIND, buffer_id, values, event="append", audit=Audit(now, gateway_id)
+                    )
+        return out
+
     def backlog(
         self, gateway_id: str, *, limit: int | None = None, after_seq: int | None = None
     ) -> list[BufferEntry]:
@@ -185,14 +232,7 @@ class InboundBuffer:
         """
         rows = self._unacked(gateway_id, limit, after_seq)
         return [
-            (
-                row.id,
-                row.values["seq"],
-                # Equal to encode(Inbound(event, buffer_id)): the same keys, compact JSON.
-                f'{{"type":"inbound","event":{row.values["event_json"]},'
-                f'"bufferId":{json.dumps(row.id)}}}\n',
-            )
-            for row in rows
+            (row.id, row.values["seq"], _line(row.id, row.values["event_json"])) for row in rows
         ]
 
     def mark_sent_ids(self, gateway_id: str, buffer_ids: list[str]) -> None:
@@ -277,6 +317,14 @@ class InboundBuffer:
         """Delete acked and expired entries settled more than ``older_than_s`` ago."""
         cutoff = self.clock.now() - older_than_s
         return self.store.prune(BUFFER_KIND, "prune", where={"updated_at": lt(cutoff)})
+
+
+_EVENT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def _line(buffer_id: str, event_json: str) -> str:
+    # Equal to encode(Inbound(event, buffer_id)): the same keys, compact JSON.
+    return f'{{"type":"inbound","event":{event_json},"bufferId":{json.dumps(buffer_id)}}}\n'
 
 
 def _entry(row: Row[BufferState]) -> BufferEntry:

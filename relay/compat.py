@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import Final
 
 __all__ = [
+    "ACKED_LIVE",
     "ERROR_FRAMES",
     "EXPIRED_4419",
     "FEATURES_HEADER",
@@ -35,7 +36,13 @@ EXPIRED_4419: Final = "close_4419"
 REPLACED_4409: Final = "close_4409"
 """The peer reads close code 4409 as "replaced by another connection of this gateway"."""
 
-OUR_FEATURES: Final[tuple[str, ...]] = (ERROR_FRAMES, EXPIRED_4419, REPLACED_4409)
+ACKED_LIVE: Final = "acked_live"
+"""The gateway acks live deliveries too: the connector writes every inbound event to its durable
+buffer before delivering it, delivers it with a bufferId, and retires it only on the ack (sent
+after the gateway's handler returned).  A message is then never lost with a gateway that dies
+while handling it: the connector redelivers it on the next connection."""
+
+OUR_FEATURES: Final[tuple[str, ...]] = (ERROR_FRAMES, EXPIRED_4419, REPLACED_4409, ACKED_LIVE)
 """What this project's gateway and connector announce."""
 
 FEATURES_HEADER: Final = "X-Relay-Features"

@@ -24,6 +24,7 @@ import contextlib
 import functools
 import logging
 import re
+import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -37,6 +38,7 @@ from relay.auth import DEFAULT_MAX_TTL_S, token_from_header, verify_token
 from relay.buffer import InboundBuffer
 from relay.codec import FrameDecoder, encode, error_frame_for
 from relay.compat import (
+    ACKED_LIVE,
     ERROR_FRAMES,
     EXPIRED_4419,
     FEATURES_HEADER,
@@ -65,7 +67,14 @@ from relay.platform import PlatformDriver, target_chat
 from relay.provenance import Provenance
 from relay.subscriptions import Subscriptions
 from relay.throttle import LogThrottle
-from relay.urls import CLOSE_EXPIRED, CLOSE_PROTOCOL, CLOSE_REPLACED, CLOSE_REVOKED, RELAY_PATH
+from relay.urls import (
+    CLOSE_EXPIRED,
+    CLOSE_PROTOCOL,
+    CLOSE_REPLACED,
+    CLOSE_REVOKED,
+    RELAY_PATH,
+    clock_skew_reason,
+)
 from statecore.clock import Clock, SystemClock
 from statecore.lifecycle import Lifecycle, Transition
 from statecore.store import Store
@@ -87,6 +96,9 @@ _MAX_VIOLATIONS = 20
 _MAX_STANDBYS = 4
 """Standby connections kept per gateway id; a newer one beyond this closes the oldest."""
 _MAX_HELD_HELLOS = 16
+_OUTBOX_MAX = 1000
+"""Lines waiting for one gateway's socket before it counts as behind (then it is served from the
+durable buffer instead, and the connector's memory stays bounded)."""
 _CLOSE_TRY_LATER = 1013
 """Close code for an excess standby of an original gateway (it knows no 4409)."""
 _REPLAY_FIRST_CHUNK = 1000
@@ -134,6 +146,9 @@ CONNECTION: Lifecycle[ConnectionState] = Lifecycle(
         Transition("promote", _C.STANDBY, _C.AWAITING_HELLO),
         Transition("hello", _C.AWAITING_HELLO, _C.REPLAYING),
         Transition("caught_up", _C.REPLAYING, _C.LIVE),
+        # A gateway that acks live deliveries stopped keeping up (it stopped reading): what it
+        # has not been sent is delivered from the durable buffer, as a replay, until caught up.
+        Transition("fall_behind", _C.LIVE, _C.REPLAYING),
         # going_idle: stop live delivery (and any replay); a repeat is acked again.
         Transition(
             "go_idle",
@@ -173,6 +188,17 @@ class _Instance:
         self.unrecorded: dict[str, float] = {}
         self.record_timer: asyncio.Task[None] | None = None
         self.ack_flusher: asyncio.Task[None] | None = None
+        # Durable live delivery (ACKED_LIVE): buffered lines waiting for the pump, the seq of
+        # the newest line handed to the socket (never sent twice), the pump and its wake-up.
+        self.outbox: collections.deque[tuple[str, int, str]] = collections.deque()
+        self.last_sent_seq: int | None = None
+        self.pump: asyncio.Task[None] | None = None
+        self.wake = asyncio.Event()
+
+    @property
+    def acked_live(self) -> bool:
+        """True when the gateway acks live deliveries: every event goes through the buffer."""
+        return ACKED_LIVE in self.features
 
     @property
     def state(self) -> ConnectionState:
@@ -273,6 +299,10 @@ class Connector:
         self._instances: dict[str, _Instance] = {}  # the served connection of each gateway
         self._standbys: dict[str, list[_Instance]] = {}  # waiting connections, oldest first
         self._watchers: dict[str, asyncio.Task[None]] = {}  # liveness probes, per gateway
+        self._append_lock = threading.Lock()
+        self._append_queue: list[
+            tuple[str, str, InboundEvent, asyncio.Future[tuple[str, int, str]]]
+        ] = []
         # Platforms each gateway said hello for: durable, so a restart keeps buffering for a
         # gateway that is asleep.
         self._subscriptions: dict[str, set[str]] = collections.defaultdict(set)
@@ -393,6 +423,8 @@ class Connector:
         a standby of its gateway."""
         if instance.machine.can("close"):
             instance.machine.fire("close")
+        instance.outbox.clear()
+        instance.wake.set()  # the pump sees the connection closed and ends
         self._record_sent(instance, True)  # what it was shown and did not ack
         gateway_id = instance.gateway_id
         standbys = self._standbys.get(gateway_id)
@@ -533,14 +565,22 @@ class Connector:
             code = CLOSE_REVOKED
             if exc.reason == "expired" and EXPIRED_4419 in features:
                 code = CLOSE_EXPIRED
+            reason: str = exc.reason
+            now = self.clock.now()
+            if exc.timing and features:
+                # A genuine token refused for its times: the clocks disagree.  Say so, with this
+                # connector's time, so that the gateway can measure the offset (an original
+                # gateway gets the bare reason it knows).
+                reason = clock_skew_reason(exc.reason, now)
             log.warning(
-                "connector: refused an upgrade (%s); closing %d",
+                "connector: refused an upgrade (%s%s); closing %d",
                 exc.reason,
+                f", {exc.detail}; connector time {now:.0f}" if exc.timing else "",
                 code,
                 extra={"reason": exc.reason},
             )
             with contextlib.suppress(ConnectionClosed):
-                await ws.close(code, exc.reason)
+                await ws.close(code, reason)
             return None
         return gateway_id, features
 
@@ -797,6 +837,17 @@ class Connector:
             instance = self._instances.get(gateway_id)
             if (
                 instance is not None
+                and instance.acked_live
+                and instance.live
+                and platform in instance.platforms()
+            ):
+                # Durable first: in the buffer before it goes out; only the gateway's ack (after
+                # its handler) retires it, so a gateway that dies with it loses nothing.
+                self._offer(instance, *await self._append(gateway_id, platform, event))
+                continue
+            if (
+                instance is not None
+                and not instance.acked_live
                 and instance.live
                 and platform in instance.platforms()
                 and await self._send(instance, encode(Inbound(event)))
@@ -806,8 +857,81 @@ class Connector:
                 # Counted before the append is queued: the replay then knows to read again
                 # (the store thread runs the append before that read).
                 instance.appended += 1
-            await self._store(functools.partial(self.buffer.append, gateway_id, platform, event))
+            await self._append(gateway_id, platform, event)
             self._maybe_wake(gateway_id)
+
+    async def _append(
+        self, gateway_id: str, platform: str, event: InboundEvent
+    ) -> tuple[str, int, str]:
+        """Buffer one event durably; return its ``(bufferId, seq, line)``.
+
+        Appends are grouped: each queues itself and submits a drain to the store thread at
+        once, so it keeps its place among the store work submitted around it (a replay's read
+        after it sees it), and whichever drain runs first commits every append queued by then
+        in one transaction.
+        """
+        future: asyncio.Future[tuple[str, int, str]] = asyncio.get_running_loop().create_future()
+        with self._append_lock:
+            self._append_queue.append((gateway_id, platform, event, future))
+        self._executor.submit(self._drain_appends, asyncio.get_running_loop())
+        return await future
+
+    def _drain_appends(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the store thread: commit every queued append in one transaction."""
+        with self._append_lock:
+            batch, self._append_queue = self._append_queue, []
+        if not batch:
+            return  # an earlier drain already took this submission's append
+        try:
+            lines = self.buffer.append_many([(g, p, e) for g, p, e, _ in batch])
+        except Exception as exc:
+            error = exc
+            loop.call_soon_threadsafe(_fail_all, [f for *_, f in batch], error)
+            return
+        loop.call_soon_threadsafe(_resolve_all, [f for *_, f in batch], lines)
+
+    def _offer(self, instance: _Instance, buffer_id: str, seq: int, line: str) -> None:
+        """Hand one buffered line to the instance's pump (live delivery with a bufferId)."""
+        if not instance.live or (
+            instance.last_sent_seq is not None and seq <= instance.last_sent_seq
+        ):
+            return  # a replay (behind, or a new connection) delivers it from the buffer
+        if len(instance.outbox) >= _OUTBOX_MAX:
+            # Not keeping up: stop holding lines for it in memory; the buffer has them all.
+            log.info(
+                "connector: %s is not keeping up; delivering from the buffer until it catches up",
+                instance.gateway_id,
+                extra={"gateway_id": instance.gateway_id},
+            )
+            instance.outbox.clear()
+            instance.machine.fire("fall_behind")
+            self._background(self._replay(instance, after=instance.last_sent_seq))
+            return
+        instance.outbox.append((buffer_id, seq, line))
+        instance.wake.set()
+        if instance.pump is None or instance.pump.done():
+            instance.pump = asyncio.ensure_future(self._pump(instance))
+            self._tasks.add(instance.pump)
+            instance.pump.add_done_callback(self._tasks.discard)
+
+    async def _pump(self, instance: _Instance) -> None:
+        """Send the instance's live lines in order; a send that blocks (the gateway stopped
+        reading) blocks only this instance."""
+        outbox, send, unrecorded = instance.outbox, instance.ws.send, instance.unrecorded
+        while instance.state is not _C.CLOSED:
+            if not outbox or not instance.live:
+                instance.wake.clear()
+                await instance.wake.wait()
+                continue
+            buffer_id, seq, line = outbox.popleft()
+            # Claimed before the send: a replay starting meanwhile reads after it.
+            instance.last_sent_seq = seq
+            unrecorded[buffer_id] = self.clock.monotonic()
+            try:
+                await send(line)
+            except ConnectionClosed:
+                return  # unacked: replayed on the next connection
+            self._record_sent_later(instance)
 
     def _audience(self, platform: str, event: InboundEvent) -> list[str]:
         if self.tenants is None:
@@ -842,10 +966,14 @@ class Connector:
         except Exception:
             log.warning("connector: wake hook for %s failed", gateway_id, exc_info=True)
 
-    async def _replay(self, instance: _Instance) -> None:
-        """Send the instance's backlog in order with bufferIds, then switch it to live."""
+    async def _replay(self, instance: _Instance, after: int | None = None) -> None:
+        """Send the instance's backlog in order with bufferIds, then switch it to live.
+
+        ``after``: the seq of the last line already sent on this connection (a gateway that
+        fell behind); None replays the whole unacked backlog (a new connection), expiring the
+        entries past retention first.
+        """
         gateway_id = instance.gateway_id
-        after: int | None = None
         # A small first chunk starts the replay quickly; larger ones then keep the store calls
         # (and, on a store without an ordered index, the scans) few.
         limit = _REPLAY_FIRST_CHUNK
@@ -867,9 +995,10 @@ class Connector:
                 now = self.clock.monotonic()
                 buffer_id = ""
                 try:
-                    for buffer_id, _, line in chunk:
+                    for buffer_id, seq, line in chunk:
                         # Registered before its send, so that its ack always finds it.
                         unrecorded[buffer_id] = now
+                        instance.last_sent_seq = seq
                         await send(line)
                 except ConnectionClosed:
                     unrecorded.pop(buffer_id, None)  # this one never went out
@@ -943,3 +1072,17 @@ class Connector:
                 gateway_id,
                 exc_info=True,
             )
+
+
+def _resolve_all(
+    futures: list[asyncio.Future[tuple[str, int, str]]], lines: list[tuple[str, int, str]]
+) -> None:
+    for future, line in zip(futures, lines, strict=True):
+        if not future.done():
+            future.set_result(line)
+
+
+def _fail_all(futures: list[asyncio.Future[tuple[str, int, str]]], error: Exception) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_exception(error)

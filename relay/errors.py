@@ -18,7 +18,7 @@ Every class pickles with its attributes (``__reduce__``), so errors survive a pr
 
 from __future__ import annotations
 
-from typing import Final, Literal, get_args
+from typing import Any, Final, Literal, get_args
 
 from statecore.errors import StatecoreError
 
@@ -174,15 +174,22 @@ class AuthError(StatecoreError):
     ``detail`` is a short human-readable addition; it never contains a secret or a signature.
     """
 
-    def __init__(self, reason: AuthReason, detail: str = "") -> None:
+    def __init__(self, reason: AuthReason, detail: str = "", *, timing: bool = False) -> None:
         if reason not in AUTH_REASONS:
             raise ValueError(f"unknown AuthError reason {reason!r}")
         self.reason: AuthReason = reason
         self.detail = detail
+        self.timing = timing
+        """True when the token was genuine and refused only for its times (expired, or a
+        lifetime beyond the cap): the two clocks may disagree, and the refusal should say so."""
         text = f"relay token refused: {reason}"
         if detail:
             text = f"{text} ({detail})"
         super().__init__(text)
 
-    def __reduce__(self) -> tuple[type[AuthError], tuple[AuthReason, str]]:
-        return (type(self), (self.reason, self.detail))
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_auth_error, (self.reason, self.detail, self.timing))
+
+
+def _auth_error(reason: AuthReason, detail: str, timing: bool) -> AuthError:
+    return AuthError(reason, detail, timing=timing)

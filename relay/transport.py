@@ -21,7 +21,6 @@ strand a caller.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import itertools
 import json
@@ -30,7 +29,7 @@ import math
 import os
 import random
 import secrets
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -42,6 +41,7 @@ from relay.auth import bearer_header, mint_token
 from relay.codec import FrameDecoder, encode, error_frame_for
 from relay.compat import ERROR_FRAMES, OUR_FEATURES, features_header
 from relay.descriptor import CONTRACT_VERSION, CapabilityDescriptor
+from relay.dispatch import DEFAULT_MAX_IN_FLIGHT, InboundDispatcher
 from relay.errors import (
     ContractVersionError,
     ProtocolError,
@@ -64,7 +64,7 @@ from relay.frames import (
     PassthroughForward,
 )
 from relay.throttle import LogThrottle
-from relay.urls import CLOSE_PROTOCOL, CloseKind, classify_close, relay_url
+from relay.urls import CLOSE_PROTOCOL, CloseKind, classify_close, connector_time, relay_url
 from statecore.checks import require_text
 from statecore.clock import Clock, Deadline, SystemClock
 from statecore.errors import InvalidTransition
@@ -111,7 +111,7 @@ _FINISHED = TRANSPORT.terminal
 _DIALING = frozenset({T.CONNECTING, T.HANDSHAKING})
 _WAITING = frozenset({T.RECONNECTING, T.DORMANT})
 _MAX_VIOLATIONS = 50
-_ACK_BATCH = 64  # acks per message at most, so a long replay is acked as it goes
+_CLOCK_OFFSET_MIN_S = 5.0  # smaller offsets are rounding and latency, not a wrong clock
 
 
 def default_disconnect_budget_s() -> float:
@@ -257,6 +257,7 @@ class WebSocketRelayTransport:
         dedupe: BufferDedupe | None = None,
         rng: random.Random | None = None,
         refusal_grace_s: float = 120.0,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
         for name, value in (
             ("reconnect_backoff_s", reconnect_backoff_s),
@@ -292,11 +293,11 @@ class WebSocketRelayTransport:
         self._ws: ClientConnection | None = None
         self._reader: asyncio.Task[None] | None = None
         self._supervisor: asyncio.Task[None] | None = None
-        self._dispatcher: asyncio.Task[None] | None = None
         self._torn_down: asyncio.Event | None = None
         self._background: set[asyncio.Task[None]] = set()
-        self._inbound: collections.deque[_Delivery] = collections.deque()
-        self._inbound_ready = asyncio.Event()
+        self._inbound: InboundDispatcher[_Delivery] = InboundDispatcher(
+            lane_of=_lane_of, handle=self._handle, send_acks=self._ack, max_in_flight=max_in_flight
+        )
         self._handler: InboundHandler | None = None
         self._init_compat()
         self._pending: dict[str, asyncio.Future[OutboundOutcome]] = {}
@@ -331,6 +332,11 @@ class WebSocketRelayTransport:
     def _init_redial(self) -> None:
         """The state the supervisor's redial decisions read: the backoff ladder and the
         one-shot allowances of the close rules."""
+        self.clock_offset_s = 0.0
+        """The connector's clock minus ours, measured from a refusal that named its time (0
+        until one did); tokens are minted on the connector's time."""
+        self.last_close: tuple[int | None, str | None] = (None, None)
+        """The most recent close received from the connector (code, reason), for operators."""
         self._attempt = 0
         self._connected_at: float | None = None
         self._legacy_retry_used = False
@@ -443,7 +449,10 @@ class WebSocketRelayTransport:
         self._peer_features = frozenset()
         if self._secret is not None:
             token = mint_token(
-                self.gateway_id, self._secret, ttl_s=self.token_ttl_s, now=self._clock.now()
+                self.gateway_id,
+                self._secret,
+                ttl_s=self.token_ttl_s,
+                now=self._clock.now() + self.clock_offset_s,
             )
             headers.append(bearer_header(token))
         try:
@@ -492,8 +501,13 @@ class WebSocketRelayTransport:
 
     async def _read(self, ws: ClientConnection, decoder: FrameDecoder) -> None:
         try:
-            enqueue, recv, feed = self._enqueue, ws.recv, decoder.feed
+            inbound = self._inbound
+            enqueue, recv, feed = inbound.put, ws.recv, decoder.feed
             while True:
+                if not inbound.has_room:
+                    # Backpressure: at the bound, stop reading; the socket's flow control makes
+                    # the connector hold (durably) what it cannot send.
+                    await inbound.wait_for_room()
                 # recv() directly rather than ``async for``: no async generator per message.
                 message = await recv()
                 for item in feed(message):
@@ -626,73 +640,35 @@ class WebSocketRelayTransport:
         (same rules as :meth:`set_interrupt_handler`)."""
         self._passthrough_handler = handler
 
-    def _enqueue(self, frame: _Delivery) -> None:
-        self._inbound.append(frame)
-        ready = self._inbound_ready
-        if not ready.is_set():
-            ready.set()
-            if self._dispatcher is None or self._dispatcher.done():
-                self._dispatcher = asyncio.create_task(self._dispatch(), name="relay-dispatcher")
+    async def _handle(self, frame: _Delivery) -> str | None:
+        """Handle one delivery in its chat's lane; return the bufferId to ack, or None.
 
-    async def _dispatch(self) -> None:
-        """The one long-lived inbound worker: handles events in order, acks in batches."""
-        queue = self._inbound
-        popleft = queue.popleft
-        acks: list[str] = []
+        A buffered delivery is acked only after its handler returned normally (and, with a
+        dedupe, after it was remembered); one whose handler raised stays unacked, so the
+        connector delivers it again.  Never raises but for cancellation.
+        """
+        buffer_id = frame.buffer_id
+        # Read per event: either may be replaced while a handler runs.
+        handler, dedupe = self._handler, self._dedupe
         try:
-            while True:
-                if not queue:
-                    # Drained: the handled events' acks go out together, then wait for more.
-                    if acks:
-                        await self._ack(acks)
-                        acks = []
-                    if not queue:
-                        self._inbound_ready.clear()
-                        await self._inbound_ready.wait()
-                    continue
-                frame = popleft()
-                buffer_id = frame.buffer_id
-                # Read per event: either may be replaced while a handler runs.
-                handler, dedupe = self._handler, self._dedupe
-                try:
-                    if not isinstance(frame, Inbound):
-                        if await self._settle(frame) and buffer_id is not None:
-                            acks.append(buffer_id)
-                    elif (
-                        buffer_id is not None
-                        and dedupe is not None
-                        and await dedupe.seen(buffer_id)
-                    ):
-                        acks.append(buffer_id)  # handled before a restart: ack, don't redo
-                    elif handler is None:
-                        # Nobody handled it: leave a buffered delivery unacked (it is replayed
-                        # once a handler is set) rather than let the connector retire it.
-                        continue
-                    else:
-                        await handler(frame.event)
-                        if buffer_id is None:
-                            continue
-                        if dedupe is not None:
-                            await dedupe.remember(buffer_id)
-                        acks.append(buffer_id)
-                    if len(acks) >= _ACK_BATCH:
-                        await self._ack(acks)
-                        acks = []
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    # The handler's failure is isolated to this event; a buffered one stays
-                    # unacked, so the connector replays it.
-                    log.exception("relay inbound handler failed (bufferId %s)", buffer_id)
-        finally:
-            # The next frame starts a new dispatcher (this one is gone).
-            self._inbound_ready.clear()
-            # A cancelled dispatcher still acks what it finished, without waiting.
-            if acks:
-                if asyncio.current_task() is not None and not _cancelling():
-                    await self._ack(acks)
-                else:
-                    self._ack_soon(acks)
+            if not isinstance(frame, Inbound):
+                return buffer_id if await self._settle(frame) else None
+            if buffer_id is not None and dedupe is not None and await dedupe.seen(buffer_id):
+                return buffer_id  # handled before (a restart, a lost ack): ack, don't redo
+            if handler is None:
+                # Nobody handled it: leave a buffered delivery unacked (it is delivered again
+                # once a handler is set) rather than let the connector retire it.
+                return None
+            await handler(frame.event)
+            if buffer_id is not None and dedupe is not None:
+                await dedupe.remember(buffer_id)
+            return buffer_id
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # The handler's failure is isolated to this event; a buffered one stays unacked.
+            log.exception("relay inbound handler failed (bufferId %s)", buffer_id)
+            return None
 
     async def _settle(
         self, frame: UndeliverableEvent | InterruptInbound | PassthroughForward
@@ -785,12 +761,6 @@ class WebSocketRelayTransport:
             return  # unacked: the connector replays them on the next handshake
         with contextlib.suppress(ConnectionClosed):
             await ws.send("".join(_ack_line(b) for b in buffer_ids))
-
-    def _ack_soon(self, buffer_ids: list[str]) -> None:
-        if self._ws is not None and self._current() in SERVING:
-            task = asyncio.get_running_loop().create_task(self._ack(buffer_ids))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -936,6 +906,8 @@ class WebSocketRelayTransport:
         if not self._machine.can("drop"):
             return  # deliberate: closing, dormant or already finished
         code, reason = _close_of(ws)
+        self.last_close = (code, reason)
+        self._measure_clock(reason)
         # A handshake since the last legacy re-dial grants one more (see classify_close).
         handshaken = self.connections > 0 and not self._legacy_retry_used
         kind = classify_close(
@@ -975,6 +947,26 @@ class WebSocketRelayTransport:
             self._immediate_retry_used = True
             self._redial_now = True
         self._arm()
+
+    def _measure_clock(self, reason: str | None) -> None:
+        """A refusal that names the connector's time (its token check found the clocks
+        disagreeing): measure the offset, say so, and mint later tokens on the connector's time
+        so that a gateway with a wrong clock still connects."""
+        theirs = connector_time(reason)
+        if theirs is None:
+            return
+        offset = theirs - self._clock.now()
+        if abs(offset) < _CLOCK_OFFSET_MIN_S:
+            return
+        self.clock_offset_s = offset
+        log.warning(
+            "relay %s: the connector refused our token for its times (%s); its clock is %+.0f s "
+            "from ours: minting tokens on its time from now on (fix this host's clock)",
+            self.url,
+            reason,
+            offset,
+            extra={"clock_offset_s": offset},
+        )
 
     def _refusal_may_be_a_race(self) -> bool:
         """Whether a refusal of our credentials may still be a start-up race: only before the
@@ -1071,10 +1063,10 @@ class WebSocketRelayTransport:
                     ws.close(1000, "disconnect"), min(TEARDOWN_AWAIT_S, deadline.remaining())
                 )
             await _cancel(self._reader, min(TEARDOWN_AWAIT_S, deadline.remaining()))
-            await _cancel(self._dispatcher, min(TEARDOWN_AWAIT_S, deadline.remaining()))
+            await self._inbound.close(min(TEARDOWN_AWAIT_S, deadline.remaining()))
         finally:
             self._fail_pending(RelayClosed("relay transport closed"))
-            for task in (self._supervisor, self._reader, self._dispatcher):
+            for task in (self._supervisor, self._reader):
                 if task is not None and not task.done():
                     task.cancel()
             if self._ws is not None:
@@ -1092,6 +1084,18 @@ class WebSocketRelayTransport:
         return f"<WebSocketRelayTransport {where} {self._current().value}>"
 
 
+def _lane_of(frame: _Delivery) -> Hashable:
+    """The lane a delivery is handled in: its chat, so that one chat's messages keep their
+    order.  An interrupt takes a lane of its own (it must not wait behind the turn it cancels);
+    poison and forwarded webhooks share one."""
+    if type(frame) is Inbound:
+        source = frame.event.source
+        return (source.platform, source.chat_id)
+    if isinstance(frame, InterruptInbound):
+        return ("interrupt", frame.session_key)
+    return ("other",)
+
+
 def _ack_line(buffer_id: str) -> str:
     """``encode(InboundAck(buffer_id))`` without building the frame: acks are per message."""
     # Printable ASCII without a quote or backslash needs no escaping: the common case, cheaply.
@@ -1099,12 +1103,6 @@ def _ack_line(buffer_id: str) -> str:
     if plain and '"' not in buffer_id and "\\" not in buffer_id:
         return f'{{"type":"inbound_ack","bufferId":"{buffer_id}"}}\n'
     return f'{{"type":"inbound_ack","bufferId":{json.dumps(buffer_id, ensure_ascii=False)}}}\n'
-
-
-def _cancelling() -> bool:
-    """True when the current task is being cancelled (it must not await any more)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 def _close_of(ws: ClientConnection) -> tuple[int | None, str | None]:

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from enum import StrEnum
 from typing import Final
 from urllib.parse import urlsplit
@@ -21,6 +22,8 @@ __all__ = [
     "RELAY_PATH",
     "CloseKind",
     "classify_close",
+    "clock_skew_reason",
+    "connector_time",
     "is_loopback_host",
     "relay_url",
 ]
@@ -163,3 +166,24 @@ def classify_close(
             return CloseKind.RETRY_ONCE
         return CloseKind.REVOKED if ever_handshaken else CloseKind.REFUSED
     return CloseKind.OTHER
+
+
+_CONNECTOR_TIME: Final = re.compile(r"connector time (\d{1,12})\b")
+
+
+def clock_skew_reason(reason: str, now: float) -> str:
+    """The close reason of a token refused for its times: the refusal, a hint that the clocks
+    disagree, and the connector's time (unix seconds) so the gateway can measure the offset.
+
+    Kept within a WebSocket close reason's 123 bytes.  Raises nothing.
+    """
+    return f"{reason}: clock skew? connector time {int(now)}"[:123]
+
+
+def connector_time(reason: str | None) -> int | None:
+    """The connector's time (unix seconds) named in a close reason by :func:`clock_skew_reason`,
+    or None when the reason names none.  Raises nothing."""
+    if not isinstance(reason, str):
+        return None
+    found = _CONNECTOR_TIME.search(reason)
+    return int(found.group(1)) if found else None

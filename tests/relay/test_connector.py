@@ -26,7 +26,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from relay import connector as connector_module
 from relay.auth import mint_token
 from relay.buffer import BUFFER_KIND, BufferState
-from relay.compat import OUR_FEATURES, features_header
+from relay.compat import ACKED_LIVE, OUR_FEATURES, features_header
 from relay.connector import EGRESS_DECLINED_MESSAGE, Connector
 from relay.frames import EventSource, InboundEvent
 from relay.platform import LoopbackPlatform
@@ -162,7 +162,9 @@ class Harness:
             header = f"Bearer {token}"
         headers = [] if header is None else [("Authorization", header)]
         if announce:
-            headers.append(features_header(OUR_FEATURES))
+            # Our additions, except acked live delivery: these raw clients do not ack live
+            # events (the tests of that feature announce it themselves).
+            headers.append(features_header(f for f in OUR_FEATURES if f != ACKED_LIVE))
         ws = await connect(
             connector.url + path,
             additional_headers=headers,
@@ -684,7 +686,9 @@ async def test_tenant_inbound_reaches_only_the_approved_gateway(mh: Harness) -> 
     await eventually(lambda: len(a.events) == 2 and len(b.events) == 2, "both deliveries")
     assert a.texts == ["scoped a", "dm a"]
     assert b.texts == ["scoped b", "dm b"]
-    assert connector.buffered("gw-a") == connector.buffered("gw-b") == 0
+    await eventually(
+        lambda: connector.buffered("gw-a") == connector.buffered("gw-b") == 0, "all acked"
+    )
 
 
 @pytest.mark.asyncio
@@ -815,7 +819,7 @@ async def test_wake_hook_for_idle_and_disconnected_instances_not_live_ones(
     connector = await mh.start(wake_hook=wake)
     a_seen = Recorder()
     a = await mh.gateway(connector, "gw-a", a_seen)
-    b = await mh.gateway(connector, "gw-b")
+    b = await mh.gateway(connector, "gw-b", Recorder())  # it acks what it handled
     await mh.platform.inject("c1", "both live")
     await eventually(lambda: a_seen.texts == ["both live"], "live delivery")
     assert wake.calls == []
@@ -858,12 +862,15 @@ async def test_buffered_counts_per_gateway_until_acked(harness: Harness) -> None
     """buffered(gateway_id) counts that gateway's unacked entries; replay and acks bring it to 0."""
     connector = await harness.start()
     first = await harness.gateway(connector, "gw-a", reconnect=True, dormant_redial_s=3600)
-    await harness.gateway(connector, "gw-b")
+    b_seen = Recorder()
+    await harness.gateway(connector, "gw-b", b_seen)
     assert await first.go_dormant(timeout_s=BOUND)
     for n in range(4):
         await harness.platform.inject("c1", f"m{n}")
     await eventually(lambda: connector.buffered("gw-a") == 4, "four buffered")
-    assert connector.buffered("gw-b") == 0
+    # gw-b got them live (acked live delivery): each is retired once its handler returned.
+    await eventually(lambda: len(b_seen.texts) == 4, "gw-b handled them")
+    await eventually(lambda: connector.buffered("gw-b") == 0, "gw-b acked them")
     assert connector.buffered("gw-unknown") == 0
     await first.disconnect(budget_s=2)
     recorder = Recorder()
@@ -1074,7 +1081,7 @@ async def test_event_arriving_as_replay_finishes_is_delivered() -> None:
         await eventually(lambda: len(recorder.events) >= 1, "a delivery", timeout=2)
         await asyncio.sleep(0.2)
         assert recorder.texts == ["during replay", "after replay"]
-        assert connector.buffered("gw-a") == 0
+        await eventually(lambda: connector.buffered("gw-a") == 0, "both acked")
     finally:
         store.release.set()
         await h.close()

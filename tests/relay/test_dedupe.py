@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -171,7 +172,7 @@ class Setup:
         self.transports: list[WebSocketRelayTransport] = []
 
     def transport(
-        self, handler: Callable[[InboundEvent], Awaitable[None]]
+        self, handler: Callable[[InboundEvent], Awaitable[None]], **options: Any
     ) -> WebSocketRelayTransport:
         transport = WebSocketRelayTransport(
             self.connector.url,
@@ -181,6 +182,7 @@ class Setup:
             secret="secret-a",
             reconnect=False,
             dedupe=self.dedupe,
+            **options,
         )
         transport.set_inbound_handler(handler)
         self.transports.append(transport)
@@ -253,14 +255,19 @@ async def test_failed_handling_is_not_remembered_and_is_replayed(setup: Setup) -
 
 
 @pytest.mark.asyncio
-async def test_live_deliveries_do_not_touch_the_memory(setup: Setup, store: Store) -> None:
-    """A live (unbuffered) event carries no bufferId: it is handled and nothing is remembered."""
+@pytest.mark.parametrize("acked_live", [True, False], ids=["acked-live", "original"])
+async def test_live_deliveries_are_remembered_only_when_they_are_acked(
+    setup: Setup, store: Store, acked_live: bool
+) -> None:
+    """With acked live delivery (our default) a live event carries a bufferId: it is handled,
+    remembered and acked, so nothing stays owed; an original-contract gateway's live event
+    carries none and touches nothing."""
     handled: list[str] = []
 
     async def handler(event: InboundEvent) -> None:
         handled.append(event.text)
 
-    transport = setup.transport(handler)
+    transport = setup.transport(handler, **({} if acked_live else {"features": ()}))
     await transport.connect()
     await transport.handshake(BOUND)
     # Wait for the connector to go live (its post-handshake replay must have finished).
@@ -273,4 +280,5 @@ async def test_live_deliveries_do_not_touch_the_memory(setup: Setup, store: Stor
     )
     await setup.platform.inject("c1", "live one")
     await eventually(lambda: handled == ["live one"], "live delivery")
-    assert store.count(DEDUPE_KIND) == 0
+    await eventually(lambda: setup.connector.buffered("gw-a") == 0, "nothing owed")
+    assert store.count(DEDUPE_KIND) == (1 if acked_live else 0)

@@ -14,6 +14,8 @@ from relay.urls import (
     CLOSE_REVOKED,
     CloseKind,
     classify_close,
+    clock_skew_reason,
+    connector_time,
     is_loopback_host,
     relay_url,
 )
@@ -251,3 +253,15 @@ def test_a_4401_before_the_first_handshake_is_a_refusal_to_retry(
         ever_handshaken=ever_handshaken,
     )
     assert expired is CloseKind.EXPIRED
+
+
+def test_a_clock_skew_reason_names_the_connector_time_and_reads_back() -> None:
+    """clock_skew_reason fits a close reason and connector_time reads the time back; a reason
+    without one (or not a string) reads as None."""
+    reason = clock_skew_reason("expired", 1_796_000_123.9)
+    assert reason == "expired: clock skew? connector time 1796000123"
+    assert len(reason.encode()) <= 123
+    assert connector_time(reason) == 1_796_000_123
+    assert connector_time("expired") is None
+    assert connector_time(None) is None
+    assert len(clock_skew_reason("x" * 200, 1.0)) == 123
