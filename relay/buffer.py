@@ -123,6 +123,7 @@ class InboundBuffer:
         self.expired_total = 0
         """Entries expired by this process (also logged at WARNING)."""
         store.register(BUFFER_KIND)
+        self._batch = isinstance(store, BatchStore)  # a protocol check: too slow per call
         self._lock = threading.Lock()
         self._prefix = secrets.token_hex(3)
         self._seq = time.time_ns()
@@ -186,7 +187,8 @@ class InboundBuffer:
                 )
             )
             out.append((buffer_id, seq, _line(buffer_id, event_json)))
-        if isinstance(self.store, BatchStore):  # one multi-row statement where the store can
+        if self._batch:  # one multi-row statement where the store can
+            assert isinstance(self.store, BatchStore)
             outcomes = self.store.insert_each(
                 BUFFER_KIND,
                 [Creation(i, v, "append", Audit(now, g)) for i, v, g in creations],

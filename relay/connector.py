@@ -182,12 +182,10 @@ class _Instance:
         self.appended = 0  # events buffered for this instance while it replays
         self.violations = 0
         self.log_limit = LogThrottle(clock=clock)  # what the peer controls never floods the log
-        self.acks: list[str] = []  # acked bufferIds not yet retired in the store
         # Replayed bufferIds, in send order, with when they were sent (loop time), whose replay
         # is not recorded yet and that have not been acked on this connection.
         self.unrecorded: dict[str, float] = {}
         self.record_timer: asyncio.Task[None] | None = None
-        self.ack_flusher: asyncio.Task[None] | None = None
         # Durable live delivery (ACKED_LIVE): buffered lines waiting for the pump, the seq of
         # the newest line handed to the socket (never sent twice), the pump and its wake-up.
         self.outbox: collections.deque[tuple[str, int, str]] = collections.deque()
@@ -299,10 +297,13 @@ class Connector:
         self._instances: dict[str, _Instance] = {}  # the served connection of each gateway
         self._standbys: dict[str, list[_Instance]] = {}  # waiting connections, oldest first
         self._watchers: dict[str, asyncio.Task[None]] = {}  # liveness probes, per gateway
-        self._append_lock = threading.Lock()
+        # One write round at a time on the store thread carries every queued append and ack.
+        self._write_lock = threading.Lock()
         self._append_queue: list[
             tuple[str, str, InboundEvent, asyncio.Future[tuple[str, int, str]]]
         ] = []
+        self._ack_queue: list[tuple[_Instance, list[str]]] = []
+        self._drain_pending = False
         # Platforms each gateway said hello for: durable, so a restart keeps buffering for a
         # gateway that is asleep.
         self._subscriptions: dict[str, set[str]] = collections.defaultdict(set)
@@ -648,43 +649,34 @@ class Connector:
             log.exception("connector: handling a %s failed", type(frame).__name__)
 
     def _acked(self, instance: _Instance, buffer_ids: list[str]) -> None:
-        """Queue acked bufferIds for retirement: they arrive many per message during a replay
-        and are retired together, in one store call per round (see :meth:`_retire_acks`)."""
+        """Queue acked bufferIds for retirement: they are retired by the next write round on
+        the store thread, with whatever else is queued (see :meth:`_drain_writes`)."""
         if instance.state is _C.STANDBY:
             return  # it was shown nothing: what it acks is not its to retire
-        instance.acks.extend(buffer_ids)
         unrecorded = instance.unrecorded
         if unrecorded:
             for buffer_id in buffer_ids:
                 unrecorded.pop(buffer_id, None)  # acked: its replay needs no separate record
-        if instance.ack_flusher is None or instance.ack_flusher.done():
-            instance.ack_flusher = asyncio.ensure_future(self._retire_acks(instance))
+        with self._write_lock:
+            self._ack_queue.append((instance, buffer_ids))
+            submit = not self._drain_pending
+            self._drain_pending = True
+        if submit:
+            self._executor.submit(self._drain_writes, asyncio.get_running_loop())
 
-    async def _retire_acks(self, instance: _Instance) -> None:
-        """Retire every ack that has piled up, in one store transaction per round."""
-        while instance.acks:
-            batch, instance.acks = instance.acks, []
-            try:
-                retired = await self._store(
-                    functools.partial(self.buffer.ack, instance.gateway_id, batch)
-                )
-            except Exception:
-                # Not retired: the entries stay unacked and are replayed again (never lost).
-                log.warning("connector: retiring %d acks failed", len(batch), exc_info=True)
-                continue
-            ignored = len(set(batch)) - retired
-            if ignored > 0:
-                # A peer decides how many of these there are: one line per batch, rate-limited.
-                suppressed = instance.log_limit.allow()
-                if suppressed is not None:
-                    log.info(
-                        "connector: ignored %d acks from %s of bufferIds that are not its unacked "
-                        "entries%s",
-                        ignored,
-                        instance.gateway_id,
-                        f" ({suppressed} more lines not logged)" if suppressed else "",
-                        extra={"gateway_id": instance.gateway_id, "ignored": ignored},
-                    )
+    def _ignored_acks(self, instance: _Instance, ignored: int) -> None:
+        """On the loop: report acks that retired nothing (a peer decides how many there are:
+        one line per round, rate-limited)."""
+        suppressed = instance.log_limit.allow()
+        if suppressed is not None:
+            log.info(
+                "connector: ignored %d acks from %s of bufferIds that are not its unacked "
+                "entries%s",
+                ignored,
+                instance.gateway_id,
+                f" ({suppressed} more lines not logged)" if suppressed else "",
+                extra={"gateway_id": instance.gateway_id, "ignored": ignored},
+            )
 
     async def _hello(self, instance: _Instance, hello: Hello) -> None:
         descriptor = self.descriptors.get(hello.platform)
@@ -865,30 +857,52 @@ class Connector:
     ) -> tuple[str, int, str]:
         """Buffer one event durably; return its ``(bufferId, seq, line)``.
 
-        Appends are grouped: each queues itself and submits a drain to the store thread at
-        once, so it keeps its place among the store work submitted around it (a replay's read
-        after it sees it), and whichever drain runs first commits every append queued by then
-        in one transaction.
+        Writes are grouped (see :meth:`_drain_writes`): an append joins the write round that is
+        queued on the store thread, or queues one, so it keeps its place among the store work
+        submitted around it (a replay's read submitted after it sees it).
         """
-        future: asyncio.Future[tuple[str, int, str]] = asyncio.get_running_loop().create_future()
-        with self._append_lock:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[tuple[str, int, str]] = loop.create_future()
+        with self._write_lock:
             self._append_queue.append((gateway_id, platform, event, future))
-        self._executor.submit(self._drain_appends, asyncio.get_running_loop())
+            submit = not self._drain_pending
+            self._drain_pending = True
+        if submit:
+            self._executor.submit(self._drain_writes, loop)
         return await future
 
-    def _drain_appends(self, loop: asyncio.AbstractEventLoop) -> None:
-        """On the store thread: commit every queued append in one transaction."""
-        with self._append_lock:
-            batch, self._append_queue = self._append_queue, []
-        if not batch:
-            return  # an earlier drain already took this submission's append
-        try:
-            lines = self.buffer.append_many([(g, p, e) for g, p, e, _ in batch])
-        except Exception as exc:
-            error = exc
-            loop.call_soon_threadsafe(_fail_all, [f for *_, f in batch], error)
+    def _drain_writes(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the store thread: one write round -- every queued append and ack -- in one
+        transaction (group commit: under load one commit carries many events).
+
+        A round that fails writes nothing: its appends fail to their callers (who have not
+        delivered them), its acks are not retired (those entries are delivered again).
+        """
+        with self._write_lock:
+            appends, self._append_queue = self._append_queue, []
+            acks, self._ack_queue = self._ack_queue, []
+            self._drain_pending = False  # from now on a new write queues a new round
+        if not appends and not acks:
             return
-        loop.call_soon_threadsafe(_resolve_all, [f for *_, f in batch], lines)
+        by_instance: dict[_Instance, list[str]] = {}
+        for instance, ids in acks:
+            by_instance.setdefault(instance, []).extend(ids)
+        ignored: list[tuple[_Instance, int]] = []
+        try:
+            with self.buffer.store.atomic():
+                lines = self.buffer.append_many([(g, p, e) for g, p, e, _ in appends])
+                for instance, ids in by_instance.items():
+                    retired = self.buffer.ack(instance.gateway_id, ids)
+                    if retired < len(set(ids)):
+                        ignored.append((instance, len(set(ids)) - retired))
+        except Exception as exc:
+            if acks:
+                log.warning("connector: retiring acks failed (%s); they will be replayed", exc)
+            loop.call_soon_threadsafe(_fail_all, [f for *_, f in appends], exc)
+            return
+        loop.call_soon_threadsafe(_resolve_all, [f for *_, f in appends], lines)
+        for instance, count in ignored:
+            loop.call_soon_threadsafe(self._ignored_acks, instance, count)
 
     def _offer(self, instance: _Instance, buffer_id: str, seq: int, line: str) -> None:
         """Hand one buffered line to the instance's pump (live delivery with a bufferId)."""

@@ -14,6 +14,9 @@ an operator can still see (:meth:`StoreBufferDedupe.undeliverable`) what was not
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import queue
+import threading
 from enum import StrEnum
 
 import attrs
@@ -130,7 +133,10 @@ class Undeliverable:
 class StoreBufferDedupe:
     """:class:`relay.transport.BufferDedupe` over any Store; store work runs off the loop.
 
-    Pass it to ``WebSocketRelayTransport(..., dedupe=StoreBufferDedupe(store))``.
+    Pass it to ``WebSocketRelayTransport(..., dedupe=StoreBufferDedupe(store))``.  Lookups and
+    remembers go through one worker thread that takes whatever is queued at once: the lookups
+    are answered one after another, the remembers are written in one transaction (the chats a
+    gateway handles concurrently share the commits).
     """
 
     def __init__(self, store: Store, *, clock: Clock | None = None) -> None:
@@ -138,23 +144,76 @@ class StoreBufferDedupe:
         self.clock: Clock = clock or SystemClock()
         store.register(DEDUPE_KIND)
         store.register(UNDELIVERABLE_KIND)
+        self._ops: queue.SimpleQueue[_DedupeOp] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self._worker_lock = threading.Lock()
 
     async def seen(self, buffer_id: str) -> bool:
-        """True when ``buffer_id`` was handled before (by this gateway, in any run)."""
-        row = await asyncio.to_thread(self.store.get, DEDUPE_KIND, buffer_id)
-        return row is not None
+        """True when ``buffer_id`` was handled before (by this gateway, in any run).  Raises
+        ``StoreError`` when the store cannot answer."""
+        return bool(await self._submit("seen", buffer_id))
 
     async def remember(self, buffer_id: str) -> None:
-        """Record ``buffer_id`` as handled (idempotent)."""
-        now = self.clock.now()
-        await asyncio.to_thread(
-            self.store.insert,
-            DEDUPE_KIND,
-            buffer_id,
-            {"handled_at": now},
-            event="handle",
-            audit=Audit(now),
-        )
+        """Record ``buffer_id`` as handled (idempotent); the caller may ack it once this
+        returned.  Raises ``StoreError`` when the store cannot record it (then do not ack)."""
+        await self._submit("remember", buffer_id)
+
+    async def _submit(self, kind: str, buffer_id: str) -> object:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[object] = loop.create_future()
+        self._ops.put((kind, buffer_id, loop, future))
+        if self._worker is None:
+            with self._worker_lock:
+                if self._worker is None:
+                    self._worker = threading.Thread(
+                        target=self._work, name="relay-dedupe", daemon=True
+                    )
+                    self._worker.start()
+        return await future
+
+    def _work(self) -> None:
+        """The worker: each round takes every queued operation; lookups first see the store as
+        the earlier rounds left it, remembers of one round commit together."""
+        while True:
+            batch = [self._ops.get()]
+            while True:
+                try:
+                    batch.append(self._ops.get_nowait())
+                except queue.Empty:
+                    break
+            outcomes: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[object], object]] = []
+            remembers: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[object], str]] = []
+            for kind, buffer_id, loop, future in batch:
+                if kind == "remember":
+                    remembers.append((loop, future, buffer_id))
+                    continue
+                try:
+                    # Remembered earlier in this round counts as seen (it commits below).
+                    outcome: object = any(r[2] == buffer_id for r in remembers) or (
+                        self.store.get(DEDUPE_KIND, buffer_id) is not None
+                    )
+                except Exception as exc:
+                    outcome = exc
+                outcomes.append((loop, future, outcome))
+            if remembers:
+                now = self.clock.now()
+                try:
+                    with self.store.atomic():
+                        for _, _, buffer_id in remembers:
+                            self.store.insert(
+                                DEDUPE_KIND,
+                                buffer_id,
+                                {"handled_at": now},
+                                event="handle",
+                                audit=Audit(now),
+                            )
+                    written: object = None
+                except Exception as exc:
+                    written = exc
+                outcomes.extend((loop, future, written) for loop, future, _ in remembers)
+            for loop, future, outcome in outcomes:
+                with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+                    loop.call_soon_threadsafe(_settle, future, outcome)
 
     async def record_undeliverable(
         self, buffer_id: str, *, frame_type: str, reason: str, raw_line: str
@@ -225,3 +284,15 @@ class StoreBufferDedupe:
                     DEDUPE_KIND, row.id, "forget", audit=Audit(now), fence=row.fence
                 )
         return self.store.prune(DEDUPE_KIND, "prune")
+
+
+_DedupeOp = tuple[str, str, asyncio.AbstractEventLoop, "asyncio.Future[object]"]
+
+
+def _settle(future: asyncio.Future[object], outcome: object) -> None:
+    if future.done():
+        return
+    if isinstance(outcome, Exception):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)

@@ -10,7 +10,12 @@ identity, or any object with ``async send(chat_id, content, metadata)``) to the 
   ``resume_pending`` flag **before** any send, then redelivers in the background -- plainly when
   the send never began, labelled when it may have;
 * on an adapter's reconnect and on a timer it retries this incarnation's transient failures,
-  scoped to platform and profile; a claim that cannot be sent is released, its attempt refunded.
+  scoped to platform and profile; a claim that cannot be sent is released, its attempt refunded;
+* a ledger write of the send path that fails on a transient store error (a lock another process
+  holds) is retried a few times on the gateway's clock; if it still fails the row is left where
+  it is, and the timer re-sends this incarnation's rows stuck in ``pending`` or ``attempting``
+  for longer than ``stuck_after_s`` that nothing in this process is sending -- plainly when the
+  send never began, labelled when it may have.
 
 The bot's logic is an inbound handler: ``gateway.on_message(handler)``; the handler receives a
 :class:`Turn` whose :meth:`Turn.reply` is ``send_final`` for that message.
@@ -21,8 +26,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
+import math
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from functools import partial
+from typing import Any, Protocol, TypeVar
 
 import attrs
 
@@ -32,7 +40,7 @@ from statecore.adapter import SendResult
 from statecore.async_ledger import AsyncLedger
 from statecore.clock import Clock, Deadline, SystemClock
 from statecore.delegations import Delegation, Delegations
-from statecore.errors import InvalidTransition, StaleState
+from statecore.errors import InvalidTransition, StaleState, StoreError
 from statecore.lifecycles import ObligationState, TransportState
 from statecore.obligation import DEFAULT_PROFILE, Claim
 from statecore.ownership import Incarnation, ProcessProbe
@@ -46,6 +54,9 @@ __all__ = ["Gateway", "Message", "MessageHandler", "SessionFlags", "Turn", "sess
 log = logging.getLogger(__name__)
 
 _DEFAULT_STOP_BUDGET_S = 10.0
+_SETTLE_RETRY_DELAYS_S = (0.1, 0.3, 1.0)
+
+_T = TypeVar("_T")
 
 
 class SessionFlags(Protocol):
@@ -139,9 +150,19 @@ class Gateway:
     """The runtime (see the module docs).
 
     ``Gateway(store, *, sessions=None, clock=None, incarnation=None, probe=None, policy=None,
-    retry_interval_s=15.0, prune_interval_s=3600.0)``.  ``sessions`` is any object with ``async
-    clear_resume_pending(session_key)``; the default is the persisted session store over the
-    same ``store``.
+    retry_interval_s=15.0, prune_interval_s=3600.0, stuck_after_s=30.0)``.  ``sessions`` is any
+    object with ``async clear_resume_pending(session_key)``; the default is the persisted
+    session store over the same ``store``.  ``retry_interval_s`` is the period of the retry
+    timer; ``prune_interval_s`` how often that timer also prunes (0: never);
+    ``stuck_after_s`` how long one of this incarnation's own rows may stay ``pending`` or
+    ``attempting`` without being sent by this process before the timer re-sends it (see
+    :meth:`redeliver_stuck`).  Intervals must be non-negative numbers and the retry interval
+    and the stuck grace positive (``ValueError`` otherwise).
+
+    The send path's ledger writes (mark attempting, delivered, failed; release) that raise
+    ``StoreError`` are tried again after each delay of ``settle_retry_delays_s`` (default
+    ``(0.1, 0.3, 1.0)`` seconds on the gateway's clock); a definite refusal
+    (``InvalidTransition``, ``StaleState``) is never retried.
     """
 
     def __init__(
@@ -155,15 +176,19 @@ class Gateway:
         policy: LedgerPolicy | None = None,
         retry_interval_s: float = 15.0,
         prune_interval_s: float = 3600.0,
+        stuck_after_s: float = 30.0,
     ) -> None:
         for name, value in (
             ("retry_interval_s", retry_interval_s),
             ("prune_interval_s", prune_interval_s),
+            ("stuck_after_s", stuck_after_s),
         ):
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"{name} must be a non-negative number, not {value!r}")
         if not retry_interval_s:
             raise ValueError("retry_interval_s must be positive")
+        if not stuck_after_s or not math.isfinite(stuck_after_s):
+            raise ValueError(f"stuck_after_s must be positive and finite, not {stuck_after_s!r}")
         self.store = store
         self.clock: Clock = clock or SystemClock()
         self.ledger = AsyncLedger(
@@ -176,6 +201,16 @@ class Gateway:
         self.prune_interval_s = prune_interval_s
         """How often the retry timer also prunes settled obligations past the policy's
         retention (0: never; pruning never touches an owed row)."""
+        self.stuck_after_s = stuck_after_s
+        """Grace after which an own row left pending or attempting, and not being sent by this
+        process, is re-sent by the retry timer."""
+        self.settle_retry_delays_s: tuple[float, ...] = _SETTLE_RETRY_DELAYS_S
+        """Delays (gateway clock seconds) before each retry of a send-path ledger write that
+        raised ``StoreError``; one try plus one per delay, then the row is left for
+        :meth:`redeliver_stuck`."""
+        # Obligation ids this process is sending (or holds a claim of, about to send): the stuck
+        # sweep never touches them.  A count, since two paths may hold one id at once.
+        self._in_flight: Counter[str] = Counter()
         self._adapters: dict[tuple[str, str], _Sendable] = {}
         self._handler: MessageHandler | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -277,8 +312,12 @@ class Gateway:
         The same reply to the same message (same session key, message and text) is recorded
         once: a repeat returns the first one's outcome instead of sending twice.  No adapter for
         ``(platform, profile)`` → the reply is kept owed (released with ``send_path_degraded``)
-        and sent when that adapter connects.  Raises ``TypeError``/``ValueError`` for bad input
-        (nothing is recorded then) and ``StoreError`` when the ledger cannot record it.
+        and sent when that adapter connects.  A ledger write after the record that keeps
+        failing with ``StoreError`` (see ``settle_retry_delays_s``) is logged and the reply kept
+        owed: a failed result is returned when the send never began, the platform's result when
+        it did, and the retry timer re-sends the row once it is stuck (:meth:`redeliver_stuck`).
+        Raises ``TypeError``/``ValueError`` for bad input (nothing is recorded then) and
+        ``StoreError`` when the ledger cannot record it (nothing is owed then: retry the call).
         """
         obligation = await self.ledger.record(
             session_key=session_key,
@@ -297,24 +336,33 @@ class Gateway:
             if obligation.state is ObligationState.DELIVERED:
                 return SendResult.ok()
             return SendResult.failed("already owed; the ledger will deliver it")
+        self._hold((oid,))
         try:
-            await self.ledger.mark_attempting(oid)
-        except (InvalidTransition, StaleState):
-            return SendResult.failed("already being sent")
-        adapter = self.adapter(platform, profile)
-        if adapter is None:
-            await self.ledger.release(oid)  # the policy's reconnect error: resent on connect
-            return SendResult.failed(f"no adapter for {platform}/{profile}; kept owed")
-        result = await self._send(
-            adapter,
-            chat_id,
-            content=content,
-            thread_id=thread_id,
-            reply_to=reply_to,
-            obligation_id=oid,
-        )
-        await self._settle(oid, result)
-        return result
+            try:
+                marked = await self._ledger_write(
+                    "mark_attempting", oid, lambda: self.ledger.mark_attempting(oid)
+                )
+            except (InvalidTransition, StaleState):
+                return SendResult.failed("already being sent")
+            if marked is None:
+                return SendResult.failed("the ledger is unavailable; kept owed, sent later")
+            adapter = self.adapter(platform, profile)
+            if adapter is None:
+                # The policy's reconnect error: resent when that adapter connects.
+                await self._ledger_write("release", oid, lambda: self.ledger.release(oid))
+                return SendResult.failed(f"no adapter for {platform}/{profile}; kept owed")
+            result = await self._send(
+                adapter,
+                chat_id,
+                content=content,
+                thread_id=thread_id,
+                reply_to=reply_to,
+                obligation_id=oid,
+            )
+            await self._settle(oid, result)
+            return result
+        finally:
+            self._let_go(oid)
 
     async def _send(
         self,
@@ -339,12 +387,69 @@ class Gateway:
             log.warning("adapter send raised for %s: %s", obligation_id, exc, exc_info=True)
             return SendResult.failed(f"send raised: {exc}", ambiguous=True)
 
-    async def _settle(self, obligation_id: str, result: SendResult) -> None:
+    async def _settle(self, obligation_id: str, result: SendResult) -> bool:
+        """Write the send's outcome; True when the row is now delivered.  A write that keeps
+        failing leaves the row attempting, for :meth:`redeliver_stuck`."""
         if result.success:
-            await self.ledger.mark_delivered(obligation_id)
+            settled = await self._ledger_write(
+                "mark_delivered", obligation_id, lambda: self.ledger.mark_delivered(obligation_id)
+            )
+            if settled is None:
+                return False
             self.delivered += 1
+            return True
+        error = result.error or "send failed"
+        await self._ledger_write(
+            "mark_failed", obligation_id, lambda: self.ledger.mark_failed(obligation_id, error)
+        )
+        return False
+
+    async def _ledger_write(
+        self, what: str, obligation_id: str, write: Callable[[], Awaitable[_T]]
+    ) -> _T | None:
+        """Run one send-path ledger write, trying it again after each of
+        ``settle_retry_delays_s`` while it raises ``StoreError`` (a lock, a busy disk).
+
+        Returns the write's result, or None once every try failed (logged at WARNING with the
+        obligation id; the row stays where it is, for :meth:`redeliver_stuck`).  A definite
+        refusal (``InvalidTransition``, ``StaleState``, ``UnknownEntity``) is raised at once.
+        """
+        delays = self.settle_retry_delays_s
+        tried = 0
+        while True:
+            try:
+                return await write()
+            except StoreError as exc:
+                if tried == len(delays):
+                    log.warning(
+                        "gave up %s for %s after %d tries (%s); the row is left for the "
+                        "stuck-row recovery",
+                        what,
+                        obligation_id,
+                        tried + 1,
+                        exc,
+                    )
+                    return None
+                log.info("%s for %s failed (%s); trying again", what, obligation_id, exc)
+            await self.clock.sleep(delays[tried])
+            tried += 1
+
+    def _hold(self, obligation_ids: Iterable[str]) -> None:
+        """Mark rows as being sent by this process: the stuck sweep leaves them alone."""
+        self._in_flight.update(obligation_ids)
+
+    def _let_go(self, obligation_id: str) -> None:
+        """Undo one :meth:`_hold` of ``obligation_id``."""
+        left = self._in_flight[obligation_id] - 1
+        if left > 0:
+            self._in_flight[obligation_id] = left
         else:
-            await self.ledger.mark_failed(obligation_id, result.error or "send failed")
+            self._in_flight.pop(obligation_id, None)
+
+    def in_flight(self) -> frozenset[str]:
+        """Ids of the obligations this process is sending now (or holds claims of, about to
+        send them): :meth:`redeliver_stuck` never touches these."""
+        return frozenset(self._in_flight)
 
     # -- recovery ------------------------------------------------------------------------------
 
@@ -357,10 +462,16 @@ class Gateway:
         return targets
 
     async def start(self) -> int:
-        """Connect adapters, claim what dead owners left for connected targets, clear their
-        sessions' ``resume_pending`` flags, then redeliver in the background; start the retry
-        timer.  Returns how many rows were claimed.
+        """Check the ledger's store, connect adapters, claim what dead owners left for
+        connected targets, clear their sessions' ``resume_pending`` flags, then redeliver in the
+        background; start the retry timer.  Returns how many rows were claimed.
+
+        The store is checked first (a real read and a write transaction begun, see
+        ``Ledger.check``): when it is locked past its busy timeout, corrupt or unreadable,
+        ``StoreError`` naming the problem is raised before any adapter is connected; fix the
+        store (or wait for the lock) and call ``start()`` again.
         """
+        await self.ledger.check()
         for adapter in self._adapters.values():
             connect = getattr(adapter, "connect", None)
             if connect is not None and not getattr(adapter, "connected", False):
@@ -382,8 +493,12 @@ class Gateway:
         return await self._redeliver(await self._claim_recoverable())
 
     async def _claim_recoverable(self, targets: set[tuple[str, str]] | None = None) -> list[Claim]:
+        """The startup sweep for ``targets`` (default: the connected ones), then each claim's
+        ``resume_pending`` cleared (a failed clear still sends).  Each claim is held in flight
+        until :meth:`_redeliver` is done with it."""
         deliverable = self.connected_targets() if targets is None else targets
         claims = await self.ledger.sweep_recoverable(deliverable_targets=deliverable)
+        self._hold(claim.obligation_id for claim in claims)
         for claim in claims:
             try:
                 # Before any send: a turn whose reply is owed must never also be resumed.
@@ -400,37 +515,81 @@ class Gateway:
         """The runtime path: re-claim this incarnation's retryable failures on ``platform``
         (and ``profile``) and send them labelled; returns how many were delivered."""
         claims = await self.ledger.sweep_failed_for_runtime(platform, profile=profile)
+        self._hold(claim.obligation_id for claim in claims)
+        return await self._redeliver(await self._cleared_at_runtime(claims))
+
+    async def redeliver_stuck(self) -> int:
+        """Recover this incarnation's own replies stuck on a failed ledger write: rows it owns
+        that stayed ``pending`` or ``attempting`` for longer than ``stuck_after_s`` on the
+        gateway's clock, that this process is not sending now, for a connected (platform,
+        profile).  Each is claimed with one guarded write and sent -- plainly when it was
+        pending (the send never began), with the recovered label when it was attempting (it
+        may have gone out).  Runs on the retry timer; returns how many were delivered.
+
+        Raises ``StoreError`` when the sweep itself cannot run (nothing was claimed then);
+        another owner's rows are never touched.
+        """
+        claims = await self.ledger.sweep_stuck_own(
+            older_than_s=self.stuck_after_s,
+            exclude=self.in_flight(),
+            deliverable_targets=self.connected_targets(),
+        )
+        self._hold(claim.obligation_id for claim in claims)
+        if claims:
+            log.info("re-sending %d stuck obligations of this process", len(claims))
+        return await self._redeliver(await self._cleared_at_runtime(claims))
+
+    async def _cleared_at_runtime(self, claims: list[Claim]) -> list[Claim]:
+        """Clear each claim's ``resume_pending``; a claim whose clear failed is released
+        (refunded) and let go, never sent.  Returns the claims ready to send (still held)."""
         ready: list[Claim] = []
         for claim in claims:
+            oid = claim.obligation_id
             try:
                 await self.sessions.clear_resume_pending(claim.obligation.session_key)
             except Exception:
                 # At runtime a failed clear sends nothing: hand the claim back, refunded.
-                log.warning("could not clear resume_pending; releasing %s", claim.obligation_id)
-                await self.ledger.release(claim.obligation_id)
+                log.warning("could not clear resume_pending; releasing %s", oid)
+                try:
+                    await self._ledger_write("release", oid, partial(self.ledger.release, oid))
+                finally:
+                    self._let_go(oid)
                 continue
             ready.append(claim)
-        return await self._redeliver(ready)
+        return ready
 
     async def _redeliver(self, claims: list[Claim]) -> int:
+        """Send each held claim in turn, letting each go once done with it (all of them, even
+        when cancelled); returns how many were delivered."""
         delivered = 0
-        for claim in claims:
-            try:
-                delivered += await self._redeliver_one(claim)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                # One claim's trouble (a store hiccup settling it) never strands the others.
-                log.warning("redelivery of %s failed", claim.obligation_id, exc_info=True)
+        left = list(reversed(claims))
+        try:
+            while left:
+                claim = left[-1]
+                try:
+                    delivered += await self._redeliver_one(claim)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    # One claim's trouble (a store hiccup settling it) never strands the others.
+                    log.warning("redelivery of %s failed", claim.obligation_id, exc_info=True)
+                finally:
+                    left.pop()
+                    self._let_go(claim.obligation_id)
+        finally:
+            for claim in left:
+                self._let_go(claim.obligation_id)
         return delivered
 
     async def _redeliver_one(self, claim: Claim) -> int:
         """Send one claim, labelled if needed; hand it back (refunded) when its adapter is
         missing.  Returns 1 if it was delivered."""
         ob = claim.obligation
+        oid = ob.obligation_id
         adapter = self.adapter(ob.platform, claim.profile)
         if adapter is None:
-            await self.ledger.release(claim.obligation_id)  # refund; never strand it
+            # Refund; never strand it.
+            await self._ledger_write("release", oid, lambda: self.ledger.release(oid))
             return 0
         result = await self._send(
             adapter,
@@ -438,10 +597,9 @@ class Gateway:
             content=claim.render(),
             thread_id=ob.thread_id,
             reply_to=ob.reply_to,
-            obligation_id=ob.obligation_id,
+            obligation_id=oid,
         )
-        await self._settle(ob.obligation_id, result)
-        if not result.success:
+        if not await self._settle(oid, result):
             return 0
         self.redelivered += 1
         self.labelled += int(claim.needs_marker)
@@ -504,6 +662,10 @@ class Gateway:
                     await self.redeliver_failed(platform, profile=profile)
                 except Exception:
                     log.warning("runtime retry for %s/%s failed", platform, profile, exc_info=True)
+            try:
+                await self.redeliver_stuck()
+            except Exception:
+                log.warning("recovering stuck obligations failed", exc_info=True)
             if (
                 self.prune_interval_s
                 and self.clock.monotonic() - last_prune >= self.prune_interval_s

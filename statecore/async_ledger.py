@@ -1,15 +1,21 @@
 """The ledger for asyncio: the same API, ``async``, never blocking the event loop.
 
-Every operation is handed to one dedicated writer thread.  The writer takes everything that has
-queued up since its last transaction and runs it in **one** transaction (group commit): a
-hundred concurrent senders share one commit (and one fsync at ``synchronous=FULL``) instead of
-paying for a hundred.  Each operation's result -- or its error -- is still its own: a refused
-operation (``InvalidTransition``, ``StaleState``, bad input) writes nothing, so it never undoes
-another caller's write.
+Every write (record, mark, release, sweep, prune) is handed to one dedicated writer thread.  The
+writer takes everything that has queued up since its last transaction and runs it in **one**
+transaction (group commit): a hundred concurrent senders share one commit (and one fsync at
+``synchronous=FULL``) instead of paying for a hundred.  Each operation's result -- or its error
+-- is still its own: a refused operation (``InvalidTransition``, ``StaleState``, bad input)
+writes nothing, so it never undoes another caller's write.
 Only a failure of the transaction itself (the disk, a lock held past the busy timeout) fails the
 whole batch, with :class:`~statecore.errors.StoreError`, and then nothing in it was written.
+Writes run in submission order.
 
-Operations run in submission order, so a caller reads its own writes.
+Reads (``get``, ``history``, ``owed``, ``abandoned``) never join a write transaction: they run
+on a small pool of reader threads, directly on the store's plain reads.  On SQLite (WAL) a write
+lock held by another process, or a batch of this ledger in progress, neither fails nor delays
+them; the in-memory store, guarded by one lock, makes a read wait for a batch in progress.  A
+read sees every write whose call has returned -- a caller that awaited its write reads it -- but
+it is not ordered after writes that are still queued.
 """
 
 from __future__ import annotations
@@ -19,9 +25,11 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Collection
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from statecore.batch import REFUSALS
+from statecore.checks import require_positive
 from statecore.clock import Clock
 from statecore.errors import StoreError
 from statecore.ledger import Ledger
@@ -39,10 +47,13 @@ log = logging.getLogger(__name__)
 _Op = tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]", str | None, Any]
 """(the call, the caller's loop, its future, the batch key or None, the batch payload)."""
 _STOP = object()
+_READERS = 4
+"""Reader threads per ledger (each holds its own store connection once it has read)."""
 
 
 class AsyncLedger:
-    """:class:`~statecore.ledger.Ledger` for asyncio, with group commit on a writer thread.
+    """:class:`~statecore.ledger.Ledger` for asyncio, with group commit on a writer thread and
+    reads on reader threads outside any write transaction (see the module docs).
 
     ``AsyncLedger(store, *, policy=None, clock=None, incarnation=None, probe=None,
     max_batch=512)``.  Close it with :meth:`aclose` (or ``async with``): queued operations
@@ -77,6 +88,7 @@ class AsyncLedger:
         """Operations executed so far."""
         self._thread = threading.Thread(target=self._run, name="statecore-ledger", daemon=True)
         self._thread.start()
+        self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix="statecore-ledger-read")
 
     @property
     def policy(self) -> LedgerPolicy:
@@ -161,37 +173,80 @@ class AsyncLedger:
             lambda: self.ledger.sweep_failed_for_runtime(platform, profile=profile, now=now)
         )
 
+    async def sweep_stuck_own(
+        self,
+        *,
+        older_than_s: float,
+        exclude: Collection[str] = frozenset(),
+        deliverable_targets: Collection[tuple[str, str]] | None = None,
+        now: float | None = None,
+    ) -> list[Claim]:
+        """:meth:`Ledger.sweep_stuck_own`, off the event loop.
+
+        The candidates are read first, outside any write transaction: when nothing is stuck
+        (the usual case on a timer) no write transaction is begun at all, so a write lock held
+        elsewhere costs nothing.  ``exclude`` is copied when this is called: ids added to the
+        caller's set afterwards are not excluded (a row that just became in-flight was just
+        written, so it is not stuck anyway).  Raises as the sync method does.
+        """
+        require_positive("older_than_s", older_than_s)
+        when = self.ledger.clock.now() if now is None else now
+        skip = frozenset(exclude)
+        targets = None if deliverable_targets is None else frozenset(deliverable_targets)
+        candidates = await self._read(lambda: self.ledger._stuck_rows(older_than_s, when))
+        if all(row.id in skip for row in candidates):
+            return []
+        return await self._submit(
+            lambda: self.ledger.sweep_stuck_own(
+                older_than_s=older_than_s, exclude=skip, deliverable_targets=targets, now=when
+            )
+        )
+
     async def prune(self, *, now: float | None = None) -> int:
         """:meth:`Ledger.prune`, off the event loop."""
         return await self._submit(lambda: self.ledger.prune(now=now))
 
+    async def check(self) -> None:
+        """:meth:`Ledger.check`, on a reader thread (not the writer: its own write transaction
+        is the check).  Raises ``StoreError`` naming the problem, or when the ledger is closed.
+        """
+        await self._read(self.ledger.check)
+
+    # -- reads: on reader threads, outside any write transaction ---------------------------------
+
     async def get(self, obligation_id: str) -> Obligation | None:
-        """:meth:`Ledger.get`, off the event loop (ordered after earlier submissions)."""
-        return await self._submit(lambda: self.ledger.get(obligation_id))
+        """:meth:`Ledger.get`, off the event loop and outside any write transaction: it sees
+        every write whose call has returned, not writes still queued.  Raises ``StoreError``
+        when the store cannot be read or the ledger is closed."""
+        return await self._read(lambda: self.ledger.get(obligation_id))
 
     async def history(self, obligation_id: str) -> list[TransitionRecord]:
-        """:meth:`Ledger.history`, off the event loop."""
-        return await self._submit(lambda: self.ledger.history(obligation_id))
+        """:meth:`Ledger.history`, read as :meth:`get` reads (outside any write transaction)."""
+        return await self._read(lambda: self.ledger.history(obligation_id))
 
     async def owed(self, *, limit: int | None = None) -> list[Obligation]:
-        """:meth:`Ledger.owed`, off the event loop."""
-        return await self._submit(lambda: self.ledger.owed(limit=limit))
+        """:meth:`Ledger.owed`, read as :meth:`get` reads (outside any write transaction)."""
+        return await self._read(lambda: self.ledger.owed(limit=limit))
 
     async def abandoned(self, *, limit: int | None = None) -> list[Obligation]:
-        """:meth:`Ledger.abandoned`, off the event loop."""
-        return await self._submit(lambda: self.ledger.abandoned(limit=limit))
+        """:meth:`Ledger.abandoned`, read as :meth:`get` reads (outside any write transaction)."""
+        return await self._read(lambda: self.ledger.abandoned(limit=limit))
 
     # -- closing -----------------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Finish queued operations, stop the writer thread.  Idempotent."""
+        """Finish queued operations and running reads, stop the writer and reader threads.
+        Idempotent; later calls raise ``StoreError``."""
         self._stop()
         await asyncio.to_thread(self._thread.join)
+        await asyncio.to_thread(self._readers.shutdown)
 
     def close(self, timeout: float | None = None) -> None:
-        """Synchronous :meth:`aclose` for code without a running loop."""
+        """Synchronous :meth:`aclose` for code without a running loop (waits at most
+        ``timeout`` for the writer; running reads finish on their own)."""
         self._stop()
         self._thread.join(timeout)
+        self._readers.shutdown(wait=False)
 
     async def __aenter__(self) -> AsyncLedger:
         return self
@@ -216,6 +271,15 @@ class AsyncLedger:
             if self._closed:
                 raise StoreError("the ledger is closed")
             self._queue.put((fn, loop, future, key, payload))
+        return await future
+
+    async def _read(self, fn: Callable[[], T]) -> T:
+        """Run the read ``fn`` on a reader thread; raises ``StoreError`` once closed."""
+        loop = asyncio.get_running_loop()
+        with self._close_lock:
+            if self._closed:
+                raise StoreError("the ledger is closed")
+            future = loop.run_in_executor(self._readers, fn)
         return await future
 
     def _run(self) -> None:

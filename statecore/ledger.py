@@ -26,7 +26,7 @@ from statecore.batch import (
     insert_each_sequentially,
     transition_each_sequentially,
 )
-from statecore.checks import platform_id, require_text
+from statecore.checks import platform_id, require_positive, require_text
 from statecore.clock import Clock, SystemClock
 from statecore.errors import StaleState, StoreError, UnknownEntity
 from statecore.ids import compute_obligation_id
@@ -53,6 +53,9 @@ _S = ObligationState
 # From the declaration: settled = terminal, owed = every other state.
 _SETTLED = OBLIGATION.terminal
 _OWED = frozenset(OBLIGATION.states) - _SETTLED
+# What a send of this process may be stuck in: recorded but never marked attempting, or marked
+# attempting but never settled.
+_UNSETTLED_SEND = frozenset({ObligationState.PENDING, ObligationState.ATTEMPTING})
 _K = OBLIGATION_KIND
 
 
@@ -373,6 +376,70 @@ class Ledger:
                         claims.append(claim)
         return claims
 
+    def sweep_stuck_own(
+        self,
+        *,
+        older_than_s: float,
+        exclude: Collection[str] = frozenset(),
+        deliverable_targets: Collection[tuple[str, str]] | None = None,
+        now: float | None = None,
+    ) -> list[Claim]:
+        """Re-claim this incarnation's own sends that are stuck: rows it recorded or claimed
+        that stayed ``pending`` or ``attempting`` for longer than ``older_than_s`` seconds
+        (since ``updated_at``), because a store write failed on the way (a lock held by another
+        process) and nothing in this process is sending them any more.
+
+        Only rows whose owner token is exactly this incarnation's are considered; rows of any
+        other owner, live or dead, are never touched (that is :meth:`sweep_recoverable`'s job).
+        Ids in ``exclude`` -- what the caller is sending right now -- are skipped, and so are
+        rows whose (platform, profile) is not in ``deliverable_targets`` (when given), budget
+        intact.  Rows over budget or stale are abandoned.  Each other row is claimed with one
+        guarded write (fence bumped, one more attempt): plainly (``needs_marker=False``) when it
+        was pending, since that send provably never began; with ``needs_marker=True`` and
+        reason ``"stuck"`` when it was attempting, since it may have gone out.
+
+        Next: send each claim, then settle or release it.  Raises ``ValueError`` for an
+        ``older_than_s`` that is not a positive finite number, ``StoreError`` when the store
+        fails (nothing of the failed transaction is claimed).
+        """
+        require_positive("older_than_s", older_than_s)
+        when = self.clock.now() if now is None else now
+        skip = frozenset(exclude)
+        targets = None if deliverable_targets is None else frozenset(deliverable_targets)
+        claims: list[Claim] = []
+        rows = self._stuck_rows(older_than_s, when)
+        for chunk in _chunks(rows, self.policy.sweep_chunk):
+            with self.store.atomic():
+                for row in chunk:
+                    if row.id in skip:
+                        continue
+                    if self._over_budget_or_stale(row, when):
+                        self._abandon(row, when)
+                        continue
+                    profile = row["adapter_profile"] or DEFAULT_PROFILE
+                    if targets is not None and (row["platform"], profile) not in targets:
+                        continue
+                    needs_marker = row.state is not _S.PENDING or row["attempts"] > 0
+                    claim = self._claim(row, when, needs_marker, "stuck", why="stuck")
+                    if claim is not None:
+                        claims.append(claim)
+        return claims
+
+    def _stuck_rows(self, older_than_s: float, now: float) -> list[Row[ObligationState]]:
+        """The candidates of :meth:`sweep_stuck_own` (a plain read), oldest first: this
+        incarnation's pending and attempting rows not updated for ``older_than_s``."""
+        me = self.incarnation
+        return self.store.select(
+            _K,
+            states=_UNSETTLED_SEND,
+            where={
+                "owner_pid": me.pid,
+                "owner_token": me.token,
+                "updated_at": lt(now - older_than_s),
+            },
+            order_by="created_at",
+        )
+
     def prune(self, *, now: float | None = None) -> int:
         """Delete delivered and abandoned rows older than the retention; return how many.
 
@@ -381,7 +448,26 @@ class Ledger:
         when = self.clock.now() if now is None else now
         return self.store.prune(_K, "prune", where={"updated_at": lt(when - self.policy.retention)})
 
-    # -- reads -------------------------------------------------------------------------------
+    # -- checks and reads ----------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Prove the store usable before anything depends on it: one real read of the owed
+        rows, then a write transaction begun and committed (it writes nothing).
+
+        Returns None when both work.  Raises :class:`StoreError` naming the problem -- the
+        store cannot be read (a corrupt or unreadable file) or no write transaction can be
+        begun (another process holds the write lock past the busy timeout) -- with the
+        store's error chained; fix the store (or wait for the lock) and check again.
+        """
+        try:
+            self.store.select(_K, states=_OWED, order_by="created_at", limit=1)
+        except StoreError as exc:
+            raise StoreError(f"the ledger cannot read its store: {exc}") from exc
+        try:
+            with self.store.atomic():
+                pass
+        except StoreError as exc:
+            raise StoreError(f"the ledger cannot begin a write transaction: {exc}") from exc
 
     def get(self, obligation_id: str) -> Obligation | None:
         """The obligation, or None if it was never recorded (or was pruned)."""
@@ -500,7 +586,13 @@ class Ledger:
         return _batched(requests, lambda r: self._move(r[0], r[1], {}), write, self._settled)
 
     def _claim(
-        self, row: Row[ObligationState], now: float, needs_marker: bool, reason: str | None
+        self,
+        row: Row[ObligationState],
+        now: float,
+        needs_marker: bool,
+        reason: str | None,
+        *,
+        why: str = "owner dead",
     ) -> Claim | None:
         """Claim one row under the fence it was read with; None when another sweeper won it
         (exactly one claim per row)."""
@@ -512,6 +604,7 @@ class Ledger:
             now=now,
             needs_marker=needs_marker,
             reason=reason or "",
+            why=why,
         )
         return claims[0] if claims else None
 
@@ -525,17 +618,19 @@ class Ledger:
         now: float,
         needs_marker: bool,
         reason: str,
+        why: str = "owner dead",
     ) -> list[Claim]:
         """Claim rows that share their owner token, fence and attempt count in one guarded bulk
         transition: exactly as strict as claiming each under its own fence (a row that changed
-        since it was read, or that another sweeper claimed first, is skipped)."""
+        since it was read, or that another sweeper claimed first, is skipped).  The audit entry
+        gives the label, or ``why`` for a plain claim."""
         me = self.incarnation
         label = reason if needs_marker else None
         claimed = self.store.transition_many(
             _K,
             [row.id for row in rows],
             "claim",
-            audit=Audit(now, self._owner_label, attempts + 1, label or "owner dead"),
+            audit=Audit(now, self._owner_label, attempts + 1, label or why),
             expect={"owner_token": token, "fence": fence, "attempts": attempts},
             changes={
                 "updated_at": now,

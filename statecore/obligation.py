@@ -148,8 +148,9 @@ class Claim:
     (``mark_delivered`` / ``mark_failed``), or hand it back with ``release``.
 
     ``needs_marker`` is True when the resend may duplicate something the user already saw;
-    ``reason`` says why (``"recovered"``, ``"reconnected"``, ``"rate_limited"``), ``None`` for
-    a plain first send.
+    ``reason`` says why (``"recovered"``, ``"reconnected"``, ``"rate_limited"``, or ``"stuck"``
+    for this process's own send left attempting by a failed ledger write), ``None`` for a plain
+    first send.  :meth:`render` labels ``"stuck"`` resends with the recovered banner.
     """
 
     obligation: Obligation

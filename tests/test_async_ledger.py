@@ -8,6 +8,7 @@ deliberately slow store call), so a regression fails instead of hanging.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import threading
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from statecore import (
     ObligationState,
     Store,
     StoreError,
+    UnknownEntity,
 )
 from statecore.batch import BatchStore, insert_each_sequentially, transition_each_sequentially
 from stores.memory import InMemoryStore
@@ -115,7 +117,8 @@ class DelegatingStore:
 
 
 class GatedStore(DelegatingStore):
-    """get("gate") blocks the writer thread until ``release`` is set (bounded)."""
+    """get("gate") blocks the calling thread until ``release`` is set (bounded); see
+    :func:`hold_writer` for holding the writer thread with it."""
 
     def __init__(self, inner: Store) -> None:
         super().__init__(inner)
@@ -127,6 +130,13 @@ class GatedStore(DelegatingStore):
             self.entered.set()
             self.release.wait(GUARD)
         return self.inner.get(kind, entity_id)
+
+
+async def hold_writer(al: AsyncLedger) -> None:
+    """A writer operation that reads "gate" (where a GatedStore holds the writer thread), then
+    is refused as unknown, writing nothing."""
+    with contextlib.suppress(UnknownEntity):
+        await al.release("gate")
 
 
 class FailingCommitStore(GatedStore):
@@ -297,7 +307,7 @@ async def test_errors_are_isolated_per_caller_within_one_batch(make_store: Store
     async with new_async(store) as al:
         await guarded(al.record(**record_kwargs("ob-pending")))
         await guarded(al.record(**record_kwargs("ob-ready")))
-        gate = asyncio.ensure_future(al.get("gate"))
+        gate = asyncio.ensure_future(hold_writer(al))
         assert await guarded(asyncio.to_thread(store.entered.wait, GUARD))
         batches = al.batches
         ops = [
@@ -355,7 +365,7 @@ async def test_an_operation_failing_after_a_write_is_undone_alone(
     async with new_async(store) as al:
         for oid in ("ob-ok", "ob-hiccup"):
             await guarded(al.record(**record_kwargs(oid)))
-        gate = asyncio.ensure_future(al.get("gate"))
+        gate = asyncio.ensure_future(hold_writer(al))
         assert await guarded(asyncio.to_thread(store.entered.wait, GUARD))
         ops = [
             asyncio.ensure_future(al.mark_attempting("ob-ok")),
@@ -388,7 +398,7 @@ async def test_driver_failure_inside_one_operation_fails_its_whole_batch(
     async with new_async(store) as al:
         for oid in ("ob-ok", "ob-hiccup"):
             await guarded(al.record(**record_kwargs(oid)))
-        gate = asyncio.ensure_future(al.get("gate"))
+        gate = asyncio.ensure_future(hold_writer(al))
         assert await guarded(asyncio.to_thread(store.entered.wait, GUARD))
         batches = al.batches
         ops = [
@@ -421,7 +431,7 @@ async def test_failed_commit_fails_the_whole_batch_and_writes_nothing(
     store = FailingCommitStore(make_store())
     async with new_async(store) as al:
         await guarded(al.record(**record_kwargs("ob-p")))
-        gate = asyncio.ensure_future(al.get("gate"))
+        gate = asyncio.ensure_future(hold_writer(al))
         assert await guarded(asyncio.to_thread(store.entered.wait, GUARD))
         store.fail_after = store.outer_entries  # fail the next batch, not the gate's
         batches = al.batches
@@ -589,7 +599,7 @@ class NoBatches(GatedStore):
 
 async def _held_batch(store: GatedStore, al: AsyncLedger, calls: list[Any]) -> list[Any]:
     """Run ``calls`` (awaitables) as one writer batch: queued while the writer is held."""
-    gate = asyncio.ensure_future(al.get("gate"))
+    gate = asyncio.ensure_future(hold_writer(al))
     assert await guarded(asyncio.to_thread(store.entered.wait, GUARD))
     ops = [asyncio.ensure_future(call) for call in calls]
     await spin()
@@ -672,7 +682,7 @@ async def test_a_cancelled_call_in_a_group_is_not_run(make_store: StoreFactory) 
     async with new_async(store) as al:
         await guarded(al.record(**record_kwargs("ob-1")))
         await guarded(al.record(**record_kwargs("ob-2")))
-        gate = asyncio.ensure_future(al.get("gate"))
+        gate = asyncio.ensure_future(hold_writer(al))
         assert await guarded(asyncio.to_thread(store.entered.wait, GUARD))
         kept = asyncio.ensure_future(al.mark_attempting("ob-1"))
         dropped = asyncio.ensure_future(al.mark_attempting("ob-2"))

@@ -272,6 +272,7 @@ class Rig:
         clock: Clock | None = None,
         policy: LedgerPolicy | None = None,
         retry_interval_s: float = 3600.0,
+        stuck_after_s: float = 30.0,
     ) -> Gateway:
         """A gateway on the rig's store: fake session flags unless ``real_sessions``; a retry
         timer that never fires unless asked for."""
@@ -283,6 +284,7 @@ class Rig:
             probe=PROBE,
             policy=policy,
             retry_interval_s=retry_interval_s,
+            stuck_after_s=stuck_after_s,
         )
         self.gateways.append(gateway)
         return gateway
