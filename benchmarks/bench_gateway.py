@@ -52,7 +52,7 @@ class TimedPlatform(LoopbackPlatform):
 
     async def perform(self, action: Mapping[str, Any]) -> OutboundOutcome:
         outcome = await super().perform(action)
-        text = action.get("text")
+        text = action.get("content")
         if isinstance(text, str):
             self.performed[text] = time.perf_counter()
         return outcome
