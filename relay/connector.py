@@ -96,6 +96,9 @@ _MAX_VIOLATIONS = 20
 _MAX_STANDBYS = 4
 """Standby connections kept per gateway id; a newer one beyond this closes the oldest."""
 _MAX_HELD_HELLOS = 16
+DEFAULT_WINDOW = 64
+"""Unacked deliveries a gateway that acks live deliveries is sent at once, unless its hello
+announced another ``window``."""
 _OUTBOX_MAX = 1000
 """Lines waiting for one gateway's socket before it counts as behind (then it is served from the
 durable buffer instead, and the connector's memory stays bounded)."""
@@ -192,6 +195,11 @@ class _Instance:
         self.last_sent_seq: int | None = None
         self.pump: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
+        # The window: bufferIds sent on this connection and not acked yet; with ACKED_LIVE no
+        # more than ``window`` of them at once (the gateway's bound on what it holds).
+        self.window = DEFAULT_WINDOW
+        self.unacked: set[str] = set()
+        self.window_open = asyncio.Event()
 
     @property
     def acked_live(self) -> bool:
@@ -201,6 +209,10 @@ class _Instance:
     @property
     def state(self) -> ConnectionState:
         """Where the connection is in its lifecycle."""
+        return self.machine.state
+
+    def current(self) -> ConnectionState:
+        """The state now (a call: it changes across awaits, and must not be narrowed)."""
         return self.machine.state
 
     @property
@@ -426,6 +438,7 @@ class Connector:
             instance.machine.fire("close")
         instance.outbox.clear()
         instance.wake.set()  # the pump sees the connection closed and ends
+        instance.window_open.set()  # and so does a replay waiting for the window
         self._record_sent(instance, True)  # what it was shown and did not ack
         gateway_id = instance.gateway_id
         standbys = self._standbys.get(gateway_id)
@@ -623,6 +636,8 @@ class Connector:
             if isinstance(frame, Hello) and frame.announced:
                 instance.protocol_hello = True
                 instance.features = instance.features | frozenset(frame.features)
+                if frame.window is not None:
+                    instance.window = frame.window
             if instance.state is _C.STANDBY:
                 # Unserved: a hello is held for the promotion, anything else is dropped (it was
                 # shown nothing, and what it would send belongs to the served connection).
@@ -657,6 +672,11 @@ class Connector:
         if unrecorded:
             for buffer_id in buffer_ids:
                 unrecorded.pop(buffer_id, None)  # acked: its replay needs no separate record
+        unacked = instance.unacked
+        if unacked:
+            unacked.difference_update(buffer_ids)
+            if len(unacked) < instance.window:
+                instance.window_open.set()
         with self._write_lock:
             self._ack_queue.append((instance, buffer_ids))
             submit = not self._drain_pending
@@ -928,6 +948,13 @@ class Connector:
             self._tasks.add(instance.pump)
             instance.pump.add_done_callback(self._tasks.discard)
 
+    async def _window(self, instance: _Instance) -> None:
+        """Wait until the instance's window has room (an ack came back) or it closed."""
+        instance.window_open.clear()
+        if len(instance.unacked) < instance.window or instance.state is _C.CLOSED:
+            return
+        await instance.window_open.wait()
+
     async def _pump(self, instance: _Instance) -> None:
         """Send the instance's live lines in order; a send that blocks (the gateway stopped
         reading) blocks only this instance."""
@@ -937,9 +964,13 @@ class Connector:
                 instance.wake.clear()
                 await instance.wake.wait()
                 continue
+            if len(instance.unacked) >= instance.window:
+                await self._window(instance)  # the gateway holds a full window: wait for acks
+                continue
             buffer_id, seq, line = outbox.popleft()
             # Claimed before the send: a replay starting meanwhile reads after it.
             instance.last_sent_seq = seq
+            instance.unacked.add(buffer_id)
             unrecorded[buffer_id] = self.clock.monotonic()
             try:
                 await send(line)
@@ -988,6 +1019,7 @@ class Connector:
         entries past retention first.
         """
         gateway_id = instance.gateway_id
+        windowed = instance.acked_live  # a gateway that acks live traffic announced a window
         # A small first chunk starts the replay quickly; larger ones then keep the store calls
         # (and, on a store without an ordered index, the scans) few.
         limit = _REPLAY_FIRST_CHUNK
@@ -1010,9 +1042,15 @@ class Connector:
                 buffer_id = ""
                 try:
                     for buffer_id, seq, line in chunk:
+                        while windowed and len(instance.unacked) >= instance.window:
+                            await self._window(instance)  # a full window: wait for acks
+                            if instance.current() is not _C.REPLAYING:
+                                return  # closed or idle meanwhile: the rest stays buffered
                         # Registered before its send, so that its ack always finds it.
                         unrecorded[buffer_id] = now
                         instance.last_sent_seq = seq
+                        if windowed:
+                            instance.unacked.add(buffer_id)
                         await send(line)
                 except ConnectionClosed:
                     unrecorded.pop(buffer_id, None)  # this one never went out

@@ -1,12 +1,14 @@
-"""The gateway's inbound dispatcher: concurrent across chats, in order within a chat, bounded.
+"""The gateway's inbound dispatcher: concurrent across chats, in order within a chat.
 
 Every delivery the transport's reader decodes goes into the *lane* of its chat.  Each lane has
 at most one worker, so a chat's messages are handled one after another, in arrival order, while
-different chats are handled concurrently: one slow turn no longer delays every other chat.  The
-number of deliveries queued or being handled is bounded (``max_in_flight``); at the bound the
-reader stops reading (:meth:`InboundDispatcher.wait_for_room`), the socket's flow control pushes
-back, and the connector keeps what it could not send in its durable buffer -- memory stays
-bounded however fast the platform writes.
+different chats are handled concurrently: one slow turn no longer delays every other chat.
+
+The bound is the connector's to keep, not the reader's: a gateway that acks live deliveries
+announces a *window* (``max_in_flight``) and the connector never has more of its deliveries
+unacked at once, keeping the rest in its durable buffer.  The reader itself never stops reading
+-- the results of the handlers' own replies arrive on the same socket, and a reader that paused
+would wait for them for ever.
 
 A delivery is acked after its handling returned normally (the transport's ``handle`` says which
 bufferId, if any, may be acked); acks that become due together go out in one message.
@@ -28,7 +30,7 @@ log = logging.getLogger(__name__)
 D = TypeVar("D")
 
 DEFAULT_MAX_IN_FLIGHT = 64
-"""Deliveries queued or being handled at once, across all chats, before the reader pauses."""
+"""The window a gateway announces: deliveries it takes unacked at once, across all chats."""
 
 _ACK_BATCH = 64  # acks per message at most, so a long replay is acked as it goes
 
@@ -61,8 +63,6 @@ class InboundDispatcher(Generic[D]):
         self._lanes: dict[Hashable, collections.deque[D]] = {}
         self._workers: dict[Hashable, asyncio.Task[None]] = {}
         self._in_flight = 0
-        self._room = asyncio.Event()
-        self._room.set()
         self._acks: list[str] = []
         self._acker: asyncio.Task[None] | None = None
         self.peak_in_flight = 0
@@ -72,15 +72,6 @@ class InboundDispatcher(Generic[D]):
     def in_flight(self) -> int:
         """Deliveries queued or being handled now."""
         return self._in_flight
-
-    @property
-    def has_room(self) -> bool:
-        """False while the bound is reached: the reader should wait before reading more."""
-        return self._room.is_set()
-
-    async def wait_for_room(self) -> None:
-        """Return once fewer than ``max_in_flight`` deliveries are queued or in hand."""
-        await self._room.wait()
 
     def put(self, delivery: D) -> None:
         """Queue ``delivery`` in its lane; its lane's worker handles it in order.  Raises
@@ -92,8 +83,6 @@ class InboundDispatcher(Generic[D]):
         lane.append(delivery)
         self._in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self._in_flight)
-        if self._in_flight >= self.max_in_flight:
-            self._room.clear()
         if key not in self._workers:
             self._workers[key] = asyncio.create_task(self._work(key, lane), name="relay-lane")
 
@@ -120,8 +109,6 @@ class InboundDispatcher(Generic[D]):
 
     def _done_one(self) -> None:
         self._in_flight -= 1
-        if self._in_flight < self.max_in_flight:
-            self._room.set()
 
     def _ack_later(self, buffer_id: str) -> None:
         """Queue an ack; those that become due together leave in one message."""
@@ -146,7 +133,6 @@ class InboundDispatcher(Generic[D]):
         self._lanes.clear()
         self._workers.clear()
         self._in_flight = 0
-        self._room.set()
         if self._acks and (self._acker is None or self._acker.done()):
             self._acker = asyncio.create_task(self._flush_acks(), name="relay-acks")
         if self._acker is not None and not self._acker.done():

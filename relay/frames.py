@@ -117,6 +117,13 @@ def _chat_type(_inst: object, _attr: attrs.Attribute[Any], value: object) -> Non
         )
 
 
+def _opt_positive_int(inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    if value is not None:
+        check_strict_int(inst, attr, value)
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"{attr.name} must be at least 1, got {value}")
+
+
 def _opt_strict_int(inst: object, attr: attrs.Attribute[Any], value: object) -> None:
     if value is not None:
         check_strict_int(inst, attr, value)
@@ -443,6 +450,9 @@ class Hello:
     bot_id: str = attrs.field(validator=_str)
     protocol: int | None = attrs.field(default=CONTRACT_VERSION, validator=_opt_strict_int)
     features: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple, validator=_str_items)
+    window: int | None = attrs.field(default=None, validator=_opt_positive_int)
+    """With ``acked_live``: how many deliveries the gateway takes unacked at once (the connector
+    sends no more until acks come back).  None: the connector's default."""
 
     @property
     def announced(self) -> bool:
@@ -456,6 +466,8 @@ class Hello:
         if self.protocol is not None:
             wire["protocol"] = self.protocol
             wire["features"] = list(self.features)
+            if self.window is not None:
+                wire["window"] = self.window
         return wire
 
     @classmethod
@@ -477,7 +489,10 @@ class Hello:
             features = ()
         elif not isinstance(features, list) or not all(isinstance(f, str) for f in features):
             raise _bad("features", "a list of strings", features, ref)
-        return _new_hello(platform, bot_id, protocol, tuple(features))
+        window = get("window")
+        if window is not None and (type(window) is not int or window < 1):
+            window = None  # our addition, read leniently: unusable means "the default"
+        return _new_hello(platform, bot_id, protocol, tuple(features), window)
 
 
 @attrs.frozen

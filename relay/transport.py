@@ -39,7 +39,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from relay.auth import bearer_header, mint_token
 from relay.codec import FrameDecoder, encode, error_frame_for
-from relay.compat import ERROR_FRAMES, OUR_FEATURES, features_header
+from relay.compat import ACKED_LIVE, ERROR_FRAMES, OUR_FEATURES, features_header
 from relay.descriptor import CONTRACT_VERSION, CapabilityDescriptor
 from relay.dispatch import DEFAULT_MAX_IN_FLIGHT, InboundDispatcher
 from relay.errors import (
@@ -492,8 +492,9 @@ class WebSocketRelayTransport:
         try:
             # Announced: protocol + features.  With no features the hello is the original's.
             protocol = CONTRACT_VERSION if self._features else None
+            window = self._inbound.max_in_flight if ACKED_LIVE in self._features else None
             for platform, bot_id in self._identities:
-                await ws.send(encode(Hello(platform, bot_id, protocol, self._features)))
+                await ws.send(encode(Hello(platform, bot_id, protocol, self._features, window)))
         except ConnectionClosed:
             pass  # the reader sees the close and handles it
 
@@ -501,13 +502,10 @@ class WebSocketRelayTransport:
 
     async def _read(self, ws: ClientConnection, decoder: FrameDecoder) -> None:
         try:
-            inbound = self._inbound
-            enqueue, recv, feed = inbound.put, ws.recv, decoder.feed
+            # Never stops reading (the replies' results come on this socket too): the bound on
+            # inbound in hand is the window the connector keeps (see relay.dispatch).
+            enqueue, recv, feed = self._inbound.put, ws.recv, decoder.feed
             while True:
-                if not inbound.has_room:
-                    # Backpressure: at the bound, stop reading; the socket's flow control makes
-                    # the connector hold (durably) what it cannot send.
-                    await inbound.wait_for_room()
                 # recv() directly rather than ``async for``: no async generator per message.
                 message = await recv()
                 for item in feed(message):

@@ -13,6 +13,7 @@ import pytest
 import pytest_asyncio
 
 from relay import connector as connector_module
+from relay.adapter import RelayAdapter
 from relay.connector import ConnectionState
 from relay.frames import InboundEvent
 from statecore.store import Store
@@ -146,3 +147,51 @@ async def test_a_slow_chat_does_not_hold_up_the_others(mh: Harness) -> None:
     await eventually(
         lambda: handled == ["other chat", "slow", "after slow, same chat"], "the slow chat"
     )
+
+
+@pytest.mark.asyncio
+async def test_the_connector_keeps_the_gateways_window(mh: Harness) -> None:
+    """A gateway announces its window (max_in_flight): the connector never has more of its
+    deliveries unacked at once, keeps the rest in the buffer, and sends more as acks return --
+    all in order."""
+    connector = await mh.start()
+    gate = Gate()
+    transport = await mh.gateway(connector, "gw-a", gate, max_in_flight=4)
+    instance = connector._instances["gw-a"]
+    assert instance.window == 4
+    for n in range(20):
+        await mh.platform.inject("c1", f"m{n}")
+    await eventually(lambda: len(instance.unacked) == 4, "a full window")
+    await asyncio.sleep(0.05)  # nothing more may go out while the window is full
+    assert len(instance.unacked) == 4
+    assert transport._inbound.in_flight <= 4
+    assert connector.buffered("gw-a") == 20
+    gate.open.set()
+    await eventually(lambda: gate.done == [f"m{n}" for n in range(20)], "all, in order")
+    await eventually(lambda: connector.buffered("gw-a") == 0, "all retired")
+    assert transport._inbound.peak_in_flight <= 4
+
+
+@pytest.mark.asyncio
+async def test_handlers_that_reply_never_deadlock_past_the_window(mh: Harness) -> None:
+    """More messages than the window, each answered by a reply whose result comes back on the
+    same socket: the reader keeps reading (the window is the connector's to keep), so every
+    reply's result arrives and every message is answered."""
+    connector = await mh.start(open_egress=True)
+    transport = mh.transport(connector, "gw-a", max_in_flight=8)
+    adapter = RelayAdapter(transport)
+    answered: list[str] = []
+
+    async def handler(event: InboundEvent) -> None:
+        result = await adapter.send(event.source.chat_id, f"re: {event.text}")
+        assert result.success, result
+        answered.append(event.text)
+
+    adapter.on_message(handler)
+    assert await adapter.connect()
+    await eventually(lambda: is_live(connector, "gw-a"), "live")
+    for n in range(100):
+        await mh.platform.inject("c1", f"m{n}")
+    await eventually(lambda: len(answered) == 100, "every message answered", timeout=BOUND * 2)
+    assert answered == [f"m{n}" for n in range(100)]
+    await eventually(lambda: connector.buffered("gw-a") == 0, "all retired")

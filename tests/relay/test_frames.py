@@ -191,7 +191,14 @@ actions = st.tuples(st.text(min_size=1, max_size=8), st.dictionaries(texts, json
 )
 opt = st.none() | texts
 frames: st.SearchStrategy[Frame] = st.one_of(
-    st.builds(Hello, texts, texts, st.integers(0, 9), st.lists(texts, max_size=3).map(tuple)),
+    st.builds(
+        Hello,
+        texts,
+        texts,
+        st.integers(0, 9),
+        st.lists(texts, max_size=3).map(tuple),
+        st.none() | st.integers(1, 10_000),
+    ),
     st.builds(Outbound, texts, actions, opt, opt, opt),
     st.builds(InboundAck, texts),
     st.builds(GoingIdle, opt),
