@@ -13,7 +13,9 @@ import pytest_asyncio
 
 from statecore.clock import FakeClock
 from statecore.store import Store
+from stores.memory import InMemoryStore
 from tests.relay.connector_stub import Connector, FaultProxy, TransportFactory
+from tests.relay.test_connector import Harness
 from tests.relay.test_gateway import Relay, Rig, open_store
 
 
@@ -82,3 +84,23 @@ async def relay() -> AsyncIterator[Relay]:
         yield running
     finally:
         await running.close()
+
+
+@pytest.fixture
+def memory_store() -> Iterator[Store]:
+    """An in-memory store, for tests where the store does not matter."""
+    db = InMemoryStore()
+    try:
+        yield db
+    finally:
+        db.close()
+
+
+@pytest_asyncio.fixture
+async def mh(memory_store: Store) -> AsyncIterator[Harness]:
+    """A harness over an in-memory store."""
+    h = Harness(memory_store)
+    try:
+        yield h
+    finally:
+        await h.close()

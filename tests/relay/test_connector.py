@@ -197,30 +197,10 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         db.close()
 
 
-@pytest.fixture
-def memory_store() -> Iterator[Store]:
-    """An in-memory store, for tests where the store does not matter."""
-    db = InMemoryStore()
-    try:
-        yield db
-    finally:
-        db.close()
-
-
 @pytest_asyncio.fixture
 async def harness(store: Store) -> AsyncIterator[Harness]:
     """A harness over each store kind."""
     h = Harness(store)
-    try:
-        yield h
-    finally:
-        await h.close()
-
-
-@pytest_asyncio.fixture
-async def mh(memory_store: Store) -> AsyncIterator[Harness]:
-    """A harness over an in-memory store."""
-    h = Harness(memory_store)
     try:
         yield h
     finally:

@@ -6,39 +6,15 @@ served from the buffer, in order.  Real sockets on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from relay import connector as connector_module
 from relay.adapter import RelayAdapter
 from relay.connector import ConnectionState
 from relay.frames import InboundEvent
-from statecore.store import Store
-from stores.memory import InMemoryStore
 from tests.relay.test_connector import BOUND, Harness, Recorder, eventually, is_live
-
-
-@pytest.fixture
-def memory_store() -> Iterator[Store]:
-    """An in-memory store."""
-    db = InMemoryStore()
-    try:
-        yield db
-    finally:
-        db.close()
-
-
-@pytest_asyncio.fixture
-async def mh(memory_store: Store) -> AsyncIterator[Harness]:
-    """A harness over an in-memory store."""
-    h = Harness(memory_store)
-    try:
-        yield h
-    finally:
-        await h.close()
 
 
 class Gate:

@@ -10,11 +10,9 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 from websockets.asyncio.client import connect
 
 from relay.auth import mint_token
@@ -23,8 +21,6 @@ from relay.connector import ConnectionState, Connector
 from relay.frames import EGRESS_DECLINED
 from relay.provenance import PROVENANCE_KIND
 from statecore.clock import FakeClock
-from statecore.store import Store
-from stores.memory import InMemoryStore
 from stores.sqlite import SQLiteStore
 from tests.relay.connector_stub import next_sleep
 from tests.relay.test_connector import (
@@ -40,26 +36,6 @@ from tests.relay.test_connector import (
     send_action,
     send_line,
 )
-
-
-@pytest.fixture
-def memory_store() -> Iterator[Store]:
-    """An in-memory store."""
-    db = InMemoryStore()
-    try:
-        yield db
-    finally:
-        db.close()
-
-
-@pytest_asyncio.fixture
-async def mh(memory_store: Store) -> AsyncIterator[Harness]:
-    """A harness over an in-memory store."""
-    h = Harness(memory_store)
-    try:
-        yield h
-    finally:
-        await h.close()
 
 
 def state_of(connector: Connector, gateway_id: str) -> list[ConnectionState]:
