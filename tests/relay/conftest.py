@@ -14,8 +14,8 @@ import pytest_asyncio
 from statecore.clock import FakeClock
 from statecore.store import Store
 from stores.memory import InMemoryStore
+from tests.relay.connector_harness import Harness
 from tests.relay.connector_stub import Connector, FaultProxy, TransportFactory
-from tests.relay.test_connector import Harness
 from tests.relay.test_gateway import Relay, Rig, open_store
 
 

@@ -46,6 +46,7 @@ __all__ = [
     "Conn",
     "Connector",
     "FaultProxy",
+    "MemoryDedupe",
     "Reply",
     "TransportFactory",
     "eventually",
@@ -674,3 +675,35 @@ def state_of(transport: WebSocketRelayTransport) -> TransportState:
     """The transport's current state, read through a call so type narrowing never goes stale
     across awaits (the state changes behind the test's back)."""
     return transport.state
+
+
+class MemoryDedupe:
+    """A BufferDedupe that remembers in memory and checks the connector at remember time."""
+
+    def __init__(self, connector: Connector, seen: tuple[str, ...] = ()) -> None:
+        self.connector = connector
+        self.handled = set(seen)
+        self.remembered: list[str] = []
+        self.acked_before_remembered: dict[str, bool] = {}
+        self.undeliverable: list[tuple[str, str, str, str]] = []
+        self.fail_records = False
+
+    async def seen(self, buffer_id: str) -> bool:
+        return buffer_id in self.handled
+
+    async def remember(self, buffer_id: str) -> None:
+        # Give a premature ack every chance to arrive before looking.
+        await asyncio.sleep(0.05)
+        self.acked_before_remembered[buffer_id] = buffer_id in self.connector.inbound_acks
+        self.handled.add(buffer_id)
+        self.remembered.append(buffer_id)
+
+    async def record_undeliverable(
+        self, buffer_id: str, *, frame_type: str, reason: str, raw_line: str
+    ) -> None:
+        if self.fail_records:
+            raise OSError("disk full")
+        await asyncio.sleep(0.05)  # a premature ack would arrive meanwhile
+        self.acked_before_remembered[buffer_id] = buffer_id in self.connector.inbound_acks
+        self.handled.add(buffer_id)
+        self.undeliverable.append((buffer_id, frame_type, reason, raw_line))

@@ -14,7 +14,7 @@ from relay import connector as connector_module
 from relay.adapter import RelayAdapter
 from relay.connector import ConnectionState
 from relay.frames import InboundEvent
-from tests.relay.test_connector import BOUND, Harness, Recorder, eventually, is_live
+from tests.relay.connector_harness import BOUND, Harness, Recorder, eventually, is_live
 
 
 class Gate:

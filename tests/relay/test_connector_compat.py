@@ -22,8 +22,7 @@ from relay.frames import EGRESS_DECLINED
 from relay.provenance import PROVENANCE_KIND
 from statecore.clock import FakeClock
 from stores.sqlite import SQLiteStore
-from tests.relay.connector_stub import next_sleep
-from tests.relay.test_connector import (
+from tests.relay.connector_harness import (
     BOUND,
     SECRETS,
     Harness,
@@ -36,6 +35,7 @@ from tests.relay.test_connector import (
     send_action,
     send_line,
 )
+from tests.relay.connector_stub import next_sleep
 
 
 def state_of(connector: Connector, gateway_id: str) -> list[ConnectionState]:

@@ -25,6 +25,7 @@ from tests.relay.connector_stub import (
     BOT_ID,
     PLATFORM,
     Connector,
+    MemoryDedupe,
     Reply,
     TransportFactory,
     eventually,
@@ -394,38 +395,6 @@ async def test_inbound_events_are_handled_in_order(
     assert seen == texts
     assert connector.inbound_acks == [f"buf-{t}" for t in texts]
     assert not overlap
-
-
-class MemoryDedupe:
-    """A BufferDedupe that remembers in memory and checks the connector at remember time."""
-
-    def __init__(self, connector: Connector, seen: tuple[str, ...] = ()) -> None:
-        self.connector = connector
-        self.handled = set(seen)
-        self.remembered: list[str] = []
-        self.acked_before_remembered: dict[str, bool] = {}
-        self.undeliverable: list[tuple[str, str, str, str]] = []
-        self.fail_records = False
-
-    async def seen(self, buffer_id: str) -> bool:
-        return buffer_id in self.handled
-
-    async def remember(self, buffer_id: str) -> None:
-        # Give a premature ack every chance to arrive before looking.
-        await asyncio.sleep(0.05)
-        self.acked_before_remembered[buffer_id] = buffer_id in self.connector.inbound_acks
-        self.handled.add(buffer_id)
-        self.remembered.append(buffer_id)
-
-    async def record_undeliverable(
-        self, buffer_id: str, *, frame_type: str, reason: str, raw_line: str
-    ) -> None:
-        if self.fail_records:
-            raise OSError("disk full")
-        await asyncio.sleep(0.05)  # a premature ack would arrive meanwhile
-        self.acked_before_remembered[buffer_id] = buffer_id in self.connector.inbound_acks
-        self.handled.add(buffer_id)
-        self.undeliverable.append((buffer_id, frame_type, reason, raw_line))
 
 
 async def test_dedupe_seen_buffer_id_is_acked_without_calling_the_handler(

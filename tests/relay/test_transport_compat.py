@@ -15,11 +15,11 @@ from relay.compat import OUR_FEATURES
 from relay.frames import InboundEvent, InterruptInbound, PassthroughForward
 from tests.relay.connector_stub import (
     Connector,
+    MemoryDedupe,
     TransportFactory,
     eventually,
     inbound_event,
 )
-from tests.relay.test_transport import MemoryDedupe
 
 pytestmark = pytest.mark.asyncio
 
