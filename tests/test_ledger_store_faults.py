@@ -31,8 +31,7 @@ from statecore import (
 )
 from stores.memory import InMemoryStore
 from stores.sqlite import SQLiteStore
-from tests.sqlite_faults import ChildProcessLock, ConnectionLock, corrupt_obligation_pages
-from tests.test_ledger import (
+from tests.ledger_helpers import (
     DEAD,
     LIVE,
     OTHER_LIVE,
@@ -44,6 +43,7 @@ from tests.test_ledger import (
     record,
     snapshot,
 )
+from tests.sqlite_faults import ChildProcessLock, ConnectionLock, corrupt_obligation_pages
 
 S = ObligationState
 GRACE = 30.0

@@ -15,14 +15,14 @@ from statecore.clock import FakeClock
 from statecore.store import Store
 from stores.memory import InMemoryStore
 from tests.relay.connector_harness import Harness
-from tests.relay.connector_stub import Connector, FaultProxy, TransportFactory
-from tests.relay.test_gateway import Relay, Rig, open_store
+from tests.relay.connector_stub import FaultProxy, StubConnector, TransportFactory
+from tests.relay.gateway_rig import Relay, Rig, open_store
 
 
 @pytest_asyncio.fixture
-async def connector() -> AsyncIterator[Connector]:
+async def connector() -> AsyncIterator[StubConnector]:
     """A running connector; stopped afterwards."""
-    stub = Connector()
+    stub = StubConnector()
     await stub.start()
     try:
         yield stub
@@ -31,7 +31,7 @@ async def connector() -> AsyncIterator[Connector]:
 
 
 @pytest_asyncio.fixture
-async def proxy(connector: Connector) -> AsyncIterator[FaultProxy]:
+async def proxy(connector: StubConnector) -> AsyncIterator[FaultProxy]:
     """A pass-through fault proxy in front of the connector; stopped afterwards."""
     fault = FaultProxy(connector.port)
     await fault.start()
@@ -48,7 +48,7 @@ def clock() -> FakeClock:
 
 
 @pytest_asyncio.fixture
-async def transports(connector: Connector) -> AsyncIterator[TransportFactory]:
+async def transports(connector: StubConnector) -> AsyncIterator[TransportFactory]:
     """A transport factory; every transport it built is disconnected afterwards."""
     factory = TransportFactory(connector)
     try:

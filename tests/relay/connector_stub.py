@@ -1,6 +1,6 @@
 """Test doubles for the relay transport tests: a real WebSocket connector and a fault proxy.
 
-* :class:`Connector` is an in-process connector served by ``websockets`` on ``127.0.0.1`` (port
+* :class:`StubConnector` is an in-process connector served by ``websockets`` on ``127.0.0.1`` (port
   0, path ``/relay``).  It answers ``hello`` with a descriptor, ``outbound`` with a configurable
   ``outbound_result``, ``going_idle`` with ``going_idle_ack`` (or never), records every frame,
   every ``inbound_ack`` and each connection's ``Authorization`` header, keeps a durable-buffer
@@ -44,10 +44,10 @@ __all__ = [
     "FAST",
     "PLATFORM",
     "Conn",
-    "Connector",
     "FaultProxy",
     "MemoryDedupe",
     "Reply",
+    "StubConnector",
     "TransportFactory",
     "eventually",
     "inbound_event",
@@ -113,7 +113,7 @@ class Reply:
     code: str | None = None
     delay_s: float = 0.0
     answer: bool = True
-    """False: never answer (the request stays pending until :meth:`Connector.answer`)."""
+    """False: never answer (the request stays pending until :meth:`StubConnector.answer`)."""
 
     @classmethod
     def ok(cls, message_id: str | None = None, *, delay_s: float = 0.0) -> Reply:
@@ -162,7 +162,7 @@ class Conn:
         return [f for f in self.frames if f.get("type") == frame_type]
 
 
-class Connector:
+class StubConnector:
     """An in-process relay connector for tests (see the module docs)."""
 
     def __init__(
@@ -628,7 +628,7 @@ FAST: dict[str, Any] = {
 class TransportFactory:
     """Builds transports aimed at the test connector and disconnects them all afterwards."""
 
-    def __init__(self, connector: Connector) -> None:
+    def __init__(self, connector: StubConnector) -> None:
         self.connector = connector
         self.created: list[WebSocketRelayTransport] = []
 
@@ -680,7 +680,7 @@ def state_of(transport: WebSocketRelayTransport) -> TransportState:
 class MemoryDedupe:
     """A BufferDedupe that remembers in memory and checks the connector at remember time."""
 
-    def __init__(self, connector: Connector, seen: tuple[str, ...] = ()) -> None:
+    def __init__(self, connector: StubConnector, seen: tuple[str, ...] = ()) -> None:
         self.connector = connector
         self.handled = set(seen)
         self.remembered: list[str] = []

@@ -20,8 +20,8 @@ from statecore.adapter import SendResult
 from statecore.clock import Deadline, FakeClock
 from statecore.lifecycles import TransportState as T
 from tests.relay.connector_stub import (
-    Connector,
     Reply,
+    StubConnector,
     TransportFactory,
     eventually,
     inbound_event,
@@ -107,7 +107,7 @@ def adapter_for(transport: Any, **kwargs: Any) -> RelayAdapter:
 
 
 async def test_connect_as_reconnect_is_accepted_and_adopts_the_descriptor(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """connect(is_reconnect=True) connects normally and adopts the connector's descriptor."""
     adapter = adapter_for(transports())
@@ -124,7 +124,7 @@ async def test_connect_returns_false_when_the_connector_is_unreachable(
     transports: TransportFactory, reconnect: bool
 ) -> None:
     """connect() returns False (never raises) when nothing listens at the connector's address."""
-    gone = Connector()
+    gone = StubConnector()
     await gone.start()
     await gone.stop()
     adapter = adapter_for(transports(gone.url, reconnect=reconnect))
@@ -134,7 +134,7 @@ async def test_connect_returns_false_when_the_connector_is_unreachable(
 
 
 async def test_connect_returns_false_when_credentials_are_refused(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """connect() returns False when the connector revokes the credentials (no grace for a
     start-up race configured, so the first refusal is final)."""
@@ -149,7 +149,7 @@ async def test_connect_returns_false_when_credentials_are_refused(
 
 
 async def test_disconnect_emits_going_idle_then_tears_down(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """disconnect() sends going_idle on the live socket, then closes the transport."""
     transport = transports(clock=clock)
@@ -248,7 +248,7 @@ async def test_transport_without_disconnect_is_tolerated() -> None:
 
 
 async def test_go_dormant_delegates_to_the_transport(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """go_dormant() drives the transport dormant (going_idle + close) without closing it."""
     transport = transports(clock=clock, dormant_redial_s=60.0)
@@ -299,7 +299,7 @@ async def connected_adapter(transports: TransportFactory, **overrides: Any) -> R
 
 
 async def test_send_success_returns_the_message_id(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """An acknowledged send is a SendResult success with the platform's message_id."""
     connector.reply = Reply.ok("m-123")
@@ -318,7 +318,7 @@ async def test_send_success_returns_the_message_id(
     ids=["failed", "declined"],
 )
 async def test_send_refusal_is_a_definite_failure(
-    connector: Connector, transports: TransportFactory, reply: Reply
+    connector: StubConnector, transports: TransportFactory, reply: Reply
 ) -> None:
     """A failure or a tenant-guard refusal is a definite (not ambiguous) failed SendResult."""
     connector.reply = reply
@@ -334,7 +334,7 @@ async def test_send_refusal_is_a_definite_failure(
 
 
 async def test_send_timeout_is_ambiguous(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """A send whose result never comes is an ambiguous failure after the request timeout."""
     connector.reply = Reply.never()
@@ -356,7 +356,7 @@ async def test_send_when_not_connected_is_a_definite_failure(transports: Transpo
 
 
 async def test_send_carries_idempotency_key_thread_and_reply_to(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """metadata idempotency_key, thread_id and reply_to reach the outbound frame."""
     adapter = await connected_adapter(transports)
@@ -371,7 +371,7 @@ async def test_send_carries_idempotency_key_thread_and_reply_to(
 
 
 async def test_route_learned_from_inbound_is_attached_to_outbound_metadata(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """scope_id/user_id seen on a chat's inbound are sent as that chat's outbound metadata."""
     adapter = await connected_adapter(transports)
@@ -406,7 +406,7 @@ async def test_route_learned_from_inbound_is_attached_to_outbound_metadata(
     ids=["mapping", "object"],
 )
 async def test_prime_from_a_persisted_origin_after_a_restart(
-    connector: Connector, transports: TransportFactory, origin: object
+    connector: StubConnector, transports: TransportFactory, origin: object
 ) -> None:
     """A fresh adapter primed from a persisted routing origin attaches its scope and user."""
     adapter = await connected_adapter(transports)  # a "restarted" gateway: nothing learned yet
@@ -418,7 +418,7 @@ async def test_prime_from_a_persisted_origin_after_a_restart(
 
 
 async def test_connect_returns_within_bounds_when_handshake_is_slow(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """connect() gives up with False once the handshake timeout passes."""
     connector.answer_hello = False

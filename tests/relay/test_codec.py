@@ -29,7 +29,7 @@ from relay.frames import (
 )
 from relay.transport import _ack_line
 from statecore.errors import StatecoreError
-from tests.relay.test_frames import SAMPLE_FRAMES, frames
+from tests.relay.frame_samples import SAMPLE_FRAMES, frames
 
 A = InboundAck("buf-1")
 B = OutboundResult("r1", OutboundOutcome(True, message_id="m1"))

@@ -26,7 +26,7 @@ from statecore.obligation import RECONNECTED_MARKER, RECOVERED_MARKER
 from statecore.policy import LedgerPolicy
 from statecore.sessions import SessionStore
 from statecore.store import Row, Store
-from tests.relay.test_gateway import (
+from tests.relay.gateway_rig import (
     ANSWER,
     BOUND,
     DEAD,

@@ -32,7 +32,7 @@ from statecore.sessions import SessionStore
 from statecore.store import Store
 from stores.memory import InMemoryStore
 from stores.sqlite import SQLiteStore
-from tests.relay.test_gateway import (
+from tests.relay.gateway_rig import (
     ANSWER,
     BOUND,
     DEAD,

@@ -24,9 +24,9 @@ from relay.transport import (
 from statecore.clock import FakeClock
 from statecore.lifecycles import TransportState as T
 from tests.relay.connector_stub import (
-    Connector,
     FaultProxy,
     Reply,
+    StubConnector,
     TransportFactory,
     eventually,
     state_of,
@@ -113,7 +113,7 @@ def test_unset_environment_gives_the_default_budget(monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.asyncio
 async def test_disconnect_enters_closing_first_so_racing_requests_fail_fast(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """Requests made once disconnect started fail at once with NOT_SENT and send nothing."""
     connector.reply = Reply.never()
@@ -147,7 +147,7 @@ async def test_disconnect_enters_closing_first_so_racing_requests_fail_fast(
 
 @pytest.mark.asyncio
 async def test_cancelled_disconnect_still_fails_every_pending_request(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """A disconnect cancelled mid-drain still fails every pending request promptly."""
     connector.reply = Reply.never()
@@ -175,7 +175,7 @@ async def test_cancelled_disconnect_still_fails_every_pending_request(
 
 @pytest.mark.asyncio
 async def test_disconnect_twice_is_a_safe_noop(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """A second disconnect after the first finished returns at once and changes nothing."""
     transport = await transports.connected()
@@ -193,7 +193,7 @@ async def test_disconnect_twice_is_a_safe_noop(
 
 @pytest.mark.asyncio
 async def test_concurrent_second_disconnect_waits_for_the_first(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """A disconnect called while another is draining returns only once teardown finished."""
     connector.reply = Reply.never()
@@ -225,7 +225,7 @@ async def test_disconnect_of_a_never_connected_transport_closes_it(
 
 @pytest.mark.asyncio
 async def test_in_flight_request_gets_the_grace_to_finish(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """A request answered within the drain grace completes normally during disconnect."""
     connector.reply = Reply.ok("m-drained", delay_s=0.3)
@@ -242,7 +242,7 @@ async def test_in_flight_request_gets_the_grace_to_finish(
 
 @pytest.mark.asyncio
 async def test_in_flight_request_beyond_the_grace_is_unknown(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """A request still unanswered when the grace runs out ends UNKNOWN ("closed")."""
     connector.reply = Reply.ok(delay_s=5.0)
@@ -262,7 +262,7 @@ async def test_in_flight_request_beyond_the_grace_is_unknown(
 @pytest.mark.asyncio
 @pytest.mark.parametrize(("raw", "window"), [("0", (0.0, 0.8)), ("4.8", (0.25, 2.0))])
 async def test_disconnect_without_budget_uses_the_environment_default(
-    connector: Connector,
+    connector: StubConnector,
     transports: TransportFactory,
     monkeypatch: pytest.MonkeyPatch,
     raw: str,
@@ -286,7 +286,7 @@ async def test_disconnect_without_budget_uses_the_environment_default(
 @pytest.mark.asyncio
 @pytest.mark.parametrize("budget", [0.5, 2.0])
 async def test_disconnect_with_a_stalled_connector_stays_within_its_budget(
-    connector: Connector, proxy: FaultProxy, transports: TransportFactory, budget: float
+    connector: StubConnector, proxy: FaultProxy, transports: TransportFactory, budget: float
 ) -> None:
     """Against a connector that stopped answering (even the close), disconnect keeps its budget."""
     connector.reply = Reply.never()

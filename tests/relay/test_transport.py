@@ -24,9 +24,9 @@ from statecore.lifecycles import TransportState as T
 from tests.relay.connector_stub import (
     BOT_ID,
     PLATFORM,
-    Connector,
     MemoryDedupe,
     Reply,
+    StubConnector,
     TransportFactory,
     eventually,
     inbound_event,
@@ -61,7 +61,7 @@ def counted(events: list[str], name: str, count: int) -> Callable[[], bool]:
     return lambda: events.count(name) == count
 
 
-def connections_reach(connector: Connector, count: int) -> Callable[[], bool]:
+def connections_reach(connector: StubConnector, count: int) -> Callable[[], bool]:
     """A predicate: the connector accepted exactly ``count`` connections."""
     return lambda: connector.connections == count
 
@@ -78,7 +78,7 @@ async def request(
     )
 
 
-def outbound_count(connector: Connector) -> int:
+def outbound_count(connector: StubConnector) -> int:
     """How many outbound frames the connector received."""
     return len(connector.frames_of("outbound"))
 
@@ -87,7 +87,7 @@ def outbound_count(connector: Connector) -> int:
 
 
 async def test_connect_and_handshake_reach_connected_and_adopt_descriptor(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """connect() + handshake() end connected with the connector's descriptor adopted."""
     transport = transports()
@@ -103,7 +103,7 @@ async def test_connect_and_handshake_reach_connected_and_adopt_descriptor(
 
 
 async def test_first_descriptor_of_a_connection_wins(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """A second descriptor on the same connection does not replace the adopted one."""
     connector.extra_descriptors = [{**connector.descriptor, "label": "Impostor"}]
@@ -116,7 +116,7 @@ async def test_first_descriptor_of_a_connection_wins(
 
 
 async def test_hello_frames_carry_identity_protocol_and_features(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """One hello per identity, the default first, each with platform, botId, protocol, features."""
     transport = await transports.connected(identities=[("slack", "bot-2")], features=["error"])
@@ -144,7 +144,7 @@ async def test_hello_frames_carry_identity_protocol_and_features(
 
 
 async def test_listeners_see_new_connecting_handshaking_connected(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """Listeners observe new -> connecting -> handshaking -> connected, in that order."""
     transport = transports()
@@ -159,7 +159,7 @@ async def test_listeners_see_new_connecting_handshaking_connected(
 
 
 async def test_a_raising_listener_does_not_break_the_transport(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """A listener that raises is isolated: the transport still connects and serves."""
 
@@ -175,7 +175,7 @@ async def test_a_raising_listener_does_not_break_the_transport(
 
 
 async def test_connect_is_refused_once_dialed(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """A second connect() raises InvalidTransition and never opens a second connection."""
     transport = await transports.connected()
@@ -188,7 +188,7 @@ async def test_failed_first_dial_raises_broken_and_the_supervisor_keeps_dialing(
     clock: FakeClock, transports: TransportFactory
 ) -> None:
     """connect() to an unreachable connector raises RelayBroken and re-dials on the backoff."""
-    connector = Connector()
+    connector = StubConnector()
     await connector.start()
     await connector.stop()  # the port is known and nobody listens on it
     transport = transports(
@@ -213,7 +213,7 @@ async def test_failed_first_dial_with_reconnect_off_ends_closed(
     transports: TransportFactory,
 ) -> None:
     """connect() failing with reconnect off raises RelayBroken and leaves the transport closed."""
-    connector = Connector()
+    connector = StubConnector()
     await connector.start()
     await connector.stop()
     transport = transports(connector.url, reconnect=False)
@@ -227,7 +227,7 @@ async def test_failed_first_dial_with_reconnect_off_ends_closed(
 
 
 async def test_go_idle_true_after_ack_and_the_socket_stays_up(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """go_idle returns True once acked; the same socket stays up and requests still work."""
     transport = await transports.connected()
@@ -240,7 +240,7 @@ async def test_go_idle_true_after_ack_and_the_socket_stays_up(
 
 
 async def test_go_idle_false_on_timeout_and_the_socket_stays_up(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """go_idle returns False when the connector never acks (after its whole timeout), and the
     socket stays up."""
@@ -261,7 +261,7 @@ async def test_go_idle_false_on_timeout_and_the_socket_stays_up(
 
 
 async def test_go_idle_false_when_not_connected(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """go_idle returns False without sending anything when never connected or after closing."""
     fresh = transports()
@@ -277,7 +277,7 @@ async def test_go_idle_false_when_not_connected(
 
 
 async def test_buffered_delivery_is_acked_only_after_the_handler_returned(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """A bufferId delivery is acked after its handler returned, never while it still runs."""
     gate = asyncio.Event()
@@ -301,7 +301,7 @@ async def test_buffered_delivery_is_acked_only_after_the_handler_returned(
 
 
 async def test_live_delivery_is_never_acked(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """A delivery without bufferId is handled but never acked (both pushed at the handshake)."""
     seen: list[str] = []
@@ -324,7 +324,7 @@ async def test_live_delivery_is_never_acked(
 
 
 async def test_slow_handler_does_not_stall_result_routing(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """The handler runs outside the reader: while it blocks, a request's result still arrives."""
     gate = asyncio.Event()
@@ -349,7 +349,7 @@ async def test_slow_handler_does_not_stall_result_routing(
 
 
 async def test_raising_handler_is_isolated_and_its_delivery_stays_unacked(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """A handler that raises leaves its bufferId unacked; later events and requests still work."""
     seen: list[str] = []
@@ -371,7 +371,7 @@ async def test_raising_handler_is_isolated_and_its_delivery_stays_unacked(
 
 
 async def test_inbound_events_are_handled_in_order(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """Events are handled one at a time in arrival order, even when handlers yield."""
     seen: list[str] = []
@@ -398,7 +398,7 @@ async def test_inbound_events_are_handled_in_order(
 
 
 async def test_dedupe_seen_buffer_id_is_acked_without_calling_the_handler(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """A bufferId the dedupe has seen is acked but not handled again."""
     seen: list[str] = []
@@ -418,7 +418,7 @@ async def test_dedupe_seen_buffer_id_is_acked_without_calling_the_handler(
 
 
 async def test_dedupe_remembers_a_handled_buffer_id_before_acking_it(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """A handled bufferId is remembered before its ack is sent; a failed one is not remembered."""
 
@@ -440,7 +440,7 @@ async def test_dedupe_remembers_a_handled_buffer_id_before_acking_it(
 
 
 async def test_request_ok_carries_the_message_id(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """An acknowledged success is OK with the connector's message_id."""
     connector.reply = Reply.ok("msg-77")
@@ -457,7 +457,7 @@ async def test_request_ok_carries_the_message_id(
 
 
 async def test_request_failed_carries_error_and_code(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """An acknowledged failure is FAILED with the connector's error and code, not ambiguous."""
     connector.reply = Reply.failed("chat not found", "not_found")
@@ -470,7 +470,7 @@ async def test_request_failed_carries_error_and_code(
 
 
 async def test_request_declined_for_egress_declined(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """code egress_declined is a definite DECLINED, never ambiguous."""
     connector.reply = Reply.declined()
@@ -482,7 +482,7 @@ async def test_request_declined_for_egress_declined(
 
 
 async def test_request_timeout_is_unknown(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """No result within the request timeout gives UNKNOWN (the clock's timeout, not a hang)."""
     connector.reply = Reply.never()
@@ -500,7 +500,7 @@ async def test_request_timeout_is_unknown(
 
 
 async def test_connection_loss_fails_every_pending_request_at_once(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """Losing the connection ends every pending request as UNKNOWN at once, with no timeout."""
     connector.reply = Reply.never()
@@ -515,7 +515,7 @@ async def test_connection_loss_fails_every_pending_request_at_once(
 
 
 async def test_request_while_handshaking_waits_for_the_handshake(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """A request made while handshaking is sent once the descriptor arrives, and succeeds."""
     connector.answer_hello = False
@@ -533,7 +533,7 @@ async def test_request_while_handshaking_waits_for_the_handshake(
 
 
 async def test_idempotency_key_is_sent_and_reused_across_retries(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """The caller's key is sent as idempotencyKey, unchanged on a retry of an ambiguous send."""
     connector.reply = lambda frame: Reply.never() if len(connector.unanswered) == 0 else Reply.ok()
@@ -552,7 +552,7 @@ async def test_idempotency_key_is_sent_and_reused_across_retries(
 
 
 async def test_requests_without_a_key_get_distinct_keys(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """Without a caller key every request still carries its own non-empty idempotencyKey."""
     transport = await transports.connected()
@@ -564,7 +564,7 @@ async def test_requests_without_a_key_get_distinct_keys(
 
 
 async def test_late_and_unknown_results_are_ignored(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """A result for an unknown or timed-out requestId is ignored; later requests are unaffected."""
     connector.reply = Reply.never()
@@ -584,7 +584,7 @@ async def test_late_and_unknown_results_are_ignored(
 
 
 async def test_malformed_frame_is_answered_with_an_error_frame_and_only_warned(
-    connector: Connector, transports: TransportFactory, caplog: pytest.LogCaptureFixture
+    connector: StubConnector, transports: TransportFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A malformed frame gets an error frame back, a WARNING (no ERROR), and pending requests
     are unaffected."""
@@ -610,7 +610,7 @@ async def test_malformed_frame_is_answered_with_an_error_frame_and_only_warned(
 
 
 async def test_unknown_frame_type_is_ignored(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """A frame of an unknown type is skipped silently: no error frame, the connection serves."""
     transport = await transports.connected()
@@ -622,7 +622,7 @@ async def test_unknown_frame_type_is_ignored(
 
 
 async def test_connector_error_frame_fails_the_referenced_request(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """An error frame whose ref names a pending request ends it as a definite failure."""
     connector.reply = Reply.never()
@@ -647,33 +647,35 @@ async def test_an_action_without_op_is_a_type_error(transports: TransportFactory
 # -- requests that fail fast -----------------------------------------------------------------------
 
 
-Setup = Callable[[Connector, FakeClock, TransportFactory], Awaitable[WebSocketRelayTransport]]
+Setup = Callable[[StubConnector, FakeClock, TransportFactory], Awaitable[WebSocketRelayTransport]]
 
 
-async def _new(_c: Connector, _k: FakeClock, f: TransportFactory) -> WebSocketRelayTransport:
+async def _new(_c: StubConnector, _k: FakeClock, f: TransportFactory) -> WebSocketRelayTransport:
     return f(clock=_k)
 
 
-async def _closed(_c: Connector, k: FakeClock, f: TransportFactory) -> WebSocketRelayTransport:
+async def _closed(_c: StubConnector, k: FakeClock, f: TransportFactory) -> WebSocketRelayTransport:
     transport = await f.connected(clock=k)
     await asyncio.wait_for(transport.disconnect(budget_s=1.0), GUARD)
     return transport
 
 
-async def _dormant(_c: Connector, k: FakeClock, f: TransportFactory) -> WebSocketRelayTransport:
+async def _dormant(_c: StubConnector, k: FakeClock, f: TransportFactory) -> WebSocketRelayTransport:
     transport = await f.connected(clock=k)
     assert await asyncio.wait_for(transport.go_dormant(timeout_s=5), GUARD)
     return transport
 
 
-async def _reconnecting(c: Connector, k: FakeClock, f: TransportFactory) -> WebSocketRelayTransport:
+async def _reconnecting(
+    c: StubConnector, k: FakeClock, f: TransportFactory
+) -> WebSocketRelayTransport:
     transport = await f.connected(clock=k, reconnect_backoff_s=10.0)
     await c.close_current(1011, "crash")
     await eventually(lambda: state_of(transport) is T.RECONNECTING, what="reconnecting")
     return transport
 
 
-async def _revoked(c: Connector, k: FakeClock, f: TransportFactory) -> WebSocketRelayTransport:
+async def _revoked(c: StubConnector, k: FakeClock, f: TransportFactory) -> WebSocketRelayTransport:
     c.close_on_connect = {1: (4401, "unknown gateway")}
     transport = f(clock=k, refusal_grace_s=0)
     await asyncio.wait_for(transport.connect(), GUARD)
@@ -694,7 +696,7 @@ async def _revoked(c: Connector, k: FakeClock, f: TransportFactory) -> WebSocket
     ids=["new", "closed", "dormant", "reconnecting", "revoked"],
 )
 async def test_request_fails_fast_not_sent_when_not_serving(
-    connector: Connector,
+    connector: StubConnector,
     clock: FakeClock,
     transports: TransportFactory,
     setup: Setup,
@@ -721,7 +723,7 @@ async def test_request_fails_fast_not_sent_when_not_serving(
 
 @pytest.mark.parametrize("how", ["1011", "1000", "4400", "abrupt"])
 async def test_unexpected_close_redials_and_rehandshakes(
-    connector: Connector, transports: TransportFactory, how: str
+    connector: StubConnector, transports: TransportFactory, how: str
 ) -> None:
     """A close we did not ask for (1011, 1000, 4400 or a cut TCP stream) is followed by a re-dial
     and a new handshake."""
@@ -745,7 +747,7 @@ async def test_unexpected_close_redials_and_rehandshakes(
 
 
 async def test_backoff_is_jittered_and_doubles_up_to_the_cap_across_failed_dials(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """Each failed re-dial waits uniform [d/2, d], d doubling from the base up to the cap."""
     transport = await transports.connected(
@@ -768,7 +770,7 @@ async def test_backoff_is_jittered_and_doubles_up_to_the_cap_across_failed_dials
 
 
 async def test_backoff_ladder_resets_only_after_a_stable_connection(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """Short-lived connections keep climbing the ladder; one up for stable_after_s resets it."""
     transport = await transports.connected(
@@ -794,7 +796,7 @@ async def test_backoff_ladder_resets_only_after_a_stable_connection(
 
 
 async def test_exactly_one_dialer_connections_never_overlap(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """Through a crash-looping connector, dials are strictly one at a time."""
     connector.close_after_handshake = dict.fromkeys(range(1, 6), (1011, "crash loop"))
@@ -815,7 +817,7 @@ async def test_exactly_one_dialer_connections_never_overlap(
 
 
 async def test_exactly_one_dialer_is_armed_when_redials_die_before_the_handshake(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """Re-dials closed before their descriptor never leave more than one dialer waiting."""
     connector.close_on_connect = dict.fromkeys(range(2, 5), (1011, "crash loop"))
@@ -840,7 +842,7 @@ async def test_exactly_one_dialer_is_armed_when_redials_die_before_the_handshake
 
 @pytest.mark.parametrize("start", ["connected", "reconnecting", "dormant"])
 async def test_deliberate_disconnect_never_redials(
-    connector: Connector, clock: FakeClock, transports: TransportFactory, start: str
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory, start: str
 ) -> None:
     """disconnect() from connected, reconnecting or dormant ends closed and never dials again."""
     transport = await transports.connected(
@@ -864,7 +866,7 @@ async def test_deliberate_disconnect_never_redials(
 
 
 async def test_replaced_4409_ends_closed_and_never_redials(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """A 4409 close ends the transport closed, says it was replaced, and does not re-dial."""
     transport = await transports.connected(clock=clock)
@@ -881,7 +883,7 @@ async def test_replaced_4409_ends_closed_and_never_redials(
 
 
 async def test_4401_before_any_handshake_is_terminal_revocation_without_a_grace(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """With no start-up grace configured, a 4401 before any handshake revokes at once:
     terminal, no re-dial."""
@@ -906,7 +908,7 @@ async def test_4401_before_any_handshake_is_terminal_revocation_without_a_grace(
 
 
 async def test_http_401_upgrade_refusal_is_revocation(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """With no start-up grace, an upgrade refused with HTTP 401 revokes the transport and never
     re-dials."""
@@ -923,7 +925,7 @@ async def test_http_401_upgrade_refusal_is_revocation(
 
 
 async def test_an_early_4401_is_a_start_up_race_retried_with_backoff(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """A 4401 before this transport's first handshake is retried with backoff, not taken as
     revocation: a connector that refused the first two dials (it did not know us yet) gets a
@@ -944,7 +946,7 @@ async def test_an_early_4401_is_a_start_up_race_retried_with_backoff(
 
 
 async def test_an_early_4401_that_persists_past_the_grace_is_revocation(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """Refused on every dial before any handshake, the transport retries with a growing backoff
     for the grace period only, then ends revoked (and says why); a handful of dials, no more."""
@@ -979,7 +981,7 @@ async def test_an_early_4401_that_persists_past_the_grace_is_revocation(
 
 
 async def test_an_early_http_401_is_retried_within_the_grace(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """An upgrade refused with HTTP 401 before any handshake is retried with backoff while the
     grace lasts; once the connector accepts, the transport connects."""
@@ -995,7 +997,7 @@ async def test_an_early_http_401_is_retried_within_the_grace(
 
 
 async def test_4419_redials_at_once_with_a_fresh_token(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """A 4419 (token expired) re-dials immediately, with a newly minted token."""
     secrets = {"gw-1": ["s3cret"]}
@@ -1028,7 +1030,7 @@ async def test_4419_redials_at_once_with_a_fresh_token(
 
 
 async def test_legacy_4401_after_a_handshake_gets_one_immediate_redial(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """A 4401 after a successful handshake re-dials at once instead of revoking."""
     connector.close_after_handshake = {1: (4401, "revoked")}
@@ -1042,7 +1044,7 @@ async def test_legacy_4401_after_a_handshake_gets_one_immediate_redial(
 
 
 async def test_legacy_4401_again_before_the_handshake_is_revocation(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """If the one legacy re-dial is refused with 4401 too, the transport is revoked."""
     connector.close_after_handshake = {1: (4401, "revoked")}
@@ -1057,7 +1059,7 @@ async def test_legacy_4401_again_before_the_handshake_is_revocation(
 
 
 async def test_connector_restart_is_survived(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """After the connector restarts on the same port, the transport reconnects and serves."""
     transport = await transports.connected(clock=clock)
@@ -1076,7 +1078,7 @@ async def test_connector_restart_is_survived(
 
 
 async def test_reconnect_off_unexpected_close_ends_closed(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """With reconnect=False an unexpected close ends the transport closed, without re-dialing."""
     transport = await transports.connected(reconnect=False, clock=clock)
@@ -1093,7 +1095,7 @@ async def test_reconnect_off_unexpected_close_ends_closed(
 
 
 async def test_go_dormant_acked_closes_the_socket_without_the_terminal_path(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """An acked go_dormant closes the socket and ends dormant: not closing, not revoked."""
     transport = await transports.connected(clock=clock)
@@ -1111,7 +1113,7 @@ async def test_go_dormant_acked_closes_the_socket_without_the_terminal_path(
 
 
 async def test_go_dormant_without_ack_returns_false_and_stays_connected(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """go_dormant without an ack returns False after its timeout; the transport stays connected
     and serving."""
@@ -1134,7 +1136,7 @@ async def test_go_dormant_when_never_connected_is_a_noop(transports: TransportFa
 
 
 async def test_go_dormant_fails_pending_requests_as_unknown(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """Requests pending when the socket goes dormant end UNKNOWN at once."""
     connector.reply = Reply.never()
@@ -1147,7 +1149,7 @@ async def test_go_dormant_fails_pending_requests_as_unknown(
 
 
 async def test_dormant_redials_on_its_cadence_and_drains_the_buffer(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """After go_dormant the supervisor re-dials on the dormant cadence (not the long backoff);
     the connector replays its buffer, which is handled and acked, and dormancy ends."""
@@ -1175,7 +1177,7 @@ async def test_dormant_redials_on_its_cadence_and_drains_the_buffer(
 
 
 async def test_a_failed_wake_dial_stays_dormant_on_the_cadence(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """A wake-up dial that fails goes back to dormant and retries on the same cadence."""
     transport = await transports.connected(
@@ -1197,7 +1199,7 @@ async def test_a_failed_wake_dial_stays_dormant_on_the_cadence(
 
 
 async def test_disconnect_is_terminal_while_go_dormant_stays_armed(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """Contrast: after disconnect nothing re-dials; after go_dormant the dialer stays armed."""
     ended = await transports.connected(clock=clock, dormant_redial_s=1.0)
@@ -1219,7 +1221,7 @@ async def test_disconnect_is_terminal_while_go_dormant_stays_armed(
 
 
 async def test_a_connector_of_another_contract_version_ends_the_transport(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """A descriptor of another contract version cannot be used and a re-dial cannot fix it: the
     handshake fails with RelayClosed, the transport ends closed naming the versions, the peer
@@ -1242,7 +1244,7 @@ async def test_a_connector_of_another_contract_version_ends_the_transport(
 
 
 async def test_protocol_violations_are_counted_per_connection(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """Each connection starts with a clean slate: malformed frames on an earlier connection do
     not make a later one close itself after a few more."""
@@ -1259,7 +1261,7 @@ async def test_protocol_violations_are_counted_per_connection(
 
 
 async def test_a_request_while_handshaking_waits_no_longer_than_its_bounds(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """While handshaking a request waits at most the handshake timeout (or its own, if shorter)
     for the descriptor; none arriving, it is NOT_SENT and registers nothing."""
@@ -1280,7 +1282,7 @@ async def test_a_request_while_handshaking_waits_no_longer_than_its_bounds(
 
 
 async def test_a_transport_going_idle_still_serves_requests(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """While going_idle waits for its ack, requests are sent and answered as usual."""
     connector.ack_going_idle = False

@@ -14,8 +14,8 @@ import pytest
 from relay.compat import OUR_FEATURES
 from relay.frames import InboundEvent, InterruptInbound, PassthroughForward
 from tests.relay.connector_stub import (
-    Connector,
     MemoryDedupe,
+    StubConnector,
     TransportFactory,
     eventually,
     inbound_event,
@@ -28,7 +28,7 @@ POISON: dict[str, Any] = {"text": "no chat", "source": {"platform": "discord"}}
 
 
 async def test_the_transport_announces_itself_on_the_upgrade_and_in_every_hello(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """Our features go in the X-Relay-Features header (read before any frame, e.g. for 4419)
     and in each hello with protocol 1; features=() speaks exactly the original contract."""
@@ -46,7 +46,7 @@ async def test_the_transport_announces_itself_on_the_upgrade_and_in_every_hello(
 
 
 async def test_error_frames_go_only_to_a_connector_that_announced_them(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """An invalid line from a connector whose descriptor announced nothing is logged only; one
     that announced error_frames gets our error frame."""
@@ -61,7 +61,7 @@ async def test_error_frames_go_only_to_a_connector_that_announced_them(
 
 
 async def test_a_flood_of_invalid_lines_stops_at_the_limit_with_bounded_logging(
-    connector: Connector, transports: TransportFactory, caplog: pytest.LogCaptureFixture
+    connector: StubConnector, transports: TransportFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     """One message of 10,000 junk lines: the transport closes with 4400 once past its limit,
     does not read the rest of that message, and logs a handful of lines."""
@@ -76,7 +76,7 @@ async def test_a_flood_of_invalid_lines_stops_at_the_limit_with_bounded_logging(
 
 
 async def test_a_buffered_poison_event_is_recorded_then_acked_in_order(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """A buffered event with no chat_id is recorded durably (raw line, reason) before its ack,
     and the events around it are handled and acked in order: nothing stalls."""
@@ -102,7 +102,7 @@ async def test_a_buffered_poison_event_is_recorded_then_acked_in_order(
 
 
 async def test_a_poison_event_that_cannot_be_recorded_stays_unacked(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """When the durable record fails, the poison entry is not acked (the connector replays it);
     the entries behind it still go through."""
@@ -117,7 +117,7 @@ async def test_a_poison_event_that_cannot_be_recorded_stays_unacked(
 
 
 async def test_without_a_dedupe_a_buffered_poison_event_is_logged_with_its_line_and_acked(
-    connector: Connector, transports: TransportFactory, caplog: pytest.LogCaptureFixture
+    connector: StubConnector, transports: TransportFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     """No durable record is configured: the ERROR line (with the raw line) is the record, and
     the entry is acked so that the buffer moves on."""
@@ -132,7 +132,7 @@ async def test_without_a_dedupe_a_buffered_poison_event_is_logged_with_its_line_
 
 
 async def test_a_live_poison_event_is_counted_and_never_acked(
-    connector: Connector, transports: TransportFactory, caplog: pytest.LogCaptureFixture
+    connector: StubConnector, transports: TransportFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A live event with no chat_id cannot be acked (it has no bufferId): it is counted and
     logged (rate-limited), never a protocol violation that could close the connection."""
@@ -148,7 +148,7 @@ async def test_a_live_poison_event_is_counted_and_never_acked(
 
 
 async def test_original_frames_go_to_their_handlers_or_are_recorded_as_unhandled(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """interrupt_inbound and passthrough_forward reach their handlers (then are acked when
     buffered); with no handler a buffered one is recorded as unhandled and acked."""
@@ -174,7 +174,7 @@ async def test_original_frames_go_to_their_handlers_or_are_recorded_as_unhandled
 
 
 async def test_an_event_without_a_platform_takes_the_connections(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """An original connector may leave source.platform out: the event is read as coming from
     the transport's own platform."""

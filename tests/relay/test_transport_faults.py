@@ -15,9 +15,9 @@ from relay.transport import RequestOutcome
 from statecore.clock import FakeClock
 from statecore.lifecycles import TransportState as T
 from tests.relay.connector_stub import (
-    Connector,
     FaultProxy,
     Reply,
+    StubConnector,
     TransportFactory,
     eventually,
     inbound_event,
@@ -32,7 +32,7 @@ GUARD = 5.0
 
 
 async def test_connection_dropped_mid_frame_fails_pending_and_reconnects(
-    connector: Connector, proxy: FaultProxy, transports: TransportFactory
+    connector: StubConnector, proxy: FaultProxy, transports: TransportFactory
 ) -> None:
     """A connection cut halfway through a frame ends pending requests UNKNOWN and re-dials."""
     seen: list[str] = []
@@ -64,7 +64,7 @@ async def test_connection_dropped_mid_frame_fails_pending_and_reconnects(
 
 
 async def test_request_to_a_stalled_connector_ends_unknown_on_timeout(
-    connector: Connector, proxy: FaultProxy, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, proxy: FaultProxy, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """When the connector stops answering without closing, a request ends UNKNOWN at its timeout."""
     transport = await transports.connected(proxy.url, clock=clock, request_timeout_s=5.0)
@@ -79,7 +79,7 @@ async def test_request_to_a_stalled_connector_ends_unknown_on_timeout(
 
 
 async def test_stalled_upgrade_fails_the_dial_and_the_transport_keeps_redialing(
-    connector: Connector, proxy: FaultProxy, transports: TransportFactory
+    connector: StubConnector, proxy: FaultProxy, transports: TransportFactory
 ) -> None:
     """A connector that accepts TCP but never upgrades fails the dial; re-dials continue."""
     proxy.mode = "stall"
@@ -95,7 +95,7 @@ async def test_stalled_upgrade_fails_the_dial_and_the_transport_keeps_redialing(
 
 
 async def test_request_while_connecting_fails_fast(
-    connector: Connector, proxy: FaultProxy, transports: TransportFactory
+    connector: StubConnector, proxy: FaultProxy, transports: TransportFactory
 ) -> None:
     """A request made while the upgrade is still in flight fails at once with NOT_SENT."""
     proxy.mode = "stall"
@@ -112,7 +112,7 @@ async def test_request_while_connecting_fails_fast(
 
 
 async def test_handshake_times_out_against_a_silent_connector(
-    connector: Connector, proxy: FaultProxy, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, proxy: FaultProxy, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """Upgraded but never answered: handshake() raises RelayBroken after its timeout."""
     proxy.mode = "stall_after_upgrade"
@@ -127,7 +127,7 @@ async def test_handshake_times_out_against_a_silent_connector(
 
 
 async def test_initial_handshake_timeout_leads_to_a_redial(
-    connector: Connector, proxy: FaultProxy, transports: TransportFactory
+    connector: StubConnector, proxy: FaultProxy, transports: TransportFactory
 ) -> None:
     """A first connection whose handshake timed out is abandoned and the connector re-dialed."""
     proxy.mode = "stall_after_upgrade"
@@ -141,7 +141,7 @@ async def test_initial_handshake_timeout_leads_to_a_redial(
 
 
 async def test_silent_connector_on_redial_is_abandoned_and_redialed(
-    connector: Connector, transports: TransportFactory
+    connector: StubConnector, transports: TransportFactory
 ) -> None:
     """A re-dial whose handshake times out is closed and dialed again until one succeeds."""
     transport = await transports.connected(
@@ -158,7 +158,7 @@ async def test_silent_connector_on_redial_is_abandoned_and_redialed(
 
 
 async def test_backoff_ladder_after_handshake_timeouts_climbs_one_step_per_dial(
-    connector: Connector, clock: FakeClock, transports: TransportFactory
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory
 ) -> None:
     """Each re-dial that failed its handshake moves the backoff one step: [d/2, d], d doubling."""
     transport = await transports.connected(
@@ -179,7 +179,7 @@ async def test_backoff_ladder_after_handshake_timeouts_climbs_one_step_per_dial(
 
 @pytest.mark.parametrize(("code", "reason"), [(1011, "crash"), (4419, "expired")])
 async def test_connection_lost_during_a_redial_handshake_is_retried_promptly(
-    connector: Connector, clock: FakeClock, transports: TransportFactory, code: int, reason: str
+    connector: StubConnector, clock: FakeClock, transports: TransportFactory, code: int, reason: str
 ) -> None:
     """A re-dial closed before its descriptor is retried on the backoff (4419: at once), not
     after the handshake timeout."""
