@@ -22,6 +22,7 @@ from enum import StrEnum
 
 import attrs
 
+from relay.codec import buffered_inbound_line, encode_event
 from relay.frames import InboundEvent
 from statecore.batch import BatchStore, Creation
 from statecore.clock import Clock, SystemClock
@@ -146,9 +147,7 @@ class InboundBuffer:
                 "gateway_id": gateway_id,
                 "platform": platform,
                 "seq": seq,
-                "event_json": json.dumps(
-                    event.to_wire(), ensure_ascii=False, separators=(",", ":")
-                ),
+                "event_json": encode_event(event.to_wire()),
                 "created_at": now,
                 "updated_at": now,
             },
@@ -171,7 +170,7 @@ class InboundBuffer:
         for gateway_id, platform, event in items:
             seq = self._next_seq()
             buffer_id = f"{self._prefix}-{seq:x}"
-            event_json = _EVENT_JSON(event.to_wire())
+            event_json = encode_event(event.to_wire())
             creations.append(
                 (
                     buffer_id,
@@ -186,7 +185,7 @@ class InboundBuffer:
                     gateway_id,
                 )
             )
-            out.append((buffer_id, seq, _line(buffer_id, event_json)))
+            out.append((buffer_id, seq, buffered_inbound_line(buffer_id, event_json)))
         if self._batch:  # one multi-row statement where the store can
             assert isinstance(self.store, BatchStore)
             outcomes = self.store.insert_each(
@@ -234,7 +233,8 @@ class InboundBuffer:
         """
         rows = self._unacked(gateway_id, limit, after_seq)
         return [
-            (row.id, row.values["seq"], _line(row.id, row.values["event_json"])) for row in rows
+            (row.id, row.values["seq"], buffered_inbound_line(row.id, row.values["event_json"]))
+            for row in rows
         ]
 
     def mark_sent_ids(self, gateway_id: str, buffer_ids: list[str]) -> None:
@@ -319,14 +319,6 @@ class InboundBuffer:
         """Delete acked and expired entries settled more than ``older_than_s`` ago."""
         cutoff = self.clock.now() - older_than_s
         return self.store.prune(BUFFER_KIND, "prune", where={"updated_at": lt(cutoff)})
-
-
-_EVENT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-
-
-def _line(buffer_id: str, event_json: str) -> str:
-    # Equal to encode(Inbound(event, buffer_id)): the same keys, compact JSON.
-    return f'{{"type":"inbound","event":{event_json},"bufferId":{json.dumps(buffer_id)}}}\n'
 
 
 def _entry(row: Row[BufferState]) -> BufferEntry:

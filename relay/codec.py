@@ -24,6 +24,7 @@ save the ``json`` share.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Final
 
 from relay.errors import ProtocolError, UndeliverableEvent
@@ -37,9 +38,14 @@ from relay.frames import (
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
+    "PLAIN_ACK_LINE_MAX",
     "FrameDecoder",
+    "ack_lines",
+    "buffered_inbound_line",
     "encode",
+    "encode_event",
     "error_frame_for",
+    "plain_acks",
 ]
 
 DEFAULT_MAX_FRAME_BYTES: Final = 1_048_576
@@ -79,6 +85,58 @@ def encode(frame: Frame, *, max_frame_bytes: int | None = None) -> str:
             f"{frame.TYPE} frame is {_utf8_len(line)} bytes, the peer accepts {max_frame_bytes}"
         )
     return line + "\n"
+
+
+# -- fast paths of the hot frames ----------------------------------------------------------------
+#
+# The three frames of the inbound hot path are written (and the ack read) without building frame
+# objects.  They live here, beside encode() and the decoder, so the wire is written and read in
+# one module; the tests pin each one byte-equal to encode() and to the decoder's reading.
+
+
+def ack_lines(buffer_ids: list[str]) -> str:
+    """``encode(InboundAck(b))`` for every bufferId, concatenated: one message of acks (the
+    framing lets a sender batch lines).  Raises nothing."""
+    return "".join(_ack_line(b) for b in buffer_ids)
+
+
+def _ack_line(buffer_id: str) -> str:
+    # Printable ASCII without a quote or backslash needs no escaping: the common case, cheaply.
+    plain = buffer_id.isascii() and buffer_id.isprintable()
+    if plain and '"' not in buffer_id and "\\" not in buffer_id:
+        return f'{{"type":"inbound_ack","bufferId":"{buffer_id}"}}\n'
+    return f'{{"type":"inbound_ack","bufferId":{json.dumps(buffer_id, ensure_ascii=False)}}}\n'
+
+
+_PLAIN_ACKS: Final = re.compile(
+    r'(?:\{"type":"inbound_ack","bufferId":"[A-Za-z0-9_.:-]{1,128}"\}\n)+'
+)
+_ACK_ID: Final = re.compile(r'"bufferId":"([^"]*)"')
+
+PLAIN_ACK_LINE_MAX: Final = 200
+"""At least the bytes of a line :func:`plain_acks` accepts (36 of envelope, at most 128 of id):
+a receiver whose maximum frame is below it must not use it (the decoder enforces the maximum)."""
+
+
+def plain_acks(message: object) -> list[str] | None:
+    """The bufferIds of a message made only of acks in their canonical compact form (what
+    :func:`ack_lines` writes for plain ids), or None for any other message -- which must then go
+    through :class:`FrameDecoder`, and only when no unterminated line is buffered before it.
+    Raises nothing."""
+    if type(message) is not str or not _PLAIN_ACKS.fullmatch(message):
+        return None
+    return _ACK_ID.findall(message)
+
+
+encode_event: Final = _ENCODE
+"""Compact JSON of a wire object (an event's ``to_wire()``), as :func:`encode` writes it."""
+
+
+def buffered_inbound_line(buffer_id: str, event_json: str) -> str:
+    """``encode(Inbound(event, buffer_id))`` from the event's JSON (:func:`encode_event`) kept
+    since it was buffered: a replay sends it without parsing and encoding it again.  Raises
+    nothing."""
+    return f'{{"type":"inbound","event":{event_json},"bufferId":{_ENCODE(buffer_id)}}}\n'
 
 
 def error_frame_for(err: ProtocolError) -> ErrorFrame:

@@ -23,7 +23,6 @@ import concurrent.futures
 import contextlib
 import functools
 import logging
-import re
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
@@ -36,7 +35,7 @@ from websockets.http11 import Request, Response
 
 from relay.auth import DEFAULT_MAX_TTL_S, token_from_header, verify_token
 from relay.buffer import InboundBuffer
-from relay.codec import FrameDecoder, encode, error_frame_for
+from relay.codec import PLAIN_ACK_LINE_MAX, FrameDecoder, encode, error_frame_for, plain_acks
 from relay.compat import (
     ACKED_LIVE,
     ERROR_FRAMES,
@@ -108,12 +107,6 @@ _REPLAY_FIRST_CHUNK = 1000
 _REPLAY_CHUNK = 5000
 _SENT_GRACE_S = 1.0
 """A replayed entry still unacked this long after it was sent is recorded as ``sent``."""
-_PLAIN_ACKS = re.compile(r'(?:\{"type":"inbound_ack","bufferId":"[A-Za-z0-9_.:-]{1,128}"\}\n)+')
-"""A message of acks only, each in the canonical compact form with a plain bufferId."""
-_ACK_ID = re.compile(r'"bufferId":"([^"]*)"')
-_PLAIN_ACK_LINE_MAX = 200
-"""At least the bytes of a line ``_PLAIN_ACKS`` matches (36 of envelope, at most 128 of id):
-below this ``max_frame_bytes`` every message goes through the decoder, which enforces it."""
 _IDEMPOTENCY_CACHE = 10_000
 
 
@@ -405,20 +398,17 @@ class Connector:
         else:
             self._instances[gateway_id] = instance
         decoder = FrameDecoder(max_frame_bytes=self.max_frame_bytes)
-        plain_acks_ok = self.max_frame_bytes >= _PLAIN_ACK_LINE_MAX
+        plain_acks_ok = self.max_frame_bytes >= PLAIN_ACK_LINE_MAX
         aligned = True  # every message so far ended with a newline: the decoder holds nothing
         try:
             async for message in ws:
                 # The bulk of a replay's return traffic: messages made only of acks in their
                 # plain canonical form, which the decoder would turn into exactly these ids.
-                if (
-                    aligned
-                    and plain_acks_ok
-                    and type(message) is str
-                    and _PLAIN_ACKS.fullmatch(message)
-                ):
-                    self._acked(instance, _ACK_ID.findall(message))
-                    continue
+                if aligned and plain_acks_ok:
+                    acked = plain_acks(message)
+                    if acked is not None:
+                        self._acked(instance, acked)
+                        continue
                 aligned = message[-1:] in ("\n", b"\n")
                 for item in decoder.feed(message):
                     if isinstance(item, ProtocolError):

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import math
 import os
@@ -38,7 +37,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from relay.auth import bearer_header, mint_token
-from relay.codec import FrameDecoder, encode, error_frame_for
+from relay.codec import FrameDecoder, ack_lines, encode, error_frame_for
 from relay.compat import ACKED_LIVE, ERROR_FRAMES, OUR_FEATURES, features_header
 from relay.descriptor import CONTRACT_VERSION, CapabilityDescriptor
 from relay.dispatch import DEFAULT_MAX_IN_FLIGHT, InboundDispatcher
@@ -758,7 +757,7 @@ class WebSocketRelayTransport:
         if ws is None or self._current() not in SERVING:
             return  # unacked: the connector replays them on the next handshake
         with contextlib.suppress(ConnectionClosed):
-            await ws.send("".join(_ack_line(b) for b in buffer_ids))
+            await ws.send(ack_lines(buffer_ids))
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -1092,15 +1091,6 @@ def _lane_of(frame: _Delivery) -> Hashable:
     if isinstance(frame, InterruptInbound):
         return ("interrupt", frame.session_key)
     return ("other",)
-
-
-def _ack_line(buffer_id: str) -> str:
-    """``encode(InboundAck(buffer_id))`` without building the frame: acks are per message."""
-    # Printable ASCII without a quote or backslash needs no escaping: the common case, cheaply.
-    plain = buffer_id.isascii() and buffer_id.isprintable()
-    if plain and '"' not in buffer_id and "\\" not in buffer_id:
-        return f'{{"type":"inbound_ack","bufferId":"{buffer_id}"}}\n'
-    return f'{{"type":"inbound_ack","bufferId":{json.dumps(buffer_id, ensure_ascii=False)}}}\n'
 
 
 def _close_of(ws: ClientConnection) -> tuple[int | None, str | None]:

@@ -9,7 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relay.codec import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode, error_frame_for
+from relay.codec import (
+    DEFAULT_MAX_FRAME_BYTES,
+    FrameDecoder,
+    ack_lines,
+    buffered_inbound_line,
+    encode,
+    encode_event,
+    error_frame_for,
+    plain_acks,
+)
 from relay.errors import (
     AuthError,
     ContractVersionError,
@@ -19,15 +28,17 @@ from relay.errors import (
 )
 from relay.frames import (
     ErrorFrame,
+    EventSource,
     Frame,
     GoingIdle,
     GoingIdleAck,
+    Inbound,
     InboundAck,
+    InboundEvent,
     Outbound,
     OutboundOutcome,
     OutboundResult,
 )
-from relay.transport import _ack_line
 from statecore.errors import StatecoreError
 from tests.relay.frame_samples import SAMPLE_FRAMES, frames
 
@@ -469,10 +480,42 @@ def test_relay_broken_carries_the_close_code() -> None:
 def test_ack_line_is_exactly_the_encoded_inbound_ack(buffer_id: str) -> None:
     # The transport writes acks without building frames; they must be byte-identical to the
     # codec's encoding, escapes included (quotes, backslashes, control and non-ASCII chars).
-    assert _ack_line(buffer_id) == encode(InboundAck(buffer_id))
+    assert ack_lines([buffer_id]) == encode(InboundAck(buffer_id))
 
 
 @pytest.mark.parametrize("buffer_id", ["b1", 'quo"te', "back\\slash", "tab\there", "é", "\x7f"])
 def test_ack_line_round_trips_through_the_decoder(buffer_id: str) -> None:
-    (frame,) = FrameDecoder().feed(_ack_line(buffer_id))
+    (frame,) = FrameDecoder().feed(ack_lines([buffer_id]))
     assert frame == InboundAck(buffer_id)
+
+
+@given(st.lists(st.from_regex(r"[A-Za-z0-9_.:-]{1,128}", fullmatch=True), min_size=1, max_size=5))
+def test_plain_acks_reads_exactly_what_the_decoder_reads(buffer_ids: list[str]) -> None:
+    """plain_acks takes a message of canonical acks to the same bufferIds the decoder reads."""
+    message = ack_lines(buffer_ids)
+    assert plain_acks(message) == buffer_ids
+    decoded = FrameDecoder().feed(message)
+    assert [f.buffer_id for f in decoded if isinstance(f, InboundAck)] == buffer_ids
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        '{"type":"inbound_ack","bufferId":"a"}',  # no newline: not a complete line
+        '{"type":"inbound_ack", "bufferId":"a"}\n',  # not the canonical form
+        '{"type":"inbound_ack","bufferId":"a\\"b"}\n',  # an id that needs escaping
+        '{"type":"going_idle"}\n',
+        b'{"type":"inbound_ack","bufferId":"a"}\n',
+    ],
+)
+def test_plain_acks_refuses_anything_else(message: object) -> None:
+    """Anything but canonical ack lines of plain ids is left to the decoder (None)."""
+    assert plain_acks(message) is None
+
+
+@given(st.text(max_size=40), st.text(min_size=1, max_size=20))
+def test_a_buffered_inbound_line_is_the_encoded_inbound(text: str, buffer_id: str) -> None:
+    """buffered_inbound_line from the stored event JSON is byte-equal to encode(Inbound)."""
+    event = InboundEvent(text, source=EventSource("p", "c1", "dm"))
+    line = buffered_inbound_line(buffer_id, encode_event(event.to_wire()))
+    assert line == encode(Inbound(event, buffer_id))
