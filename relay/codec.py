@@ -12,13 +12,8 @@ wrong field types are protocol errors; an unknown ``type`` is skipped (``FrameDe
 A delivery the gateway can never handle comes back as an :class:`~relay.errors.UndeliverableEvent`
 (a ProtocolError) carrying its bufferId and the raw line, so the receiver can settle it.
 
-Cost (measured on the 2-vCPU reference machine, CPython 3.11, stdlib :mod:`json`, best of 7
-repeats, median of 3 runs, ``json`` baselines interleaved in the same run): ``feed`` of one frame
-costs about 4 µs for a 123-byte ``outbound_result``, 4.7 µs for a 247-byte ``outbound`` and 6.6 µs
-for a 274-byte ``inbound`` (``json.loads`` alone: 2.1 / 2.8 / 3.1 µs), so about 5 µs for a
-200-byte frame; the validation and record building add 2-3.5 µs on top of ``json``. ``encode``
-costs 3-5 µs, no more than ``json.dumps`` of the same object. A faster JSON library could only
-save the ``json`` share.
+The codec is on the hot path of every frame; ``benchmarks/bench_relay.py`` measures the
+transport through it against raw ``websockets``.
 """
 
 from __future__ import annotations
