@@ -42,12 +42,12 @@ import psutil
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 
-from relay.buffer import InboundBuffer
-from relay.codec import encode
-from relay.connector import Connector
-from relay.frames import EventSource, Inbound, InboundEvent
-from relay.platform import LoopbackPlatform
-from relay.transport import WebSocketRelayTransport
+from relay.client.transport import WebSocketRelayTransport
+from relay.connector.buffer import InboundBuffer
+from relay.connector.platform import LoopbackPlatform
+from relay.connector.server import Connector
+from relay.wire.codec import encode
+from relay.wire.frames import EventSource, Inbound, InboundEvent
 from statecore.store import Store
 from stores import InMemoryStore, SQLiteStore
 

@@ -28,12 +28,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from relay.adapter import RelayAdapter
-from relay.connector import Connector
-from relay.frames import OutboundOutcome
+from relay.client.adapter import RelayAdapter
+from relay.client.transport import WebSocketRelayTransport
+from relay.connector.platform import LoopbackPlatform
+from relay.connector.server import Connector
 from relay.gateway import Gateway, Turn
-from relay.platform import LoopbackPlatform
-from relay.transport import WebSocketRelayTransport
+from relay.wire.frames import OutboundOutcome
 from statecore import Ledger
 from statecore.store import Store
 from stores import InMemoryStore, SQLiteStore

@@ -41,13 +41,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from relay.adapter import RelayAdapter
-from relay.connector import Connector
-from relay.dedupe import StoreBufferDedupe
-from relay.frames import InboundEvent, OutboundOutcome
+from relay.client.adapter import RelayAdapter
+from relay.client.dedupe import StoreBufferDedupe
+from relay.client.transport import WebSocketRelayTransport
+from relay.connector.platform import LoopbackPlatform
+from relay.connector.server import Connector
 from relay.gateway import Gateway, Turn
-from relay.platform import LoopbackPlatform
-from relay.transport import WebSocketRelayTransport
+from relay.wire.frames import InboundEvent, OutboundOutcome
 from stores import SQLiteStore
 
 RESULTS: list[tuple[str, float, str, bool]] = []

@@ -37,7 +37,7 @@ from typing import Any
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 
-from relay.transport import WebSocketRelayTransport
+from relay.client.transport import WebSocketRelayTransport
 
 RESULTS: list[tuple[str, float, str, bool]] = []
 

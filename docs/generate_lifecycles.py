@@ -51,7 +51,7 @@ ROLES = {
         "with the routing origin captured at dispatch."
     ),
     "buffer": (
-        "Persisted by the connector (`relay.buffer.InboundBuffer`) in table "
+        "Persisted by the connector (`relay.connector.buffer.InboundBuffer`) in table "
         "`relay_inbound_buffer`: one inbound event held for a gateway that is not receiving "
         "live traffic, replayed on its next handshake and retired only by its ack."
     ),
@@ -61,12 +61,12 @@ ROLES = {
         "many of them."
     ),
     "dedupe": (
-        "Persisted by the gateway (`relay.dedupe.StoreBufferDedupe`) in table "
+        "Persisted by the gateway (`relay.client.dedupe.StoreBufferDedupe`) in table "
         "`relay_inbound_dedupe`: a handled bufferId, so that a replay is acked without being "
         "handled again."
     ),
     "subscription": (
-        "Persisted by the connector (`relay.subscriptions.Subscriptions`) in table "
+        "Persisted by the connector (`relay.connector.subscriptions.Subscriptions`) in table "
         "`relay_subscriptions`: which gateways listen to which platform, so that a connector "
         "restart keeps buffering for a gateway that is asleep."
     ),

@@ -30,12 +30,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from relay.adapter import RelayAdapter
-from relay.connector import Connector
-from relay.frames import InboundEvent
+from relay.client.adapter import RelayAdapter
+from relay.client.transport import WebSocketRelayTransport
+from relay.connector.platform import LoopbackPlatform
+from relay.connector.server import Connector
 from relay.gateway import Gateway, Turn
-from relay.platform import LoopbackPlatform
-from relay.transport import WebSocketRelayTransport
+from relay.wire.frames import InboundEvent
 from statecore import RECOVERED_MARKER, SendResult
 from stores import InMemoryStore, SQLiteStore
 

@@ -40,11 +40,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from relay.adapter import RelayAdapter
-from relay.connector import Connector
+from relay.client.adapter import RelayAdapter
+from relay.client.transport import WebSocketRelayTransport
+from relay.connector.platform import LoopbackPlatform
+from relay.connector.server import Connector
 from relay.gateway import Gateway, Turn
-from relay.platform import LoopbackPlatform
-from relay.transport import WebSocketRelayTransport
 from statecore import Delegation, Delegations, RoutingOrigin, SessionStore
 from stores import InMemoryStore, SQLiteStore
 

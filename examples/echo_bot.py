@@ -21,11 +21,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from relay.adapter import RelayAdapter
-from relay.connector import Connector
+from relay.client.adapter import RelayAdapter
+from relay.client.transport import WebSocketRelayTransport
+from relay.connector.platform import LoopbackPlatform
+from relay.connector.server import Connector
 from relay.gateway import Gateway, Turn
-from relay.platform import LoopbackPlatform
-from relay.transport import WebSocketRelayTransport
 from stores import InMemoryStore, SQLiteStore
 
 GATEWAY_ID = "echo-gateway"

@@ -24,12 +24,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from relay.adapter import RelayAdapter
-from relay.connector import Connector
-from relay.dedupe import StoreBufferDedupe
+from relay.client.adapter import RelayAdapter
+from relay.client.dedupe import StoreBufferDedupe
+from relay.client.transport import WebSocketRelayTransport
+from relay.connector.platform import LoopbackPlatform
+from relay.connector.server import Connector
 from relay.gateway import Gateway, Turn
-from relay.platform import LoopbackPlatform
-from relay.transport import WebSocketRelayTransport
 from statecore import Store, TransportState
 from stores import SQLiteStore
 

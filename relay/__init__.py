@@ -5,21 +5,28 @@
 * :class:`RelayAdapter` -- the platform adapter the gateway runtime sends replies through;
 * :class:`Gateway` -- the runtime a bot is built on (:class:`Turn`, :class:`Message`);
 * :class:`Connector` -- the reference connector server, with :class:`LoopbackPlatform`;
-* the sans-I/O wire layer: ``relay.frames``, ``relay.codec``, :class:`CapabilityDescriptor`,
+* the sans-I/O wire layer: ``relay.wire.frames``, ``relay.wire.codec``,
+:class:`CapabilityDescriptor`,
   :func:`mint_token` / :func:`verify_token`, :func:`relay_url`.
 """
 
-from relay.adapter import SEND_PATH_DEGRADED, ChatRoute, RelayAdapter
-from relay.auth import mint_token, verify_token
-from relay.connector import Connector
-from relay.dedupe import StoreBufferDedupe
-from relay.descriptor import CONTRACT_VERSION, CapabilityDescriptor
-from relay.errors import AuthError, ContractVersionError, ProtocolError, RelayBroken, RelayClosed
-from relay.frames import EventSource, InboundEvent
+from relay.client.adapter import SEND_PATH_DEGRADED, ChatRoute, RelayAdapter
+from relay.client.dedupe import StoreBufferDedupe
+from relay.client.transport import RequestOutcome, RequestResult, WebSocketRelayTransport
+from relay.connector.platform import LoopbackPlatform, PlatformDriver
+from relay.connector.server import Connector
 from relay.gateway import Gateway, Message, Turn
-from relay.platform import LoopbackPlatform, PlatformDriver
-from relay.transport import RequestOutcome, RequestResult, WebSocketRelayTransport
-from relay.urls import relay_url
+from relay.wire.auth import mint_token, verify_token
+from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
+from relay.wire.errors import (
+    AuthError,
+    ContractVersionError,
+    ProtocolError,
+    RelayBroken,
+    RelayClosed,
+)
+from relay.wire.frames import EventSource, InboundEvent
+from relay.wire.urls import relay_url
 
 __all__ = [
     "CONTRACT_VERSION",

@@ -26,13 +26,13 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from relay.adapter import RelayAdapter
-from relay.buffer import BUFFER_KIND
-from relay.connector import Connector
-from relay.dedupe import StoreBufferDedupe
+from relay.client.adapter import RelayAdapter
+from relay.client.dedupe import StoreBufferDedupe
+from relay.client.transport import WebSocketRelayTransport
+from relay.connector.buffer import BUFFER_KIND
+from relay.connector.platform import LoopbackPlatform
+from relay.connector.server import Connector
 from relay.gateway import Gateway, Turn
-from relay.platform import LoopbackPlatform
-from relay.transport import WebSocketRelayTransport
 from statecore.adapter import SendResult
 from statecore.entity import EntityKind
 from statecore.obligation import OBLIGATION_KIND, RECOVERED_MARKER

@@ -1,6 +1,6 @@
 """The gateway runtime: where a bot is built.
 
-``Gateway`` binds platform adapters (a :class:`~relay.adapter.RelayAdapter` per connector
+``Gateway`` binds platform adapters (a :class:`~relay.client.adapter.RelayAdapter` per connector
 identity, or any object with ``async send(chat_id, content, metadata)``) to the delivery ledger:
 
 * every final reply goes through :meth:`Gateway.send_final`: recorded (pending), marked
@@ -34,8 +34,8 @@ from typing import Any, Protocol, TypeVar
 
 import attrs
 
-from relay.adapter import accepts_budget, accepts_keyword
-from relay.frames import InboundEvent
+from relay.client.adapter import accepts_budget, accepts_keyword
+from relay.wire.frames import InboundEvent
 from statecore.adapter import SendResult
 from statecore.async_ledger import AsyncLedger
 from statecore.clock import Clock, Deadline, SystemClock

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from relay.buffer import BUFFER
-from relay.connector import CONNECTION
-from relay.dedupe import DEDUPE, UNDELIVERABLE
-from relay.provenance import PROVENANCE
-from relay.subscriptions import SUBSCRIPTION
+from relay.client.dedupe import DEDUPE, UNDELIVERABLE
+from relay.connector.buffer import BUFFER
+from relay.connector.provenance import PROVENANCE
+from relay.connector.server import CONNECTION
+from relay.connector.subscriptions import SUBSCRIPTION
 from statecore.lifecycle import Lifecycle
 
 __all__ = ["RELAY_LIFECYCLES"]

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from relay.buffer import BUFFER, BUFFER_KIND, BufferState
-from relay.dedupe import DEDUPE, DEDUPE_KIND, DedupeState
+from relay.client.dedupe import DEDUPE, DEDUPE_KIND, DedupeState
+from relay.connector.buffer import BUFFER, BUFFER_KIND, BufferState
 from statecore.entity import EntityKind
 from statecore.errors import DeclarationError, InvalidTransition, StaleState
 from statecore.lifecycle import Lifecycle, Transition

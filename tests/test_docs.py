@@ -21,10 +21,10 @@ import pytest
 if "stores.testing" not in sys.modules:  # detailed assertion messages from the kit's asserts
     pytest.register_assert_rewrite("stores.testing")
 
-from relay.adapter import RelayAdapter
-from relay.connector import Connector
+from relay.client.adapter import RelayAdapter
+from relay.client.transport import DISCONNECT_TIMEOUT_ENV, WebSocketRelayTransport
+from relay.connector.server import Connector
 from relay.gateway import Gateway
-from relay.transport import DISCONNECT_TIMEOUT_ENV, WebSocketRelayTransport
 from statecore import Audit, LedgerPolicy
 from statecore.cli import main as statecore_cli
 from stores import SQLiteStore

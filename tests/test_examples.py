@@ -23,11 +23,11 @@ from statecore import RECONNECTED_MARKER, FakeClock
 if "stores.testing" not in sys.modules:  # detailed assertion messages from the kit's asserts
     pytest.register_assert_rewrite("stores.testing")
 
-from relay.adapter import RelayAdapter
-from relay.connector import Connector
+from relay.client.adapter import RelayAdapter
+from relay.client.transport import WebSocketRelayTransport
+from relay.connector.platform import LoopbackPlatform
+from relay.connector.server import Connector
 from relay.gateway import Gateway
-from relay.platform import LoopbackPlatform
-from relay.transport import WebSocketRelayTransport
 from statecore import RECOVERED_MARKER, Audit, LedgerPolicy, Store
 from stores import InMemoryStore, SQLiteStore
 from stores.testing import TICKET_KIND, StoreContract, StoreFactory

@@ -15,12 +15,12 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from relay.auth import mint_token
-from relay.compat import ACKED_LIVE, OUR_FEATURES, features_header
-from relay.connector import Connector
-from relay.frames import EventSource, InboundEvent
-from relay.platform import LoopbackPlatform
-from relay.transport import WebSocketRelayTransport
+from relay.client.transport import WebSocketRelayTransport
+from relay.connector.platform import LoopbackPlatform
+from relay.connector.server import Connector
+from relay.wire.auth import mint_token
+from relay.wire.compat import ACKED_LIVE, OUR_FEATURES, features_header
+from relay.wire.frames import EventSource, InboundEvent
 from statecore.store import Store
 
 SECRETS: dict[str, list[str | bytes]] = {

@@ -32,9 +32,9 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from relay.auth import token_from_header, verify_token
-from relay.errors import AuthError
-from relay.transport import WebSocketRelayTransport
+from relay.client.transport import WebSocketRelayTransport
+from relay.wire.auth import token_from_header, verify_token
+from relay.wire.errors import AuthError
 from statecore.clock import FakeClock
 from statecore.lifecycles import TransportState
 

@@ -9,9 +9,9 @@ import attrs
 import pytest
 from hypothesis import strategies as st
 
-from relay.descriptor import CONTRACT_VERSION, CapabilityDescriptor
-from relay.errors import ProtocolError
-from relay.frames import (
+from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
+from relay.wire.errors import ProtocolError
+from relay.wire.frames import (
     CHAT_TYPES,
     EGRESS_DECLINED,
     DescriptorFrame,

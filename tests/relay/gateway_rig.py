@@ -13,11 +13,11 @@ from typing import Any
 
 import attrs
 
-from relay.adapter import RelayAdapter
-from relay.connector import Connector
+from relay.client.adapter import RelayAdapter
+from relay.client.transport import WebSocketRelayTransport
+from relay.connector.platform import LoopbackPlatform
+from relay.connector.server import Connector
 from relay.gateway import Gateway, SessionFlags
-from relay.platform import LoopbackPlatform
-from relay.transport import WebSocketRelayTransport
 from statecore.adapter import SendResult
 from statecore.clock import Clock
 from statecore.ids import compute_obligation_id

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from relay.adapter import RelayAdapter
-from relay.descriptor import CONTRACT_VERSION, CapabilityDescriptor
-from relay.frames import InboundEvent
-from relay.transport import DISCONNECT_TIMEOUT_ENV, default_disconnect_budget_s
+from relay.client.adapter import RelayAdapter
+from relay.client.transport import DISCONNECT_TIMEOUT_ENV, default_disconnect_budget_s
+from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
+from relay.wire.frames import InboundEvent
 from statecore import ErrorKind, LedgerPolicy
 from statecore.adapter import SendResult
 from statecore.clock import Deadline, FakeClock

@@ -1,4 +1,5 @@
-"""Tests for relay.auth: token format, rotation, skew, refusal reasons and the Bearer header."""
+"""Tests for relay.wire.auth: token format, rotation, skew, refusal reasons and the Bearer
+header."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from relay.auth import (
+from relay.wire.auth import (
     DEFAULT_SKEW_S,
     DEFAULT_TTL_S,
     bearer_header,
@@ -18,7 +19,7 @@ from relay.auth import (
     token_from_header,
     verify_token,
 )
-from relay.errors import AUTH_REASONS, AuthError
+from relay.wire.errors import AUTH_REASONS, AuthError
 
 NOW = 1_700_000_000
 SECRETS: dict[str, list[str | bytes]] = {"gw-1": ["s3cret"]}

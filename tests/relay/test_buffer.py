@@ -1,4 +1,5 @@
-"""Tests for relay.buffer.InboundBuffer: the connector's durable per-instance inbound buffer.
+"""Tests for relay.connector.buffer.InboundBuffer: the connector's durable per-instance inbound
+buffer.
 
 Every test runs over the in-memory store and the SQLite store.  Time comes from a FakeClock, so
 retention and pruning are exercised without sleeping.
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from relay.buffer import BUFFER_KIND, BufferEntry, BufferState, InboundBuffer
-from relay.frames import EventSource, InboundEvent
+from relay.connector.buffer import BUFFER_KIND, BufferEntry, BufferState, InboundBuffer
+from relay.wire.frames import EventSource, InboundEvent
 from statecore.clock import FakeClock
 from statecore.store import Store
 from stores.memory import InMemoryStore
@@ -182,7 +183,7 @@ def test_entries_past_retention_expire_visibly(
     young = buffer.append(GW, "loopback", make_event(3))
     assert buffer.expire() == 0
     clock.advance(1801)
-    with caplog.at_level(logging.WARNING, logger="relay.buffer"):
+    with caplog.at_level(logging.WARNING, logger="relay.connector.buffer"):
         assert buffer.expire() == 2
     assert buffer.expired_total == 2
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]

@@ -1,4 +1,5 @@
-"""Tests for relay.codec (encode, FrameDecoder, error_frame_for) and the relay error classes."""
+"""Tests for relay.wire.codec (encode, FrameDecoder, error_frame_for) and the relay error
+classes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relay.codec import (
+from relay.wire.codec import (
     DEFAULT_MAX_FRAME_BYTES,
     FrameDecoder,
     ack_lines,
@@ -19,14 +20,14 @@ from relay.codec import (
     error_frame_for,
     plain_acks,
 )
-from relay.errors import (
+from relay.wire.errors import (
     AuthError,
     ContractVersionError,
     ProtocolError,
     RelayBroken,
     RelayClosed,
 )
-from relay.frames import (
+from relay.wire.frames import (
     ErrorFrame,
     EventSource,
     Frame,

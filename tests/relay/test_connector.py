@@ -23,13 +23,13 @@ import pytest_asyncio
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import InvalidStatus
 
-from relay import connector as connector_module
-from relay.auth import mint_token
-from relay.buffer import BUFFER_KIND, BufferState
-from relay.compat import OUR_FEATURES
-from relay.connector import EGRESS_DECLINED_MESSAGE, Connector
-from relay.platform import LoopbackPlatform
-from relay.transport import RequestOutcome
+from relay.client.transport import RequestOutcome
+from relay.connector import server as connector_module
+from relay.connector.buffer import BUFFER_KIND, BufferState
+from relay.connector.platform import LoopbackPlatform
+from relay.connector.server import EGRESS_DECLINED_MESSAGE, Connector
+from relay.wire.auth import mint_token
+from relay.wire.compat import OUR_FEATURES
 from statecore.clock import FakeClock
 from statecore.lifecycles import TransportState
 from statecore.store import Store

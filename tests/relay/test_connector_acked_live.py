@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from relay import connector as connector_module
-from relay.adapter import RelayAdapter
-from relay.connector import ConnectionState
-from relay.frames import InboundEvent
+from relay.client.adapter import RelayAdapter
+from relay.connector import server as connector_module
+from relay.connector.server import ConnectionState
+from relay.wire.frames import InboundEvent
 from tests.relay.connector_harness import BOUND, Harness, Recorder, eventually, is_live
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from websockets.asyncio.client import connect
 
-from relay.auth import mint_token
-from relay.compat import FEATURES_HEADER, OUR_FEATURES, features_header, parse_features
-from relay.connector import ConnectionState, Connector
-from relay.frames import EGRESS_DECLINED
-from relay.provenance import PROVENANCE_KIND
+from relay.connector.provenance import PROVENANCE_KIND
+from relay.connector.server import ConnectionState, Connector
+from relay.wire.auth import mint_token
+from relay.wire.compat import FEATURES_HEADER, OUR_FEATURES, features_header, parse_features
+from relay.wire.frames import EGRESS_DECLINED
 from statecore.clock import FakeClock
 from stores.sqlite import SQLiteStore
 from tests.relay.connector_harness import (
@@ -265,11 +265,11 @@ async def test_a_flood_of_junk_stops_at_the_limit_and_logs_a_handful(
     connector = await mh.start()
     ws = await mh.raw(connector, announce=False)
     await raw_hello(ws)
-    with caplog.at_level(logging.DEBUG, logger="relay.connector"):
+    with caplog.at_level(logging.DEBUG, logger="relay.connector.server"):
         await ws.send("junk\n" * 10_000)
         await asyncio.wait_for(ws.wait_closed(), BOUND)
     assert ws.close_code == 4400
-    lines = [r for r in caplog.records if r.name == "relay.connector"]
+    lines = [r for r in caplog.records if r.name == "relay.connector.server"]
     assert 1 <= len(lines) <= 10
     invalid = [r for r in lines if "invalid frame (" in r.getMessage()]
     assert len(invalid) == 5  # the throttle's burst; the other 16 counted, not logged
@@ -285,7 +285,7 @@ async def test_thousands_of_unknown_acks_log_a_handful_of_lines(
     ws = await mh.raw(connector, announce=False)
     await raw_hello(ws)
     await eventually(lambda: is_live(connector, "gw-a"), "live")
-    with caplog.at_level(logging.DEBUG, logger="relay.connector"):
+    with caplog.at_level(logging.DEBUG, logger="relay.connector.server"):
         for batch in range(1000):
             lines = "".join(
                 json.dumps({"type": "inbound_ack", "bufferId": f"nope-{batch}-{i}"}) + "\n"
@@ -373,7 +373,7 @@ async def test_a_gateway_with_a_wrong_clock_is_told_why_and_still_connects(
     connector = await mh.start()
     clock = FakeClock(time.time() + offset)
     transport = mh.transport(connector, "gw-a", clock=clock, reconnect=True)
-    with caplog.at_level(logging.WARNING, logger="relay.transport"):
+    with caplog.at_level(logging.WARNING, logger="relay.client.transport"):
         await asyncio.wait_for(transport.connect(), BOUND)
         with contextlib.suppress(Exception):
             await transport.handshake(BOUND)  # refused: the first token was off the clock

@@ -44,9 +44,9 @@ import attrs
 import pytest
 
 from relay import Connector, LoopbackPlatform
-from relay.buffer import BUFFER_KIND, BufferState
-from relay.frames import OutboundOutcome
-from relay.platform import ChatMessage, target_chat
+from relay.connector.buffer import BUFFER_KIND, BufferState
+from relay.connector.platform import ChatMessage, target_chat
+from relay.wire.frames import OutboundOutcome
 from statecore import RECONNECTED_MARKER, RECOVERED_MARKER, Ledger
 from stores import SQLiteStore
 

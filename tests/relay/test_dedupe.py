@@ -1,4 +1,5 @@
-"""Tests for relay.dedupe.StoreBufferDedupe: the gateway's durable memory of handled bufferIds,
+"""Tests for relay.client.dedupe.StoreBufferDedupe: the gateway's durable memory of handled
+bufferIds,
 alone and as the transport's ``dedupe=`` hook against a real connector."""
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from relay.connector import Connector
-from relay.dedupe import DEDUPE_KIND, MAX_RAW_LINE_CHARS, DedupeState, StoreBufferDedupe
-from relay.frames import EventSource, InboundEvent
-from relay.platform import LoopbackPlatform
-from relay.transport import WebSocketRelayTransport
+from relay.client.dedupe import DEDUPE_KIND, MAX_RAW_LINE_CHARS, DedupeState, StoreBufferDedupe
+from relay.client.transport import WebSocketRelayTransport
+from relay.connector.platform import LoopbackPlatform
+from relay.connector.server import Connector
+from relay.wire.frames import EventSource, InboundEvent
 from statecore.clock import FakeClock
 from statecore.errors import InvalidTransition
 from statecore.store import Store

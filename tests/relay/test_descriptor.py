@@ -1,4 +1,4 @@
-"""Tests for relay.descriptor: required fields, the doc's defaults, and version refusal."""
+"""Tests for relay.wire.descriptor: required fields, the doc's defaults, and version refusal."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from typing import Any
 import attrs
 import pytest
 
-from relay.descriptor import (
+from relay.wire.descriptor import (
     CONTRACT_VERSION,
     DEFAULT_MAX_MESSAGE_LENGTH,
     LEGACY_OPS,
     CapabilityDescriptor,
 )
-from relay.errors import ContractVersionError, ProtocolError
+from relay.wire.errors import ContractVersionError, ProtocolError
 
 # The descriptor a connector of the original contract sends (no optional fields).
 SEED: dict[str, Any] = {

@@ -1,4 +1,5 @@
-"""Tests for relay.dispatch.InboundDispatcher: concurrent across chats, ordered within a chat,
+"""Tests for relay.client.dispatch.InboundDispatcher: concurrent across chats, ordered within a
+chat,
 bounded, acks after handling."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from collections.abc import Hashable
 
 import pytest
 
-from relay.dispatch import InboundDispatcher
+from relay.client.dispatch import InboundDispatcher
 
 pytestmark = pytest.mark.asyncio
 

@@ -19,13 +19,13 @@ import attrs
 import pytest
 import pytest_asyncio
 
-from relay.adapter import RelayAdapter
-from relay.compat import OUR_FEATURES
-from relay.connector import EGRESS_DECLINED_MESSAGE, Connector
-from relay.dedupe import StoreBufferDedupe
-from relay.frames import InboundEvent
-from relay.platform import LoopbackPlatform
-from relay.transport import WebSocketRelayTransport
+from relay.client.adapter import RelayAdapter
+from relay.client.dedupe import StoreBufferDedupe
+from relay.client.transport import WebSocketRelayTransport
+from relay.connector.platform import LoopbackPlatform
+from relay.connector.server import EGRESS_DECLINED_MESSAGE, Connector
+from relay.wire.compat import OUR_FEATURES
+from relay.wire.frames import InboundEvent
 from statecore.clock import FakeClock
 from statecore.lifecycles import TransportState
 from statecore.store import Store

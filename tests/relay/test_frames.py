@@ -1,4 +1,4 @@
-"""Tests for relay.frames: every frame type, its wire shape, and local vs remote validation."""
+"""Tests for relay.wire.frames: every frame type, its wire shape, and local vs remote validation."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relay.descriptor import CONTRACT_VERSION, LEGACY_OPS
-from relay.errors import ContractVersionError, ProtocolError, UndeliverableEvent
-from relay.frames import (
+from relay.wire.descriptor import CONTRACT_VERSION, LEGACY_OPS
+from relay.wire.errors import ContractVersionError, ProtocolError, UndeliverableEvent
+from relay.wire.frames import (
     CONNECTOR_TO_GATEWAY,
     EGRESS_DECLINED,
     FRAME_TYPES,

@@ -1,4 +1,4 @@
-"""Tests for relay.platform.LoopbackPlatform: the simulated chat platform driver."""
+"""Tests for relay.connector.platform.LoopbackPlatform: the simulated chat platform driver."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from relay.frames import InboundEvent, OutboundOutcome
-from relay.platform import ChatMessage, LoopbackPlatform, PlatformDriver, SentAction
+from relay.connector.platform import ChatMessage, LoopbackPlatform, PlatformDriver, SentAction
+from relay.wire.frames import InboundEvent, OutboundOutcome
 
 
 class Intake:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from relay.transport import (
+from relay.client.transport import (
     DISCONNECT_TIMEOUT_ENV,
     MAX_DRAIN_GRACE_S,
     TEARDOWN_AWAIT_S,

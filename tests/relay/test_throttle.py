@@ -1,10 +1,10 @@
-"""Tests for relay.throttle.LogThrottle: bounded logging of what a peer controls."""
+"""Tests for relay.wire.throttle.LogThrottle: bounded logging of what a peer controls."""
 
 from __future__ import annotations
 
 import pytest
 
-from relay.throttle import LogThrottle
+from relay.wire.throttle import LogThrottle
 from statecore.clock import FakeClock
 
 

@@ -14,10 +14,10 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from relay.auth import token_from_header, verify_token
-from relay.errors import RelayBroken, RelayClosed
-from relay.frames import InboundEvent
-from relay.transport import RequestOutcome, RequestResult, WebSocketRelayTransport
+from relay.client.transport import RequestOutcome, RequestResult, WebSocketRelayTransport
+from relay.wire.auth import token_from_header, verify_token
+from relay.wire.errors import RelayBroken, RelayClosed
+from relay.wire.frames import InboundEvent
 from statecore.clock import FakeClock
 from statecore.errors import InvalidTransition
 from statecore.lifecycles import TransportState as T

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from relay.compat import OUR_FEATURES
-from relay.frames import InboundEvent, InterruptInbound, PassthroughForward
+from relay.wire.compat import OUR_FEATURES
+from relay.wire.frames import InboundEvent, InterruptInbound, PassthroughForward
 from tests.relay.connector_stub import (
     MemoryDedupe,
     StubConnector,
@@ -66,7 +66,7 @@ async def test_a_flood_of_invalid_lines_stops_at_the_limit_with_bounded_logging(
     """One message of 10,000 junk lines: the transport closes with 4400 once past its limit,
     does not read the rest of that message, and logs a handful of lines."""
     transport = await transports.connected()
-    with caplog.at_level(logging.DEBUG, logger="relay.transport"):
+    with caplog.at_level(logging.DEBUG, logger="relay.client.transport"):
         await connector.push("junk\n" * 10_000)
         await eventually(lambda: not connector.conns[0].is_open, what="closed")
     assert connector.conns[0].close_code == 4400
@@ -123,7 +123,7 @@ async def test_without_a_dedupe_a_buffered_poison_event_is_logged_with_its_line_
     the entry is acked so that the buffer moves on."""
     transport = await transports.connected()
     transport.set_inbound_handler(lambda event: asyncio.sleep(0))
-    with caplog.at_level(logging.ERROR, logger="relay.transport"):
+    with caplog.at_level(logging.ERROR, logger="relay.client.transport"):
         await connector.push_inbound(POISON, "b-9")
         await eventually(lambda: connector.inbound_acks == ["b-9"], what="acked")
     [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
@@ -138,7 +138,7 @@ async def test_a_live_poison_event_is_counted_and_never_acked(
     logged (rate-limited), never a protocol violation that could close the connection."""
     transport = await transports.connected()
     transport.set_inbound_handler(lambda event: asyncio.sleep(0))
-    with caplog.at_level(logging.WARNING, logger="relay.transport"):
+    with caplog.at_level(logging.WARNING, logger="relay.client.transport"):
         for _ in range(60):  # more than the violation limit: still no close
             await connector.push_inbound(POISON)
         await eventually(lambda: transport.undeliverable == 60, what="all counted")

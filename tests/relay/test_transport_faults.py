@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from relay.errors import RelayBroken
-from relay.frames import InboundEvent
-from relay.transport import RequestOutcome
+from relay.client.transport import RequestOutcome
+from relay.wire.errors import RelayBroken
+from relay.wire.frames import InboundEvent
 from statecore.clock import FakeClock
 from statecore.lifecycles import TransportState as T
 from tests.relay.connector_stub import (

@@ -1,4 +1,4 @@
-"""Tests for relay.urls: the dial URL rules and the close-code classification."""
+"""Tests for relay.wire.urls: the dial URL rules and the close-code classification."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from websockets.frames import CloseCode
 
-from relay.urls import (
+from relay.wire.urls import (
     CLOSE_EXPIRED,
     CLOSE_PROTOCOL,
     CLOSE_REPLACED,

@@ -20,8 +20,8 @@ import pytest
 import pytest_asyncio
 
 from relay import RelayAdapter, StoreBufferDedupe, WebSocketRelayTransport
-from relay.frames import InboundEvent, InterruptInbound
-from relay.transport import RequestOutcome
+from relay.client.transport import RequestOutcome
+from relay.wire.frames import InboundEvent, InterruptInbound
 from statecore.clock import FakeClock
 from statecore.lifecycles import TransportState
 from stores.sqlite import SQLiteStore

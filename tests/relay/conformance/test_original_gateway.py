@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 
 from relay import Connector, LoopbackPlatform
-from relay.frames import EGRESS_DECLINED, EventSource, InboundEvent
+from relay.wire.frames import EGRESS_DECLINED, EventSource, InboundEvent
 from statecore.clock import FakeClock
 from stores.sqlite import SQLiteStore
 from tests.relay.conformance.original_peers import (

@@ -1,7 +1,8 @@
 """The sans-I/O codec of the relay: frames -> text, and WebSocket messages -> frames.
 
 No sockets here. The transport hands every received message to :meth:`FrameDecoder.feed` and gets
-back, in order, the frames it carried and a :class:`~relay.errors.ProtocolError` *object* for every
+back, in order, the frames it carried and a :class:`~relay.wire.errors.ProtocolError` *object* for
+every
 bad line (never raised: one bad line never loses the good ones around it). It sends
 ``encode(frame)`` as one text message.
 
@@ -9,7 +10,8 @@ Framing rules (docs/wire-contract.md): one JSON object + ``"\\n"`` per line;
 a message may carry several lines, and a line may be split across messages; blank lines are
 ignored; a line longer than the maximum, a line that is not a JSON object, and a known frame with
 wrong field types are protocol errors; an unknown ``type`` is skipped (``FrameDecoder.ignored``).
-A delivery the gateway can never handle comes back as an :class:`~relay.errors.UndeliverableEvent`
+A delivery the gateway can never handle comes back as an
+:class:`~relay.wire.errors.UndeliverableEvent`
 (a ProtocolError) carrying its bufferId and the raw line, so the receiver can settle it.
 
 The codec is on the hot path of every frame; ``benchmarks/bench_relay.py`` measures the
@@ -22,8 +24,8 @@ import json
 import re
 from typing import Any, Final
 
-from relay.errors import ProtocolError, UndeliverableEvent
-from relay.frames import (
+from relay.wire.errors import ProtocolError, UndeliverableEvent
+from relay.wire.frames import (
     CONNECTOR_TO_GATEWAY,
     GATEWAY_TO_CONNECTOR,
     ErrorFrame,

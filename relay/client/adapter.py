@@ -15,15 +15,15 @@ from typing import Any, Protocol
 
 import attrs
 
-from relay.descriptor import CONTRACT_VERSION, CapabilityDescriptor
-from relay.errors import RelayBroken, RelayClosed
-from relay.frames import EGRESS_DECLINED, InboundEvent
-from relay.transport import (
+from relay.client.transport import (
     SERVING,
     RequestOutcome,
     RequestResult,
     default_disconnect_budget_s,
 )
+from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
+from relay.wire.errors import RelayBroken, RelayClosed
+from relay.wire.frames import EGRESS_DECLINED, InboundEvent
 from statecore.adapter import SendResult
 from statecore.clock import Clock, Deadline, SystemClock
 from statecore.lifecycles import TransportState

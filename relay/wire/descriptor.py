@@ -13,7 +13,7 @@ Wire rules (docs/wire-contract.md):
   ``"utf16"``);
 * optional: ``supported_ops`` (missing/empty -> the legacy set :data:`LEGACY_OPS`),
   ``max_frame_bytes``, and our addition ``features`` (what the connector announces, see
-  :mod:`relay.compat`; missing or unreadable -> none: an original connector);
+  :mod:`relay.wire.compat`; missing or unreadable -> none: an original connector);
 * unknown keys are dropped; JSON ``null`` counts as absent.
 """
 
@@ -24,7 +24,7 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from relay.errors import ContractVersionError, ProtocolError
+from relay.wire.errors import ContractVersionError, ProtocolError
 
 __all__ = [
     "CONTRACT_VERSION",
@@ -127,7 +127,7 @@ class CapabilityDescriptor:
     )
 
     def announces(self, feature: str) -> bool:
-        """Return whether the connector announced ``feature`` (see :mod:`relay.compat`); an
+        """Return whether the connector announced ``feature`` (see :mod:`relay.wire.compat`); an
         original connector announces nothing.  Raises nothing."""
         return feature in self.features
 

@@ -36,19 +36,19 @@ import attrs
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from relay.auth import bearer_header, mint_token
-from relay.codec import FrameDecoder, ack_lines, encode, error_frame_for
-from relay.compat import ACKED_LIVE, ERROR_FRAMES, OUR_FEATURES, features_header
-from relay.descriptor import CONTRACT_VERSION, CapabilityDescriptor
-from relay.dispatch import DEFAULT_MAX_IN_FLIGHT, InboundDispatcher
-from relay.errors import (
+from relay.client.dispatch import DEFAULT_MAX_IN_FLIGHT, InboundDispatcher
+from relay.wire.auth import bearer_header, mint_token
+from relay.wire.codec import FrameDecoder, ack_lines, encode, error_frame_for
+from relay.wire.compat import ACKED_LIVE, ERROR_FRAMES, OUR_FEATURES, features_header
+from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
+from relay.wire.errors import (
     ContractVersionError,
     ProtocolError,
     RelayBroken,
     RelayClosed,
     UndeliverableEvent,
 )
-from relay.frames import (
+from relay.wire.frames import (
     DescriptorFrame,
     ErrorFrame,
     GoingIdle,
@@ -62,8 +62,8 @@ from relay.frames import (
     OutboundResult,
     PassthroughForward,
 )
-from relay.throttle import LogThrottle
-from relay.urls import CLOSE_PROTOCOL, CloseKind, classify_close, connector_time, relay_url
+from relay.wire.throttle import LogThrottle
+from relay.wire.urls import CLOSE_PROTOCOL, CloseKind, classify_close, connector_time, relay_url
 from statecore.checks import require_text
 from statecore.clock import Clock, Deadline, SystemClock
 from statecore.errors import InvalidTransition
@@ -180,8 +180,8 @@ class RequestResult:
 InboundHandler = Callable[[InboundEvent], Awaitable[None]]
 
 DeliveryHandler = Callable[[Any], Awaitable[None]]
-"""A handler of an original-contract delivery (:class:`~relay.frames.InterruptInbound` or
-:class:`~relay.frames.PassthroughForward`): ``await handler(frame)``."""
+"""A handler of an original-contract delivery (:class:`~relay.wire.frames.InterruptInbound` or
+:class:`~relay.wire.frames.PassthroughForward`): ``await handler(frame)``."""
 
 _Delivery = Inbound | UndeliverableEvent | InterruptInbound | PassthroughForward
 """What the dispatcher settles, in arrival order."""
@@ -212,10 +212,11 @@ class WebSocketRelayTransport:
     ``WebSocketRelayTransport(url, platform, bot_id, *, gateway_id=None, secret=None,
     reconnect=True, reconnect_backoff_s=1.0, reconnect_max_s=30.0, dormant_redial_s=1.0,
     request_timeout_s=30.0, clock=None, ...)``.  ``url`` is normalised by
-    :func:`relay.urls.relay_url` (``ValueError`` for an unusable one).  With ``secret``, every
+    :func:`relay.wire.urls.relay_url` (``ValueError`` for an unusable one).  With ``secret``, every
     dial carries a freshly minted bearer token for ``gateway_id`` (default: ``bot_id``).
 
-    Compatibility (docs/wire-contract.md): ``features`` (default :data:`~relay.compat.OUR_FEATURES`)
+    Compatibility (docs/wire-contract.md): ``features`` (default
+    :data:`~relay.wire.compat.OUR_FEATURES`)
     are announced on the upgrade and in every hello; ``error`` frames go only to a connector
     whose descriptor announced ``error_frames``.  A 4401 (or HTTP 401/403) before the first
     successful handshake is retried with backoff for ``refusal_grace_s`` before the transport
@@ -502,7 +503,7 @@ class WebSocketRelayTransport:
     async def _read(self, ws: ClientConnection, decoder: FrameDecoder) -> None:
         try:
             # Never stops reading (the replies' results come on this socket too): the bound on
-            # inbound in hand is the window the connector keeps (see relay.dispatch).
+            # inbound in hand is the window the connector keeps (see relay.client.dispatch).
             enqueue, recv, feed = self._inbound.put, ws.recv, decoder.feed
             while True:
                 # recv() directly rather than ``async for``: no async generator per message.
@@ -625,7 +626,7 @@ class WebSocketRelayTransport:
         self._handler = handler
 
     def set_interrupt_handler(self, handler: DeliveryHandler | None) -> None:
-        """Call ``await handler(frame)`` for every :class:`~relay.frames.InterruptInbound`.
+        """Call ``await handler(frame)`` for every :class:`~relay.wire.frames.InterruptInbound`.
 
         Without a handler a buffered one is recorded as undeliverable ("no handler") and acked,
         a live one is logged and counted: it never blocks the deliveries behind it.
@@ -633,7 +634,7 @@ class WebSocketRelayTransport:
         self._interrupt_handler = handler
 
     def set_passthrough_handler(self, handler: DeliveryHandler | None) -> None:
-        """Call ``await handler(frame)`` for every :class:`~relay.frames.PassthroughForward`
+        """Call ``await handler(frame)`` for every :class:`~relay.wire.frames.PassthroughForward`
         (same rules as :meth:`set_interrupt_handler`)."""
         self._passthrough_handler = handler
 

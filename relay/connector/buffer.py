@@ -22,8 +22,8 @@ from enum import StrEnum
 
 import attrs
 
-from relay.codec import buffered_inbound_line, encode_event
-from relay.frames import InboundEvent
+from relay.wire.codec import buffered_inbound_line, encode_event
+from relay.wire.frames import InboundEvent
 from statecore.batch import BatchStore, Creation
 from statecore.clock import Clock, SystemClock
 from statecore.entity import EntityKind, Field, Index

@@ -16,8 +16,8 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 import attrs
 
-from relay.descriptor import CONTRACT_VERSION, LEGACY_OPS, CapabilityDescriptor
-from relay.frames import CHAT_TYPES, ChatType, EventSource, InboundEvent, OutboundOutcome
+from relay.wire.descriptor import CONTRACT_VERSION, LEGACY_OPS, CapabilityDescriptor
+from relay.wire.frames import CHAT_TYPES, ChatType, EventSource, InboundEvent, OutboundOutcome
 
 __all__ = [
     "ChatMessage",

@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from relay.errors import AuthError
+from relay.wire.errors import AuthError
 from statecore.checks import require_text
 
 __all__ = [
@@ -121,7 +121,8 @@ def verify_token(
     ``max_ttl_s + skew_s`` seconds ahead (a lifetime no honest minter asks for).
 
     On success the caller should authorise the connection as the returned id (never as an id taken
-    from a later frame). Raises :class:`~relay.errors.AuthError` with ``reason`` ``"malformed"``
+    from a later frame). Raises :class:`~relay.wire.errors.AuthError` with ``reason``
+    ``"malformed"``
     (bad base64, wrong shape, non-integer expiry, empty id), ``"unknown"`` (no such gateway, or
     it has no secrets), ``"forged"`` (no secret matches), ``"expired"`` (genuine but too old:
     close with 4419 -- 4401 + ``expired`` to an original gateway -- so the client re-dials with
@@ -214,7 +215,7 @@ def token_from_header(value: str | None) -> str:
 
     Accepts exactly ``"Bearer <token>"``: one space, no other whitespace, a non-empty token. The
     scheme name is matched case-insensitively (RFC 7235 says it is). A missing header (``None``)
-    or any other shape raises :class:`~relay.errors.AuthError` with reason ``"malformed"``;
+    or any other shape raises :class:`~relay.wire.errors.AuthError` with reason ``"malformed"``;
     close the upgrade with HTTP 401. Raises ``TypeError`` for a value that is neither str nor
     ``None``.
     """

@@ -33,10 +33,13 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from relay.auth import DEFAULT_MAX_TTL_S, token_from_header, verify_token
-from relay.buffer import InboundBuffer
-from relay.codec import PLAIN_ACK_LINE_MAX, FrameDecoder, encode, error_frame_for, plain_acks
-from relay.compat import (
+from relay.connector.buffer import InboundBuffer
+from relay.connector.platform import PlatformDriver, target_chat
+from relay.connector.provenance import Provenance
+from relay.connector.subscriptions import Subscriptions
+from relay.wire.auth import DEFAULT_MAX_TTL_S, token_from_header, verify_token
+from relay.wire.codec import PLAIN_ACK_LINE_MAX, FrameDecoder, encode, error_frame_for, plain_acks
+from relay.wire.compat import (
     ACKED_LIVE,
     ERROR_FRAMES,
     EXPIRED_4419,
@@ -45,9 +48,9 @@ from relay.compat import (
     REPLACED_4409,
     parse_features,
 )
-from relay.descriptor import CapabilityDescriptor
-from relay.errors import AuthError, ProtocolError
-from relay.frames import (
+from relay.wire.descriptor import CapabilityDescriptor
+from relay.wire.errors import AuthError, ProtocolError
+from relay.wire.frames import (
     EGRESS_DECLINED,
     DescriptorFrame,
     ErrorFrame,
@@ -62,11 +65,8 @@ from relay.frames import (
     OutboundOutcome,
     OutboundResult,
 )
-from relay.platform import PlatformDriver, target_chat
-from relay.provenance import Provenance
-from relay.subscriptions import Subscriptions
-from relay.throttle import LogThrottle
-from relay.urls import (
+from relay.wire.throttle import LogThrottle
+from relay.wire.urls import (
     CLOSE_EXPIRED,
     CLOSE_PROTOCOL,
     CLOSE_REPLACED,
@@ -237,8 +237,8 @@ class Connector:
 
     * ``secrets``: gateway id → its secrets, newest first (rotation);
     * ``descriptors``: platform → descriptor (default: each driver's own); the connector adds
-      its own announcement (:data:`~relay.compat.OUR_FEATURES`) to each;
-    * ``drivers``: platform → :class:`~relay.platform.PlatformDriver`;
+      its own announcement (:data:`~relay.wire.compat.OUR_FEATURES`) to each;
+    * ``drivers``: platform → :class:`~relay.connector.platform.PlatformDriver`;
     * ``tenants``: gateway id → approved scope ids (and user ids).  With it, inbound events go
       only to gateways approved for their scope (or user), and egress is refused
       (``egress_declined``) for targets not approved.  Without it, every gateway that said hello
@@ -273,7 +273,7 @@ class Connector:
         fronted = dict(descriptors or {})
         for platform, driver in self.drivers.items():
             fronted.setdefault(platform, driver.descriptor())
-        # The connector announces itself in every descriptor it sends (relay.compat).
+        # The connector announces itself in every descriptor it sends (relay.wire.compat).
         self.descriptors = {
             platform: attrs.evolve(
                 descriptor,

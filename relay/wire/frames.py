@@ -11,7 +11,8 @@ Two ways in, two kinds of error (the h11 / websockets split between local and re
 * building a frame in Python validates the values and raises ``TypeError`` / ``ValueError`` --
   the caller's bug;
 * :func:`frame_from_wire` (and each class's ``from_wire``) validates the peer's JSON object and
-  raises :class:`~relay.errors.ProtocolError` -- the peer's bug: ``missing_field`` for an absent
+  raises :class:`~relay.wire.errors.ProtocolError` -- the peer's bug: ``missing_field`` for an
+  absent
   required key, ``bad_field`` for a wrong type, ``ref`` the frame's requestId or its type.
 
 Wire conventions, pinned by the tests:
@@ -29,7 +30,7 @@ Wire conventions, pinned by the tests:
   :func:`frame_from_wire` return ``None`` (forward compatibility);
 * an inbound event is read as leniently as the original reader reads it (defaults for a missing
   ``text``, ``message_type``, ``chat_type`` ...); a delivery that still cannot be used (no
-  usable ``source.chat_id``) raises :class:`~relay.errors.UndeliverableEvent`, carrying its
+  usable ``source.chat_id``) raises :class:`~relay.wire.errors.UndeliverableEvent`, carrying its
   bufferId, so the receiver can record it and ack it instead of stalling the buffer.
 """
 
@@ -40,8 +41,8 @@ from typing import Any, ClassVar, Final, Literal, TypeAlias
 
 import attrs
 
-from relay.descriptor import CONTRACT_VERSION, CapabilityDescriptor, check_strict_int
-from relay.errors import ProtocolError, UndeliverableEvent
+from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor, check_strict_int
+from relay.wire.errors import ProtocolError, UndeliverableEvent
 from statecore.trusted import trusted_constructor
 
 __all__ = [
@@ -439,7 +440,7 @@ class Hello:
     """Announce one fronted identity; the connector answers with a :class:`DescriptorFrame`.
 
     Send one per identity right after the upgrade; the first is the default identity.
-    ``protocol``/``features`` are our additions (the announcement, see :mod:`relay.compat`): a
+    ``protocol``/``features`` are our additions (the announcement, see :mod:`relay.wire.compat`): a
     hello read from the wire without ``protocol`` has ``protocol=None`` -- an original-contract
     gateway, to which nothing the contract did not have (``error`` frames, 4419, 4409) is sent.
     """
@@ -659,7 +660,8 @@ class DescriptorFrame:
         """Validate the peer's frame object.
 
         Raises :class:`ProtocolError` (ref ``descriptor``), including its subclass
-        :class:`~relay.errors.ContractVersionError` for another contract version: the caller must
+        :class:`~relay.wire.errors.ContractVersionError` for another contract version: the caller
+        must
         then give up on this connector rather than answer and continue.
         """
         descriptor = _as_object(obj.get("descriptor"), "descriptor", "descriptor")
@@ -835,7 +837,8 @@ class ErrorFrame:
     """A typed protocol error about a frame we sent (``ref``: its requestId or type).
 
     Receiving one means the peer dropped that frame: fail the matching request (if ``ref`` names
-    one) and log it; the connection stays up. Build one with :func:`relay.codec.error_frame_for`.
+    one) and log it; the connection stays up. Build one with
+    :func:`relay.wire.codec.error_frame_for`.
     """
 
     TYPE: ClassVar[str] = "error"
@@ -920,7 +923,8 @@ DELIVERIES: Final[frozenset[str]] = frozenset(
     (Inbound.TYPE, InterruptInbound.TYPE, PassthroughForward.TYPE)
 )
 """The connector -> gateway frames that may come from the durable buffer (with a bufferId): one
-the gateway cannot read is poison (:class:`~relay.errors.UndeliverableEvent`), never a stall."""
+the gateway cannot read is poison (:class:`~relay.wire.errors.UndeliverableEvent`), never a
+stall."""
 
 FRAME_TYPES: Final[Mapping[str, type[Frame]]] = {
     cls.TYPE: cls for cls in (*GATEWAY_TO_CONNECTOR, *CONNECTOR_TO_GATEWAY)

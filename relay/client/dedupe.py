@@ -131,7 +131,7 @@ class Undeliverable:
 
 
 class StoreBufferDedupe:
-    """:class:`relay.transport.BufferDedupe` over any Store; store work runs off the loop.
+    """:class:`relay.client.transport.BufferDedupe` over any Store; store work runs off the loop.
 
     Pass it to ``WebSocketRelayTransport(..., dedupe=StoreBufferDedupe(store))``.  Lookups and
     remembers go through one worker thread that takes whatever is queued at once: the lookups

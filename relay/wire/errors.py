@@ -1,9 +1,10 @@
 """Relay errors, each saying who is to blame.
 
 * :class:`ProtocolError` -- the **peer** sent something invalid (a remote error). The codec never
-  raises it from :meth:`~relay.codec.FrameDecoder.feed`; it hands the error back in place of the
+  raises it from :meth:`~relay.wire.codec.FrameDecoder.feed`; it hands the error back in place of
+  the
   frame, so one bad line never loses the good ones around it. The receiver answers with an
-  ``error`` frame (:func:`relay.codec.error_frame_for`) and keeps the connection.
+  ``error`` frame (:func:`relay.wire.codec.error_frame_for`) and keeps the connection.
 * :class:`ContractVersionError` -- the peer's descriptor speaks another contract version.
 * :class:`RelayClosed` -- **we** closed the relay (``disconnect()``); retrying on this object
   cannot succeed.
@@ -43,7 +44,7 @@ class ProtocolError(StatecoreError):
     data, only field names and type names), ``ref`` the requestId or the type of the offending
     frame when it is known (``None`` when the line could not be parsed at all).
 
-    What to do next: answer the peer with ``relay.codec.error_frame_for(err)``, drop the frame,
+    What to do next: answer the peer with ``relay.wire.codec.error_frame_for(err)``, drop the frame,
     and count it; repeated violations may close the connection with ``CLOSE_PROTOCOL`` (4400).
     """
 
