@@ -18,7 +18,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m relay.demo
+	$(BIN)/python examples/demo.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(CODE)
@@ -26,6 +26,7 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict -p statecore -p stores -p relay
+	$(BIN)/mypy --strict examples
 
 pytest: $(STAMP)
 	$(BIN)/pytest -q

@@ -8,7 +8,7 @@ what the user saw) and answers the buffered message; the bot going dormant; a me
 sleeps; the wake.  Every chat message and every obligation, transport and buffer transition is
 printed as it happens; the summary counts what was sent, redelivered and lost (must be 0).
 
-Run: ``python -m relay.demo`` (``--data DIR`` to keep the databases elsewhere).
+Run: ``python examples/demo.py`` (``make demo``) (``--data DIR`` to keep the databases elsewhere).
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ class Child:
 
 
 async def _spawn(url: str, db: Path, *, restarted: bool) -> Child:
-    args = [sys.executable, "-m", "relay.demo", "--gateway", url, "--db", str(db)]
+    args = [sys.executable, str(Path(__file__).resolve()), "--gateway", url, "--db", str(db)]
     if restarted:
         args.append("--restarted")
     proc = await asyncio.create_subprocess_exec(

@@ -6,12 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
+
 
 def test_demo_survives_sigkill_and_dormancy_and_loses_nothing(tmp_path: Path) -> None:
     """The demo's gateway is SIGKILLed mid-reply, restarted and put to sleep; every message is
     answered, the recovered reply is labelled, and the summary reports nothing lost."""
     done = subprocess.run(
-        [sys.executable, "-m", "relay.demo", "--data", str(tmp_path / "data")],
+        [sys.executable, str(DEMO), "--data", str(tmp_path / "data")],
         capture_output=True,
         text=True,
         timeout=90,
