@@ -26,11 +26,12 @@ from pathlib import Path
 
 from relay.client.adapter import RelayAdapter
 from relay.client.dedupe import StoreBufferDedupe
+from relay.client.lifecycle import TransportState
 from relay.client.transport import WebSocketRelayTransport
 from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
 from relay.gateway import Gateway, Turn
-from statecore import Store, TransportState
+from statecore import Store
 from stores import SQLiteStore
 
 GATEWAY_ID = "sleepy-gateway"

@@ -12,6 +12,7 @@
 
 from relay.client.adapter import SEND_PATH_DEGRADED, ChatRoute, RelayAdapter
 from relay.client.dedupe import StoreBufferDedupe
+from relay.client.lifecycle import TRANSPORT, TransportState
 from relay.client.transport import RequestOutcome, RequestResult, WebSocketRelayTransport
 from relay.connector.platform import LoopbackPlatform, PlatformDriver
 from relay.connector.server import Connector
@@ -31,6 +32,7 @@ from relay.wire.urls import relay_url
 __all__ = [
     "CONTRACT_VERSION",
     "SEND_PATH_DEGRADED",
+    "TRANSPORT",
     "AuthError",
     "CapabilityDescriptor",
     "ChatRoute",
@@ -49,6 +51,7 @@ __all__ = [
     "RequestOutcome",
     "RequestResult",
     "StoreBufferDedupe",
+    "TransportState",
     "Turn",
     "WebSocketRelayTransport",
     "mint_token",

@@ -35,13 +35,14 @@ from typing import Any, Protocol, TypeVar
 import attrs
 
 from relay.client.adapter import accepts_budget, accepts_keyword
+from relay.client.lifecycle import TransportState
 from relay.wire.frames import InboundEvent
 from statecore.adapter import SendResult
 from statecore.async_ledger import AsyncLedger
 from statecore.clock import Clock, Deadline, SystemClock
 from statecore.delegations import Delegation, Delegations
 from statecore.errors import InvalidTransition, StaleState, StoreError
-from statecore.lifecycles import ObligationState, TransportState
+from statecore.lifecycles import ObligationState
 from statecore.obligation import DEFAULT_PROFILE, Claim
 from statecore.ownership import Incarnation, ProcessProbe
 from statecore.policy import LedgerPolicy

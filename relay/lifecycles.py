@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from relay.client.dedupe import DEDUPE, UNDELIVERABLE
+from relay.client.lifecycle import TRANSPORT
 from relay.connector.buffer import BUFFER
 from relay.connector.provenance import PROVENANCE
 from relay.connector.server import CONNECTION
@@ -15,6 +16,7 @@ from statecore.lifecycle import Lifecycle
 __all__ = ["RELAY_LIFECYCLES"]
 
 RELAY_LIFECYCLES: tuple[Lifecycle[Any], ...] = (
+    TRANSPORT,
     BUFFER,
     CONNECTION,
     DEDUPE,

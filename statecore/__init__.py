@@ -32,9 +32,7 @@ from statecore.lifecycle import Lifecycle, Transition
 from statecore.lifecycles import (
     DECLARED_LIFECYCLES,
     OBLIGATION,
-    TRANSPORT,
     ObligationState,
-    TransportState,
 )
 from statecore.machine import StateMachine
 from statecore.obligation import (
@@ -73,7 +71,6 @@ __all__ = [
     "RECOVERED_MARKER",
     "SESSION",
     "SESSION_KIND",
-    "TRANSPORT",
     "USER_BOUNDARY_END_REASONS",
     "AsyncLedger",
     "Audit",
@@ -120,7 +117,6 @@ __all__ = [
     "SystemClock",
     "Transition",
     "TransitionRecord",
-    "TransportState",
     "UnknownEntity",
     "compute_obligation_id",
     "owner_alive",

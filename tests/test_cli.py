@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
+from relay.client.lifecycle import TRANSPORT
 from statecore.cli import all_lifecycles, main
 from statecore.lifecycle import Lifecycle
-from statecore.lifecycles import DECLARED_LIFECYCLES, OBLIGATION, TRANSPORT
+from statecore.lifecycles import DECLARED_LIFECYCLES, OBLIGATION
 
 REPO = Path(__file__).resolve().parents[1]
 MERMAID_BLOCK = re.compile(r"```mermaid\n(.*?)```", re.DOTALL)
@@ -28,16 +29,18 @@ def _run(*argv: str) -> str:
     return out.getvalue()
 
 
-def test_declared_lifecycles_are_obligation_and_transport() -> None:
-    """The CLI's lifecycles are exactly obligation and transport, in that order."""
-    assert [lc.name for lc in DECLARED_LIFECYCLES] == ["obligation", "transport"]
+def test_the_kernel_declares_the_obligation_lifecycle() -> None:
+    """The kernel's own declaration is the obligation lifecycle (the transport's is the relay
+    client's, found through the entry point group)."""
+    assert [lc.name for lc in DECLARED_LIFECYCLES] == ["obligation"]
 
 
 def test_lifecycles_prints_table_and_mermaid_for_each() -> None:
     """'lifecycles' prints each lifecycle's title, transition table and exact mermaid block."""
     text = _run("lifecycles")
     declared = all_lifecycles()
-    assert declared[:2] == (OBLIGATION, TRANSPORT)
+    assert declared[0] is OBLIGATION
+    assert TRANSPORT in declared
     for lifecycle in declared:
         assert f"== {lifecycle.name} ==  {lifecycle.description}\n" in text
         assert lifecycle.describe() in text
@@ -46,8 +49,9 @@ def test_lifecycles_prints_table_and_mermaid_for_each() -> None:
 
 
 def test_installed_packages_add_their_lifecycles() -> None:
-    """The relay's lifecycles (buffer, dedupe) are found through the entry point group."""
-    assert {"buffer", "dedupe"} <= {lc.name for lc in all_lifecycles()}
+    """The relay's lifecycles (transport, buffer, dedupe) are found through the entry point
+    group."""
+    assert {"transport", "buffer", "dedupe"} <= {lc.name for lc in all_lifecycles()}
 
 
 def test_lifecycles_format_all_is_the_default() -> None:
@@ -113,7 +117,8 @@ def test_unknown_lifecycle_exits_2_with_usage_error(capsys: pytest.CaptureFixtur
     assert out.getvalue() == ""  # validated before anything is printed
     err = capsys.readouterr().err
     assert "unknown lifecycle 'nope'" in err
-    assert "obligation, transport" in err
+    assert "obligation, session" in err
+    assert "transport" in err
     assert "Traceback" not in err
 
 

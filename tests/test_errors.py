@@ -8,6 +8,7 @@ from enum import Enum, IntEnum
 import pytest
 
 import statecore
+from relay.client.lifecycle import TransportState
 from statecore.errors import (
     DeclarationError,
     InvalidTransition,
@@ -15,7 +16,7 @@ from statecore.errors import (
     StatecoreError,
     StoreError,
 )
-from statecore.lifecycles import ObligationState, TransportState
+from statecore.lifecycles import ObligationState
 
 
 class Light(IntEnum):

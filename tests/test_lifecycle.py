@@ -9,15 +9,14 @@ from typing import Any
 import pytest
 import transitions
 
+from relay.client.lifecycle import TRANSPORT, TransportState
 from statecore import (
     OBLIGATION,
-    TRANSPORT,
     DeclarationError,
     InvalidTransition,
     Lifecycle,
     ObligationState,
     Transition,
-    TransportState,
 )
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from statecore import TRANSPORT, InvalidTransition, StateMachine, TransportState
+from relay.client.lifecycle import TRANSPORT, TransportState
+from statecore import InvalidTransition, StateMachine
 
 T = TransportState
 

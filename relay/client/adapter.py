@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from relay.client.lifecycle import TransportState
 from relay.client.transport import (
     SERVING,
     RequestOutcome,
@@ -26,7 +27,6 @@ from relay.wire.errors import RelayBroken, RelayClosed
 from relay.wire.frames import EGRESS_DECLINED, InboundEvent
 from statecore.adapter import SendResult
 from statecore.clock import Clock, Deadline, SystemClock
-from statecore.lifecycles import TransportState
 
 __all__ = [
     "SEND_PATH_DEGRADED",

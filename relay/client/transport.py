@@ -37,6 +37,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from relay.client.dispatch import DEFAULT_MAX_IN_FLIGHT, InboundDispatcher
+from relay.client.lifecycle import TRANSPORT, TransportState
 from relay.wire.auth import bearer_header, mint_token
 from relay.wire.codec import FrameDecoder, ack_lines, encode, error_frame_for
 from relay.wire.compat import ACKED_LIVE, ERROR_FRAMES, OUR_FEATURES, features_header
@@ -67,7 +68,6 @@ from relay.wire.urls import CLOSE_PROTOCOL, CloseKind, classify_close, connector
 from statecore.checks import require_text
 from statecore.clock import Clock, Deadline, SystemClock
 from statecore.errors import InvalidTransition
-from statecore.lifecycles import TRANSPORT, TransportState
 
 __all__ = [
     "DISCONNECT_TIMEOUT_ENV",

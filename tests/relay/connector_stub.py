@@ -32,11 +32,11 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from relay.client.lifecycle import TransportState
 from relay.client.transport import WebSocketRelayTransport
 from relay.wire.auth import token_from_header, verify_token
 from relay.wire.errors import AuthError
 from statecore.clock import FakeClock
-from statecore.lifecycles import TransportState
 
 __all__ = [
     "BOT_ID",

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from relay.client.adapter import RelayAdapter
+from relay.client.lifecycle import TransportState as T
 from relay.client.transport import DISCONNECT_TIMEOUT_ENV, default_disconnect_budget_s
 from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
 from relay.wire.frames import InboundEvent
 from statecore import ErrorKind, LedgerPolicy
 from statecore.adapter import SendResult
 from statecore.clock import Deadline, FakeClock
-from statecore.lifecycles import TransportState as T
 from tests.relay.connector_stub import (
     Reply,
     StubConnector,

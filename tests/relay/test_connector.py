@@ -23,6 +23,7 @@ import pytest_asyncio
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import InvalidStatus
 
+from relay.client.lifecycle import TransportState
 from relay.client.transport import RequestOutcome
 from relay.connector import server as connector_module
 from relay.connector.buffer import BUFFER_KIND, BufferState
@@ -31,7 +32,6 @@ from relay.connector.server import EGRESS_DECLINED_MESSAGE, Connector
 from relay.wire.auth import mint_token
 from relay.wire.compat import OUR_FEATURES
 from statecore.clock import FakeClock
-from statecore.lifecycles import TransportState
 from statecore.store import Store
 from stores.memory import InMemoryStore
 from stores.sqlite import SQLiteStore

@@ -21,13 +21,13 @@ import pytest_asyncio
 
 from relay.client.adapter import RelayAdapter
 from relay.client.dedupe import StoreBufferDedupe
+from relay.client.lifecycle import TransportState
 from relay.client.transport import WebSocketRelayTransport
 from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import EGRESS_DECLINED_MESSAGE, Connector
 from relay.wire.compat import OUR_FEATURES
 from relay.wire.frames import InboundEvent
 from statecore.clock import FakeClock
-from statecore.lifecycles import TransportState
 from statecore.store import Store
 from stores.memory import InMemoryStore
 from stores.sqlite import SQLiteStore

@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
+from relay.client.lifecycle import TransportState
 from statecore.adapter import SendResult
 from statecore.batch import transition_each_sequentially
 from statecore.clock import FakeClock
 from statecore.entity import EntityKind
 from statecore.errors import StoreError
-from statecore.lifecycles import ObligationState, TransportState
+from statecore.lifecycles import ObligationState
 from statecore.obligation import RECONNECTED_MARKER, RECOVERED_MARKER
 from statecore.policy import LedgerPolicy
 from statecore.sessions import SessionStore

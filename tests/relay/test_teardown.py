@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from relay.client.lifecycle import TransportState as T
 from relay.client.transport import (
     DISCONNECT_TIMEOUT_ENV,
     MAX_DRAIN_GRACE_S,
@@ -22,7 +23,6 @@ from relay.client.transport import (
     drain_grace_s,
 )
 from statecore.clock import FakeClock
-from statecore.lifecycles import TransportState as T
 from tests.relay.connector_stub import (
     FaultProxy,
     Reply,

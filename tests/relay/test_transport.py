@@ -14,13 +14,13 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from relay.client.lifecycle import TransportState as T
 from relay.client.transport import RequestOutcome, RequestResult, WebSocketRelayTransport
 from relay.wire.auth import token_from_header, verify_token
 from relay.wire.errors import RelayBroken, RelayClosed
 from relay.wire.frames import InboundEvent
 from statecore.clock import FakeClock
 from statecore.errors import InvalidTransition
-from statecore.lifecycles import TransportState as T
 from tests.relay.connector_stub import (
     BOT_ID,
     PLATFORM,

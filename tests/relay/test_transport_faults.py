@@ -9,11 +9,11 @@ import time
 
 import pytest
 
+from relay.client.lifecycle import TransportState as T
 from relay.client.transport import RequestOutcome
 from relay.wire.errors import RelayBroken
 from relay.wire.frames import InboundEvent
 from statecore.clock import FakeClock
-from statecore.lifecycles import TransportState as T
 from tests.relay.connector_stub import (
     FaultProxy,
     Reply,

@@ -20,10 +20,10 @@ import pytest
 import pytest_asyncio
 
 from relay import RelayAdapter, StoreBufferDedupe, WebSocketRelayTransport
+from relay.client.lifecycle import TransportState
 from relay.client.transport import RequestOutcome
 from relay.wire.frames import InboundEvent, InterruptInbound
 from statecore.clock import FakeClock
-from statecore.lifecycles import TransportState
 from stores.sqlite import SQLiteStore
 from tests.relay.conformance.original_peers import (
     BOT_ID,
