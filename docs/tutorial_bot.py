@@ -38,7 +38,8 @@ from relay import (
     WebSocketRelayTransport,
 )
 from relay.gateway import session_key_for
-from statecore import RECOVERED_MARKER, SendResult, compute_obligation_id
+from statecore import RECOVERED_MARKER, compute_obligation_id
+from statecore.gateway import SendResult
 from stores import SQLiteStore
 
 GATEWAY_ID = "tutorial-bot"

@@ -36,7 +36,8 @@ from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
 from relay.gateway import Gateway, Turn
 from relay.wire.frames import InboundEvent
-from statecore import RECOVERED_MARKER, SendResult
+from statecore import RECOVERED_MARKER
+from statecore.gateway import SendResult
 from stores import InMemoryStore, SQLiteStore
 
 GATEWAY_ID = "crash-gateway"

@@ -45,7 +45,7 @@ from relay.client.transport import WebSocketRelayTransport
 from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
 from relay.gateway import Gateway, Turn
-from statecore import Delegation, Delegations, RoutingOrigin, SessionStore
+from statecore.gateway import Delegation, Delegations, RoutingOrigin, SessionStore
 from stores import InMemoryStore, SQLiteStore
 
 GATEWAY_ID = "delegating-gateway"

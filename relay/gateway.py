@@ -37,17 +37,17 @@ import attrs
 from relay.client.adapter import accepts_budget, accepts_keyword
 from relay.client.lifecycle import TransportState
 from relay.wire.frames import InboundEvent
-from statecore.adapter import SendResult
 from statecore.async_ledger import AsyncLedger
 from statecore.clock import Clock, Deadline, SystemClock
-from statecore.delegations import Delegation, Delegations
 from statecore.errors import InvalidTransition, StaleState, StoreError
+from statecore.gateway.adapter import SendResult
+from statecore.gateway.delegations import Delegation, Delegations
+from statecore.gateway.routing import Route, RouteVerdict
+from statecore.gateway.sessions import Session, SessionStore
 from statecore.lifecycles import ObligationState
 from statecore.obligation import DEFAULT_PROFILE, Claim
 from statecore.ownership import Incarnation, ProcessProbe
 from statecore.policy import LedgerPolicy
-from statecore.routing import Route, RouteVerdict
-from statecore.sessions import Session, SessionStore
 from statecore.store import Store
 
 __all__ = ["Gateway", "Message", "MessageHandler", "SessionFlags", "Turn", "session_key_for"]

@@ -2,21 +2,15 @@
 
 Every lifecycle that matters is an explicit, declared state machine (:class:`Lifecycle`), and
 the store enforces it with one atomic conditional write per transition.  This package is the
-pure core: declarations, the Store protocol, the delivery ledger, ownership, clocks, ids and
-errors.  It performs no I/O of its own; stores live in ``stores``, the wire in ``relay``.
+kernel: declarations, the Store protocol, the delivery ledger, ownership, clocks, ids and
+errors.  It knows no chat and performs no I/O of its own; the chat runtime's notions (sessions,
+delegations, routing, the platform-adapter protocol) live in :mod:`statecore.gateway`, stores in
+``stores``, the wire in ``relay``.
 """
 
-from statecore.adapter import PlatformAdapter, SendResult
 from statecore.async_ledger import AsyncLedger
 from statecore.batch import BatchStore, Creation, Move
 from statecore.clock import Clock, Deadline, FakeClock, SystemClock
-from statecore.delegations import (
-    DELEGATION,
-    DELEGATION_KIND,
-    Delegation,
-    Delegations,
-    DelegationState,
-)
 from statecore.entity import EntityKind, Field, Index
 from statecore.errors import (
     DeclarationError,
@@ -51,27 +45,14 @@ from statecore.ownership import (
     owner_alive,
 )
 from statecore.policy import ErrorKind, LedgerPolicy
-from statecore.routing import (
-    USER_BOUNDARY_END_REASONS,
-    Route,
-    RouteVerdict,
-    RoutingOrigin,
-    resolve_route,
-)
-from statecore.sessions import SESSION, SESSION_KIND, Session, SessionState, SessionStore
 from statecore.store import Audit, Row, Store, TransitionRecord
 
 __all__ = [
     "DECLARED_LIFECYCLES",
-    "DELEGATION",
-    "DELEGATION_KIND",
     "OBLIGATION",
     "OBLIGATION_KIND",
     "RECONNECTED_MARKER",
     "RECOVERED_MARKER",
-    "SESSION",
-    "SESSION_KIND",
-    "USER_BOUNDARY_END_REASONS",
     "AsyncLedger",
     "Audit",
     "BatchStore",
@@ -80,9 +61,6 @@ __all__ = [
     "Creation",
     "Deadline",
     "DeclarationError",
-    "Delegation",
-    "DelegationState",
-    "Delegations",
     "EntityKind",
     "ErrorKind",
     "FakeClock",
@@ -98,17 +76,9 @@ __all__ = [
     "Obligation",
     "ObligationState",
     "Owner",
-    "PlatformAdapter",
     "ProcessProbe",
     "PsutilProbe",
-    "Route",
-    "RouteVerdict",
-    "RoutingOrigin",
     "Row",
-    "SendResult",
-    "Session",
-    "SessionState",
-    "SessionStore",
     "StaleState",
     "StateMachine",
     "StatecoreError",
@@ -120,5 +90,4 @@ __all__ = [
     "UnknownEntity",
     "compute_obligation_id",
     "owner_alive",
-    "resolve_route",
 ]

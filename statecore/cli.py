@@ -9,10 +9,8 @@ from collections.abc import Sequence
 from importlib.metadata import entry_points
 from typing import Any, TextIO
 
-from statecore.delegations import DELEGATION
 from statecore.lifecycle import Lifecycle
 from statecore.lifecycles import DECLARED_LIFECYCLES
-from statecore.sessions import SESSION
 
 __all__ = ["all_lifecycles", "main"]
 
@@ -24,7 +22,7 @@ ENTRY_POINT_GROUP = "statecore.lifecycles"
 def all_lifecycles() -> tuple[Lifecycle[Any], ...]:
     """statecore's own lifecycles, then those installed packages declare through the
     ``statecore.lifecycles`` entry point group (each entry: a sequence of lifecycles)."""
-    own = (*DECLARED_LIFECYCLES, SESSION, DELEGATION)
+    own = DECLARED_LIFECYCLES
     found: dict[str, Lifecycle[Any]] = {lc.name: lc for lc in own}
     for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         try:

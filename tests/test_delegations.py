@@ -1,4 +1,4 @@
-"""Tests for statecore.delegations: durable async work, its routing origin and its routing.
+"""Tests for statecore.gateway.delegations: durable async work, its routing origin and its routing.
 
 Every store-backed test runs against the in-memory store and the SQLite store (a "restart"
 reopens the SQLite file; the in-memory store stands for a store that outlives the process).
@@ -28,20 +28,20 @@ from statecore import (
     Store,
     UnknownEntity,
 )
-from statecore.delegations import (
+from statecore.gateway.delegations import (
     DELEGATION,
     DELEGATION_KIND,
     Delegation,
     Delegations,
     DelegationState,
 )
-from statecore.routing import (
+from statecore.gateway.routing import (
     USER_BOUNDARY_END_REASONS,
     RouteVerdict,
     RoutingOrigin,
     resolve_route,
 )
-from statecore.sessions import SESSION_KIND, SessionState, SessionStore
+from statecore.gateway.sessions import SESSION_KIND, SessionState, SessionStore
 from stores.memory import InMemoryStore
 from stores.sqlite import SQLiteStore
 

@@ -1,6 +1,6 @@
 """The import arrows between the packages point one way, and a test says so: the kernel imports
-no store, no wire and no I/O library; the wire imports neither side of the relay nor a socket
-library; the relay's client and connector sides do not import each other."""
+no chat runtime, no store, no wire and no I/O library; the wire imports neither side of the
+relay nor a socket library; the relay's client and connector sides do not import each other."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def imported(module_dir: Path) -> dict[str, set[str]]:
-    """Every module a package's files import (absolute names, as written), by file."""
+def imported(module_dir: Path, *, recursive: bool = True) -> dict[str, set[str]]:
+    """Every module a package's files import (absolute names, as written), by file; only the
+    package's own files (not its subpackages') unless ``recursive``."""
     found: dict[str, set[str]] = {}
-    for path in sorted(module_dir.rglob("*.py")):
+    paths = module_dir.rglob("*.py") if recursive else module_dir.glob("*.py")
+    for path in sorted(paths):
         names: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
@@ -28,6 +30,7 @@ def imported(module_dir: Path) -> dict[str, set[str]]:
 
 RULES: list[tuple[str, tuple[str, ...]]] = [
     ("statecore", ("relay", "stores", "sqlite3", "websockets")),
+    ("statecore/gateway", ("relay", "stores", "sqlite3", "websockets")),
     ("stores", ("relay", "websockets")),
     ("relay/wire", ("relay.client", "relay.connector", "relay.gateway", "websockets", "stores")),
     ("relay/client", ("relay.connector", "stores")),
@@ -44,6 +47,17 @@ def test_no_import_points_back_up_the_layers(package: str, forbidden: tuple[str,
         for path, names in imported(ROOT / package).items()
         for name in sorted(names)
         if any(name == f or name.startswith(f + ".") for f in forbidden)
+    ]
+    assert offenders == []
+
+
+def test_the_kernel_knows_no_chat() -> None:
+    """The kernel's own modules never import the chat runtime (statecore.gateway) built on it."""
+    offenders = [
+        f"{path} imports {name}"
+        for path, names in imported(ROOT / "statecore", recursive=False).items()
+        for name in sorted(names)
+        if name == "statecore.gateway" or name.startswith("statecore.gateway.")
     ]
     assert offenders == []
 

@@ -1,4 +1,4 @@
-"""Tests for statecore.routing: the routing origin and THE one resolver of late results.
+"""Tests for statecore.gateway.routing: the routing origin and THE one resolver of late results.
 
 Pure tests: sessions are small stand-ins with the attributes the resolver reads.  The
 store-backed uses of the resolver (sessions and delegations persisted in both stores) are pinned
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from statecore.routing import (
+from statecore.gateway.routing import (
     CHAT_TYPES,
     COMPRESSION_END_REASON,
     USER_BOUNDARY_END_REASONS,

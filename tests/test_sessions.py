@@ -1,4 +1,4 @@
-"""Tests for statecore.sessions: the persisted session lifecycle, over every store.
+"""Tests for statecore.gateway.sessions: the persisted session lifecycle, over every store.
 
 Every store-backed test runs against the in-memory store and the SQLite store; time comes from
 a FakeClock.
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from statecore import FakeClock, InvalidTransition, StaleState, Store, UnknownEntity
-from statecore.routing import USER_BOUNDARY_END_REASONS, RouteVerdict, resolve_route
-from statecore.sessions import (
+from statecore.gateway.routing import USER_BOUNDARY_END_REASONS, RouteVerdict, resolve_route
+from statecore.gateway.sessions import (
     SESSION,
     SESSION_KIND,
     Session,

@@ -25,8 +25,8 @@ from relay.client.transport import (
 from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
 from relay.wire.errors import RelayBroken, RelayClosed
 from relay.wire.frames import EGRESS_DECLINED, InboundEvent
-from statecore.adapter import SendResult
 from statecore.clock import Clock, Deadline, SystemClock
+from statecore.gateway.adapter import SendResult
 
 __all__ = [
     "SEND_PATH_DEGRADED",

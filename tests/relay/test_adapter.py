@@ -17,8 +17,8 @@ from relay.client.transport import DISCONNECT_TIMEOUT_ENV, default_disconnect_bu
 from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
 from relay.wire.frames import InboundEvent
 from statecore import ErrorKind, LedgerPolicy
-from statecore.adapter import SendResult
 from statecore.clock import Deadline, FakeClock
+from statecore.gateway.adapter import SendResult
 from tests.relay.connector_stub import (
     Reply,
     StubConnector,

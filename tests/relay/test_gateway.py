@@ -19,9 +19,9 @@ import pytest
 
 from relay.client.lifecycle import TransportState
 from relay.gateway import Message, Turn, session_key_for
-from statecore.adapter import SendResult
 from statecore.clock import Deadline, FakeClock
 from statecore.errors import StoreError
+from statecore.gateway.adapter import SendResult
 from statecore.lifecycles import ObligationState
 from statecore.obligation import (
     RECONNECTED_MARKER,

@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from relay import Gateway
-from statecore import Delegation, Delegations, RouteVerdict, RoutingOrigin, SendResult, SessionStore
+from statecore.gateway import (
+    Delegation,
+    Delegations,
+    RouteVerdict,
+    RoutingOrigin,
+    SendResult,
+    SessionStore,
+)
 from stores import InMemoryStore
 
 

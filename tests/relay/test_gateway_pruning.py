@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from relay import Gateway
-from statecore import OBLIGATION_KIND, FakeClock, LedgerPolicy, SendResult
+from statecore import OBLIGATION_KIND, FakeClock, LedgerPolicy
+from statecore.gateway import SendResult
 from stores import InMemoryStore
 
 

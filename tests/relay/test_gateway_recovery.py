@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 
 from relay.client.lifecycle import TransportState
-from statecore.adapter import SendResult
 from statecore.batch import transition_each_sequentially
 from statecore.clock import FakeClock
 from statecore.entity import EntityKind
 from statecore.errors import StoreError
+from statecore.gateway.adapter import SendResult
+from statecore.gateway.sessions import SessionStore
 from statecore.lifecycles import ObligationState
 from statecore.obligation import RECONNECTED_MARKER, RECOVERED_MARKER
 from statecore.policy import LedgerPolicy
-from statecore.sessions import SessionStore
 from statecore.store import Row, Store
 from tests.relay.gateway_rig import (
     ANSWER,

@@ -22,13 +22,13 @@ import pytest
 import pytest_asyncio
 
 from relay.gateway import Gateway
-from statecore.adapter import SendResult
 from statecore.clock import FakeClock
 from statecore.errors import InvalidTransition, StaleState, StoreError
+from statecore.gateway.adapter import SendResult
+from statecore.gateway.sessions import SessionStore
 from statecore.ledger import Ledger
 from statecore.lifecycles import ObligationState
 from statecore.obligation import RECOVERED_MARKER, Obligation
-from statecore.sessions import SessionStore
 from statecore.store import Store
 from stores.memory import InMemoryStore
 from stores.sqlite import SQLiteStore

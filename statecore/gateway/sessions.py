@@ -3,9 +3,9 @@
 A *session key* names one conversation place (a DM, a channel thread); over time it holds a
 chain of *sessions*.  At most one session per key is active -- the key's *current* session.
 A session ends with a reason, and the reasons fall into two families that routing of late
-results depends on (:mod:`statecore.routing`):
+results depends on (:mod:`statecore.gateway.routing`):
 
-* user boundaries (:data:`~statecore.routing.USER_BOUNDARY_END_REASONS`): the user reset,
+* user boundaries (:data:`~statecore.gateway.routing.USER_BOUNDARY_END_REASONS`): the user reset,
   exited, switched or started a new session -- late results for the old one are dropped;
 * everything else (idle, timeout, agent close, ...): late results go to the key's current
   session.
@@ -34,8 +34,8 @@ from statecore.checks import platform_id, require_text
 from statecore.clock import Clock, SystemClock
 from statecore.entity import EntityKind, Field, Index
 from statecore.errors import UnknownEntity
+from statecore.gateway.routing import COMPRESSION_END_REASON, is_user_boundary
 from statecore.lifecycle import Lifecycle, Transition
-from statecore.routing import COMPRESSION_END_REASON, is_user_boundary
 from statecore.store import Audit, Row, Store, TransitionRecord, lt
 
 __all__ = [
@@ -343,7 +343,8 @@ class SessionStore:
 
     @staticmethod
     def is_user_boundary(reason: object) -> bool:
-        """True for a user-boundary end reason (see :func:`statecore.routing.is_user_boundary`)."""
+        """True for a user-boundary end reason (see
+        :func:`statecore.gateway.routing.is_user_boundary`)."""
         return is_user_boundary(reason)
 
     # -- internals ---------------------------------------------------------------------------

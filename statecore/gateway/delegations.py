@@ -1,7 +1,8 @@
 """Durable async work (delegations): dispatched in one turn, completed later, routed then.
 
 A delegation is recorded (``running``) when the work is dispatched, together with its
-:class:`~statecore.routing.RoutingOrigin` -- platform, chat, chat type, thread, user, user name,
+:class:`~statecore.gateway.routing.RoutingOrigin` -- platform, chat, chat type, thread, user, user
+name,
 tenant scope, session key and the pinned session -- validated *before* anything is written, so a
 corrupt origin is refused at dispatch instead of being discovered when the result arrives.
 
@@ -9,7 +10,7 @@ The owning process completes it (``completed``, with the result).  If the owner 
 later process recovers the row as ``unknown`` (the same dead-owner rule as the delivery ledger;
 a live owner's rows are never touched) -- the origin is kept, so the user can still be told.
 Either way a completion is then routed by **one** function, :meth:`Delegations.route_completion`
-(which asks :func:`~statecore.routing.resolve_route`), used both before the completion is
+(which asks :func:`~statecore.gateway.routing.resolve_route`), used both before the completion is
 acknowledged and inside the delivery pipeline; it ends ``delivered`` or ``dropped`` (terminal
 route), each with an audit entry saying where or why.
 """
@@ -28,6 +29,8 @@ from statecore.checks import require_positive, require_text
 from statecore.clock import Clock, SystemClock
 from statecore.entity import EntityKind, Field, Index
 from statecore.errors import InvalidTransition, StaleState, StoreError, UnknownEntity
+from statecore.gateway.routing import COMPRESSION_END_REASON, Route, RoutingOrigin, resolve_route
+from statecore.gateway.sessions import Session, SessionStore
 from statecore.lifecycle import Lifecycle, Transition
 from statecore.obligation import Owner
 from statecore.ownership import (
@@ -37,8 +40,6 @@ from statecore.ownership import (
     PsutilProbe,
     recorded_owner_alive,
 )
-from statecore.routing import COMPRESSION_END_REASON, Route, RoutingOrigin, resolve_route
-from statecore.sessions import Session, SessionStore
 from statecore.store import Audit, Row, Store, TransitionRecord, lt
 
 __all__ = [
@@ -339,7 +340,8 @@ class Delegations:
         pipeline: it reads the pinned session (``origin.parent_session_id``), the chat's current
         session (``origin.session_key``, else the pinned session's key) and, for a pin ended by
         compression, the end of its successor chain, and hands them to
-        :func:`~statecore.routing.resolve_route`.  A store that cannot be read (``store_available``
+        :func:`~statecore.gateway.routing.resolve_route`.  A store that cannot be read
+        (``store_available``
         False, or a :class:`StoreError` while reading) gives ``retry``.  Writes nothing.
         Raises :class:`UnknownEntity` for an unknown delegation.
         """

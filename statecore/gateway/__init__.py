@@ -1,0 +1,41 @@
+"""The chat runtime's notions, on top of the kernel: sessions, durable delegations and their
+routing, and the platform-adapter protocol with its send result.  It imports the kernel only --
+never ``relay``, never ``stores``.
+"""
+
+from statecore.gateway.adapter import PlatformAdapter, SendResult
+from statecore.gateway.delegations import (
+    DELEGATION,
+    DELEGATION_KIND,
+    Delegation,
+    Delegations,
+    DelegationState,
+)
+from statecore.gateway.routing import (
+    USER_BOUNDARY_END_REASONS,
+    Route,
+    RouteVerdict,
+    RoutingOrigin,
+    resolve_route,
+)
+from statecore.gateway.sessions import SESSION, SESSION_KIND, Session, SessionState, SessionStore
+
+__all__ = [
+    "DELEGATION",
+    "DELEGATION_KIND",
+    "SESSION",
+    "SESSION_KIND",
+    "USER_BOUNDARY_END_REASONS",
+    "Delegation",
+    "DelegationState",
+    "Delegations",
+    "PlatformAdapter",
+    "Route",
+    "RouteVerdict",
+    "RoutingOrigin",
+    "SendResult",
+    "Session",
+    "SessionState",
+    "SessionStore",
+    "resolve_route",
+]
