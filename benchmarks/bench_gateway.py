@@ -32,9 +32,9 @@ from relay.client.adapter import RelayAdapter
 from relay.client.transport import WebSocketRelayTransport
 from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
-from relay.gateway import Gateway, Turn
 from relay.wire.frames import OutboundOutcome
 from statecore import Ledger
+from statecore.gateway.runtime import Gateway, Turn
 from statecore.store import Store
 from stores import InMemoryStore, SQLiteStore
 

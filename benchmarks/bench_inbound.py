@@ -46,8 +46,8 @@ from relay.client.dedupe import StoreBufferDedupe
 from relay.client.transport import WebSocketRelayTransport
 from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
-from relay.gateway import Gateway, Turn
 from relay.wire.frames import InboundEvent, OutboundOutcome
+from statecore.gateway.runtime import Gateway, Turn
 from stores import SQLiteStore
 
 RESULTS: list[tuple[str, float, str, bool]] = []

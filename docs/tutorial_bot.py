@@ -30,16 +30,14 @@ from typing import Any
 
 from relay import (
     Connector,
-    Gateway,
     LoopbackPlatform,
     RelayAdapter,
     StoreBufferDedupe,
-    Turn,
     WebSocketRelayTransport,
 )
-from relay.gateway import session_key_for
 from statecore import RECOVERED_MARKER, compute_obligation_id
-from statecore.gateway import SendResult
+from statecore.gateway import Gateway, SendResult, Turn
+from statecore.gateway.runtime import session_key_for
 from stores import SQLiteStore
 
 GATEWAY_ID = "tutorial-bot"

@@ -34,10 +34,10 @@ from relay.client.adapter import RelayAdapter
 from relay.client.transport import WebSocketRelayTransport
 from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
-from relay.gateway import Gateway, Turn
 from relay.wire.frames import InboundEvent
 from statecore import RECOVERED_MARKER
 from statecore.gateway import SendResult
+from statecore.gateway.runtime import Gateway, Turn
 from stores import InMemoryStore, SQLiteStore
 
 GATEWAY_ID = "crash-gateway"

@@ -30,8 +30,8 @@ from relay.client.lifecycle import TransportState
 from relay.client.transport import WebSocketRelayTransport
 from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
-from relay.gateway import Gateway, Turn
 from statecore import Store
+from statecore.gateway.runtime import Gateway, Turn
 from stores import SQLiteStore
 
 GATEWAY_ID = "sleepy-gateway"

@@ -2,8 +2,8 @@
 
 * :class:`WebSocketRelayTransport` -- one WebSocket to a connector, driven by the TRANSPORT
   lifecycle (reconnect, dormancy, bounded teardown);
-* :class:`RelayAdapter` -- the platform adapter the gateway runtime sends replies through;
-* :class:`Gateway` -- the runtime a bot is built on (:class:`Turn`, :class:`Message`);
+* :class:`RelayAdapter` -- the platform adapter the gateway runtime (``statecore.gateway``)
+  sends replies through;
 * :class:`Connector` -- the reference connector server, with :class:`LoopbackPlatform`;
 * the sans-I/O wire layer: ``relay.wire.frames``, ``relay.wire.codec``,
 :class:`CapabilityDescriptor`,
@@ -16,7 +16,6 @@ from relay.client.lifecycle import TRANSPORT, TransportState
 from relay.client.transport import RequestOutcome, RequestResult, WebSocketRelayTransport
 from relay.connector.platform import LoopbackPlatform, PlatformDriver
 from relay.connector.server import Connector
-from relay.gateway import Gateway, Message, Turn
 from relay.wire.auth import mint_token, verify_token
 from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
 from relay.wire.errors import (
@@ -39,10 +38,8 @@ __all__ = [
     "Connector",
     "ContractVersionError",
     "EventSource",
-    "Gateway",
     "InboundEvent",
     "LoopbackPlatform",
-    "Message",
     "PlatformDriver",
     "ProtocolError",
     "RelayAdapter",
@@ -52,7 +49,6 @@ __all__ = [
     "RequestResult",
     "StoreBufferDedupe",
     "TransportState",
-    "Turn",
     "WebSocketRelayTransport",
     "mint_token",
     "relay_url",

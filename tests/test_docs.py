@@ -24,9 +24,9 @@ if "stores.testing" not in sys.modules:  # detailed assertion messages from the 
 from relay.client.adapter import RelayAdapter
 from relay.client.transport import DISCONNECT_TIMEOUT_ENV, WebSocketRelayTransport
 from relay.connector.server import Connector
-from relay.gateway import Gateway
 from statecore import Audit, LedgerPolicy
 from statecore.cli import main as statecore_cli
+from statecore.gateway.runtime import Gateway
 from stores import SQLiteStore
 from stores.testing import TICKET_KIND
 

@@ -27,8 +27,8 @@ from relay.client.adapter import RelayAdapter
 from relay.client.transport import WebSocketRelayTransport
 from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
-from relay.gateway import Gateway
 from statecore import RECOVERED_MARKER, Audit, LedgerPolicy, Store
+from statecore.gateway.runtime import Gateway
 from stores import InMemoryStore, SQLiteStore
 from stores.testing import TICKET_KIND, StoreContract, StoreFactory
 

@@ -32,9 +32,12 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("statecore", ("relay", "stores", "sqlite3", "websockets")),
     ("statecore/gateway", ("relay", "stores", "sqlite3", "websockets")),
     ("stores", ("relay", "websockets")),
-    ("relay/wire", ("relay.client", "relay.connector", "relay.gateway", "websockets", "stores")),
+    (
+        "relay/wire",
+        ("relay.client", "relay.connector", "statecore.gateway.runtime", "websockets", "stores"),
+    ),
     ("relay/client", ("relay.connector", "stores")),
-    ("relay/connector", ("relay.client", "relay.gateway")),
+    ("relay/connector", ("relay.client", "statecore.gateway")),
 ]
 
 

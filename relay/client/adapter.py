@@ -8,7 +8,6 @@ down within a budget it measures itself.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
@@ -26,15 +25,13 @@ from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
 from relay.wire.errors import RelayBroken, RelayClosed
 from relay.wire.frames import EGRESS_DECLINED, InboundEvent
 from statecore.clock import Clock, Deadline, SystemClock
-from statecore.gateway.adapter import SendResult
+from statecore.gateway.adapter import SendResult, accepts_budget
 
 __all__ = [
     "SEND_PATH_DEGRADED",
     "ChatRoute",
     "RelayAdapter",
     "RelayTransportLike",
-    "accepts_budget",
-    "accepts_keyword",
 ]
 
 log = logging.getLogger(__name__)
@@ -119,6 +116,22 @@ class RelayAdapter:
         return self._stub_connected
 
     # -- connecting ----------------------------------------------------------------------------
+
+    def on_reconnect(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` every time the transport completes a handshake (the first
+        connection and every reconnection).  It runs inside the transport's state change: it
+        must not raise or block (schedule work instead).  Does nothing for a transport that
+        reports no state changes."""
+        listeners = getattr(self.transport, "listeners", None)
+        if not isinstance(listeners, list):
+            return
+
+        def changed(before: object, after: object, event: str) -> None:
+            del before, after
+            if event == "establish":
+                callback()
+
+        listeners.append(changed)
 
     def on_message(self, handler: Callable[[InboundEvent], Awaitable[None]] | None) -> None:
         """Deliver inbound events to ``handler`` (after the adapter has learned their route).
@@ -258,19 +271,3 @@ class RelayAdapter:
             await disconnect(budget_s=deadline.remaining())
         else:
             await disconnect()
-
-
-def accepts_budget(function: Callable[..., Any]) -> bool:
-    """True when ``function`` takes a ``budget_s`` keyword (or any keyword)."""
-    return accepts_keyword(function, "budget_s")
-
-
-def accepts_keyword(function: Callable[..., Any], name: str) -> bool:
-    """True when ``function`` takes the keyword ``name`` (or any keyword)."""
-    try:
-        parameters = inspect.signature(function).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in parameters or any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
-    )

@@ -1,5 +1,6 @@
-"""The chat runtime's notions, on top of the kernel: sessions, durable delegations and their
-routing, and the platform-adapter protocol with its send result.  It imports the kernel only --
+"""The chat runtime, on top of the kernel: the :class:`Gateway` a bot is built on (:class:`Turn`,
+:class:`Message`), sessions, durable delegations and their routing, and the platform-adapter
+protocol with its send result.  It imports the kernel only --
 never ``relay``, never ``stores``.
 """
 
@@ -18,6 +19,7 @@ from statecore.gateway.routing import (
     RoutingOrigin,
     resolve_route,
 )
+from statecore.gateway.runtime import Gateway, Message, Turn
 from statecore.gateway.sessions import SESSION, SESSION_KIND, Session, SessionState, SessionStore
 
 __all__ = [
@@ -29,6 +31,8 @@ __all__ = [
     "Delegation",
     "DelegationState",
     "Delegations",
+    "Gateway",
+    "Message",
     "PlatformAdapter",
     "Route",
     "RouteVerdict",
@@ -37,5 +41,6 @@ __all__ = [
     "Session",
     "SessionState",
     "SessionStore",
+    "Turn",
     "resolve_route",
 ]

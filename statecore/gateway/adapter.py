@@ -7,12 +7,20 @@ optional.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
-__all__ = ["PlatformAdapter", "SendResult"]
+__all__ = [
+    "InboundLike",
+    "InboundSource",
+    "PlatformAdapter",
+    "SendResult",
+    "accepts_budget",
+    "accepts_keyword",
+]
 
 
 @attrs.frozen
@@ -42,6 +50,39 @@ class SendResult:
         return cls(False, error, None, ambiguous)
 
 
+class InboundSource(Protocol):
+    """Where an inbound message came from, as an adapter hands it over (ids are text)."""
+
+    @property
+    def platform(self) -> str: ...
+    @property
+    def chat_id(self) -> str: ...
+    @property
+    def chat_type(self) -> str: ...
+    @property
+    def thread_id(self) -> str | None: ...
+    @property
+    def user_id(self) -> str | None: ...
+    @property
+    def user_name(self) -> str | None: ...
+    @property
+    def scope_id(self) -> str | None: ...
+
+
+class InboundLike(Protocol):
+    """An inbound message as an adapter hands it to the runtime (``relay``'s ``InboundEvent``
+    is one): its text, ids, attachments and :class:`InboundSource`."""
+
+    @property
+    def text(self) -> str: ...
+    @property
+    def message_id(self) -> str | None: ...
+    @property
+    def media_urls(self) -> tuple[str, ...]: ...
+    @property
+    def source(self) -> InboundSource: ...
+
+
 @runtime_checkable
 class PlatformAdapter(Protocol):
     """The one method the runtime calls to deliver a reply."""
@@ -51,3 +92,19 @@ class PlatformAdapter(Protocol):
     ) -> SendResult:
         """Send ``content`` to ``chat_id``; never raise for a platform refusal (return it)."""
         ...
+
+
+def accepts_budget(function: Callable[..., Any]) -> bool:
+    """True when ``function`` takes a ``budget_s`` keyword (or any keyword)."""
+    return accepts_keyword(function, "budget_s")
+
+
+def accepts_keyword(function: Callable[..., Any], name: str) -> bool:
+    """True when ``function`` takes the keyword ``name`` (or any keyword)."""
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )

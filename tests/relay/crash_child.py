@@ -19,7 +19,8 @@ import os
 import sys
 import time
 
-from relay import Gateway, RelayAdapter, StoreBufferDedupe, Turn, WebSocketRelayTransport
+from relay import RelayAdapter, StoreBufferDedupe, WebSocketRelayTransport
+from statecore.gateway import Gateway, Turn
 from stores import SQLiteStore
 
 GATEWAY_ID = "gw"

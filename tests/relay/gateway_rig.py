@@ -17,9 +17,9 @@ from relay.client.adapter import RelayAdapter
 from relay.client.transport import WebSocketRelayTransport
 from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
-from relay.gateway import Gateway, SessionFlags
 from statecore.clock import Clock
 from statecore.gateway.adapter import SendResult
+from statecore.gateway.runtime import Gateway, SessionFlags
 from statecore.ids import compute_obligation_id
 from statecore.ledger import Ledger
 from statecore.lifecycles import ObligationState

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from relay.client.lifecycle import TransportState
-from relay.gateway import Message, Turn, session_key_for
 from statecore.clock import Deadline, FakeClock
 from statecore.errors import StoreError
 from statecore.gateway.adapter import SendResult
+from statecore.gateway.runtime import Message, Turn, session_key_for
 from statecore.lifecycles import ObligationState
 from statecore.obligation import (
     RECONNECTED_MARKER,

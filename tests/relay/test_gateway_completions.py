@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from relay import Gateway
 from statecore.gateway import (
     Delegation,
     Delegations,
+    Gateway,
     RouteVerdict,
     RoutingOrigin,
     SendResult,

@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from relay import Gateway
 from statecore import OBLIGATION_KIND, FakeClock, LedgerPolicy
-from statecore.gateway import SendResult
+from statecore.gateway import Gateway, SendResult
 from stores import InMemoryStore
 
 

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from relay.gateway import Gateway
 from statecore.clock import FakeClock
 from statecore.errors import InvalidTransition, StaleState, StoreError
 from statecore.gateway.adapter import SendResult
+from statecore.gateway.runtime import Gateway
 from statecore.gateway.sessions import SessionStore
 from statecore.ledger import Ledger
 from statecore.lifecycles import ObligationState
@@ -155,7 +155,7 @@ def gave_up(caplog: pytest.LogCaptureFixture, write: str, oid: str) -> bool:
     return any(
         rec.levelno == logging.WARNING and write in rec.getMessage() and oid in rec.getMessage()
         for rec in caplog.records
-        if rec.name == "relay.gateway"
+        if rec.name == "statecore.gateway.runtime"
     )
 
 
@@ -300,7 +300,7 @@ async def test_a_reply_whose_attempt_mark_never_got_through_is_sent_plain_by_the
     lock_after_record(monkeypatch, gateway, faulty)
     oid = oid_of()
 
-    with caplog.at_level(logging.INFO, logger="relay.gateway"):
+    with caplog.at_level(logging.INFO, logger="statecore.gateway.runtime"):
         task = asyncio.ensure_future(reply(gateway))
         for _ in DELAYS:
             await backoff(faulty.clock, 1, task)
@@ -338,7 +338,7 @@ async def test_a_sent_reply_whose_delivered_mark_never_got_through_is_resent_lab
     await asyncio.wait_for(gateway.start(), BOUND)
     oid = oid_of()
 
-    with caplog.at_level(logging.INFO, logger="relay.gateway"):
+    with caplog.at_level(logging.INFO, logger="statecore.gateway.runtime"):
         task = asyncio.ensure_future(reply(gateway))
         for _ in DELAYS:
             await backoff(faulty.clock, 1, task)

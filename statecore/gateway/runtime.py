@@ -34,13 +34,10 @@ from typing import Any, Protocol, TypeVar
 
 import attrs
 
-from relay.client.adapter import accepts_budget, accepts_keyword
-from relay.client.lifecycle import TransportState
-from relay.wire.frames import InboundEvent
 from statecore.async_ledger import AsyncLedger
 from statecore.clock import Clock, Deadline, SystemClock
 from statecore.errors import InvalidTransition, StaleState, StoreError
-from statecore.gateway.adapter import SendResult
+from statecore.gateway.adapter import InboundLike, SendResult, accepts_budget, accepts_keyword
 from statecore.gateway.delegations import Delegation, Delegations
 from statecore.gateway.routing import Route, RouteVerdict
 from statecore.gateway.sessions import Session, SessionStore
@@ -101,8 +98,9 @@ class Message:
     """Attachments' URLs, in order."""
 
     @classmethod
-    def from_event(cls, event: InboundEvent, *, profile: str) -> Message:
-        """Build from a relay inbound event for the adapter of ``profile``."""
+    def from_event(cls, event: InboundLike, *, profile: str) -> Message:
+        """Build from an adapter's inbound event (e.g. the relay's ``InboundEvent``) for the
+        adapter of ``profile``."""
         source = event.source
         return cls(
             platform=source.platform,
@@ -230,13 +228,13 @@ class Gateway:
         """Send replies for ``(platform, profile)`` through ``adapter``.
 
         An adapter with ``on_message`` delivers its inbound messages to the bot's handler; one
-        whose transport reports state changes triggers the runtime retry on every reconnect.
+        with ``on_reconnect`` triggers the runtime retry on every reconnect.
         """
         self._adapters[(platform, profile)] = adapter
         self._listen(adapter, profile)
-        listeners = getattr(getattr(adapter, "transport", None), "listeners", None)
-        if isinstance(listeners, list):
-            listeners.append(self._reconnect_listener(platform, profile))
+        on_reconnect = getattr(adapter, "on_reconnect", None)
+        if on_reconnect is not None:
+            on_reconnect(self._reconnect_listener(platform, profile))
 
     def on_message(self, handler: MessageHandler | None) -> None:
         """Run ``await handler(turn)`` for every inbound message (outside the socket reader).
@@ -259,7 +257,7 @@ class Gateway:
             on_message(None)
             return
 
-        async def inbound(event: InboundEvent) -> None:
+        async def inbound(event: InboundLike) -> None:
             await self._dispatch(Message.from_event(event, profile=profile))
 
         on_message(inbound)
@@ -269,16 +267,13 @@ class Gateway:
             return
         await self._handler(Turn(self, message))
 
-    def _reconnect_listener(
-        self, platform: str, profile: str
-    ) -> Callable[[TransportState, TransportState, str], None]:
-        def changed(before: TransportState, after: TransportState, event: str) -> None:
-            del before, after
+    def _reconnect_listener(self, platform: str, profile: str) -> Callable[[], None]:
+        def reconnected() -> None:
             # A connection made during start() is covered by start()'s own sweep.
-            if event == "establish" and self._started:  # establish always ends connected
+            if self._started:
                 self._spawn(self._reconnected(platform, profile))
 
-        return changed
+        return reconnected
 
     async def _reconnected(self, platform: str, profile: str) -> None:
         """An adapter (re)connected: what a dead process left for it can be sent now (the
