@@ -5,8 +5,7 @@
 * :class:`RelayAdapter` -- the platform adapter the gateway runtime (``statecore.gateway``)
   sends replies through;
 * :class:`Connector` -- the reference connector server, with :class:`LoopbackPlatform`;
-* the sans-I/O wire layer: ``relay.wire.frames``, ``relay.wire.codec``,
-:class:`CapabilityDescriptor`,
+* the sans-I/O wire layer (``relay.wire``): frames, codec, :class:`CapabilityDescriptor`,
   :func:`mint_token` / :func:`verify_token`, :func:`relay_url`.
 """
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["OBLIGATION_ID_LENGTH", "compute_obligation_id"]
+__all__ = ["OBLIGATION_ID_LENGTH", "composite_id", "compute_obligation_id"]
 
 OBLIGATION_ID_LENGTH = 24
 """Hex characters in an obligation id (96 bits of SHA-256)."""
@@ -45,3 +45,13 @@ def _frame(field: str | None) -> bytes:
         return b"N"
     data = field.encode("utf-8", "surrogatepass")
     return b"S%d:" % len(data) + data
+
+
+def composite_id(*parts: str) -> str:
+    """An entity id made of several text parts: every part but the last is length-prefixed
+    (``len:part|``), so no choice of characters inside the parts can make two different tuples
+    share an id, while the id stays readable.  Raises ``ValueError`` for no parts."""
+    if not parts:
+        raise ValueError("composite_id needs at least one part")
+    *head, last = parts
+    return "".join(f"{len(part)}:{part}|" for part in head) + last

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from statecore.ids import OBLIGATION_ID_LENGTH, compute_obligation_id
+from statecore.ids import OBLIGATION_ID_LENGTH, composite_id, compute_obligation_id
 
 HEX24 = re.compile(r"[0-9a-f]{24}")
 
@@ -226,3 +226,14 @@ def test_equal_triples_give_equal_ids(triple: tuple[str, Ref, str]) -> None:
     assert oid == compute_obligation_id(*copy)  # type: ignore[arg-type]
     assert HEX24.fullmatch(oid)
     assert oid == _reference_id(*triple)
+
+
+def test_composite_ids_are_length_prefixed_and_keep_their_format() -> None:
+    """composite_id length-prefixes every part but the last (the stored subscription and
+    provenance ids keep their format), and parts containing the separators cannot collide."""
+    assert composite_id("gw-a", "loopback") == "4:gw-a|loopback"
+    assert composite_id("gw", "p", "c1") == "2:gw|1:p|c1"
+    assert composite_id("a|1:b", "c") != composite_id("a", "b|c")
+    assert composite_id("only") == "only"
+    with pytest.raises(ValueError, match="at least one part"):
+        composite_id()

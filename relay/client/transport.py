@@ -1,14 +1,16 @@
 """The gateway side of the relay: one WebSocket to a connector, driven by the TRANSPORT lifecycle.
 
-The transport's state is one :class:`~statecore.TransportState`, held by a live ``transitions``
-machine attached from :data:`~statecore.TRANSPORT`; every method is legal or illegal per state,
-and an illegal call fails fast with a definite result instead of waiting on a dead socket.
+The transport's state is one :class:`~relay.client.lifecycle.TransportState`, held by a live
+``transitions`` machine attached from :data:`~relay.client.lifecycle.TRANSPORT`; every method
+is legal or illegal per state, and an illegal call fails fast with a definite result instead of
+waiting on a dead socket.
 
 Tasks (at most one of each is live):
 
 * the **reader** of the current connection only parses and routes frames;
-* the **dispatcher** runs the inbound handler outside the reader, one event at a time, in order,
-  and acks a buffered delivery only after the handler returned normally;
+* the **dispatcher** (:mod:`relay.client.dispatch`) runs the inbound handler outside the
+  reader, each chat's deliveries in order and different chats concurrently, and acks a buffered
+  delivery only after its handler returned normally;
 * the **supervisor** is the one dialer after the first connection: it re-dials after an
   unexpected close (jittered exponential backoff, ladder reset after a stable connection) and,
   after :meth:`WebSocketRelayTransport.go_dormant`, on the dormant cadence.
@@ -184,7 +186,7 @@ DeliveryHandler = Callable[[Any], Awaitable[None]]
 :class:`~relay.wire.frames.PassthroughForward`): ``await handler(frame)``."""
 
 _Delivery = Inbound | UndeliverableEvent | InterruptInbound | PassthroughForward
-"""What the dispatcher settles, in arrival order."""
+"""What the dispatcher hands to :meth:`WebSocketRelayTransport._handle`, each in its lane."""
 
 
 class BufferDedupe(Protocol):
@@ -216,11 +218,11 @@ class WebSocketRelayTransport:
     dial carries a freshly minted bearer token for ``gateway_id`` (default: ``bot_id``).
 
     Compatibility (docs/wire-contract.md): ``features`` (default
-    :data:`~relay.wire.compat.OUR_FEATURES`)
-    are announced on the upgrade and in every hello; ``error`` frames go only to a connector
-    whose descriptor announced ``error_frames``.  A 4401 (or HTTP 401/403) before the first
-    successful handshake is retried with backoff for ``refusal_grace_s`` before the transport
-    ends ``revoked``.  ``dedupe`` remembers handled bufferIds and records undeliverable ones.
+    :data:`~relay.wire.compat.OUR_FEATURES`) are announced on the upgrade and in every hello;
+    ``error`` frames go only to a connector whose descriptor announced ``error_frames``.  A 4401
+    (or HTTP 401/403) before the first successful handshake is retried with backoff for
+    ``refusal_grace_s`` before the transport ends ``revoked``.  ``dedupe`` remembers handled
+    bufferIds and records undeliverable ones.
     """
 
     # Timing settings, validated and set from the constructor's keywords.
@@ -294,7 +296,6 @@ class WebSocketRelayTransport:
         self._reader: asyncio.Task[None] | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._torn_down: asyncio.Event | None = None
-        self._background: set[asyncio.Task[None]] = set()
         self._inbound: InboundDispatcher[_Delivery] = InboundDispatcher(
             lane_of=_lane_of, handle=self._handle, send_acks=self._ack, max_in_flight=max_in_flight
         )
@@ -639,77 +640,55 @@ class WebSocketRelayTransport:
         self._passthrough_handler = handler
 
     async def _handle(self, frame: _Delivery) -> str | None:
-        """Handle one delivery in its chat's lane; return the bufferId to ack, or None.
+        """Handle one delivery in its lane; return the bufferId to ack, or None.
 
         A buffered delivery is acked only after its handler returned normally (and, with a
         dedupe, after it was remembered); one whose handler raised stays unacked, so the
-        connector delivers it again.  Never raises but for cancellation.
+        connector delivers it again.  Nothing may stall the buffer for good: a poison entry, or
+        an original-contract frame nobody handles, is recorded as undeliverable and acked (left
+        unacked only when it cannot be recorded).  Never raises but for cancellation.
         """
         buffer_id = frame.buffer_id
-        # Read per event: either may be replaced while a handler runs.
-        handler, dedupe = self._handler, self._dedupe
+        # Read per delivery: the handlers and the dedupe may be replaced while one runs.
+        dedupe = self._dedupe
         try:
-            if not isinstance(frame, Inbound):
-                return buffer_id if await self._settle(frame) else None
             if buffer_id is not None and dedupe is not None and await dedupe.seen(buffer_id):
                 return buffer_id  # handled before (a restart, a lost ack): ack, don't redo
-            if handler is None:
-                # Nobody handled it: leave a buffered delivery unacked (it is delivered again
-                # once a handler is set) rather than let the connector retire it.
-                return None
-            await handler(frame.event)
+            if isinstance(frame, UndeliverableEvent):
+                await self._undeliverable(
+                    frame.frame_type, buffer_id, frame.message, frame.raw_line
+                )
+                return buffer_id
+            if isinstance(frame, Inbound):
+                if self._handler is None:
+                    # Nobody handled it: leave a buffered delivery unacked (it is delivered
+                    # again once a handler is set) rather than let the connector retire it.
+                    return None
+                await self._handler(frame.event)
+            else:
+                handler = (
+                    self._interrupt_handler
+                    if isinstance(frame, InterruptInbound)
+                    else self._passthrough_handler
+                )
+                if handler is None:
+                    raw = encode(frame).rstrip("\n")
+                    await self._undeliverable(
+                        frame.TYPE, buffer_id, f"no handler for {frame.TYPE}", raw
+                    )
+                    return buffer_id
+                await handler(frame)
             if buffer_id is not None and dedupe is not None:
                 await dedupe.remember(buffer_id)
             return buffer_id
         except asyncio.CancelledError:
             raise
         except Exception:
-            # The handler's failure is isolated to this event; a buffered one stays unacked.
-            log.exception("relay inbound handler failed (bufferId %s)", buffer_id)
-            return None
-
-    async def _settle(
-        self, frame: UndeliverableEvent | InterruptInbound | PassthroughForward
-    ) -> bool:
-        """Settle a delivery other than a readable inbound event; True when its bufferId may
-        now be acked (it was handled, or durably recorded as undeliverable).
-
-        Nothing here may stall the buffer for good: a poison entry, or a frame nobody handles,
-        is recorded and acked.  Only a failure to record it (or a handler that raised) leaves
-        it unacked, so the connector replays it.
-        """
-        buffer_id = frame.buffer_id
-        dedupe = self._dedupe
-        try:
-            if buffer_id is not None and dedupe is not None and await dedupe.seen(buffer_id):
-                return True  # handled or recorded before a restart: ack, don't redo
-            if isinstance(frame, UndeliverableEvent):
-                await self._undeliverable(
-                    frame.frame_type, buffer_id, frame.message, frame.raw_line
-                )
-                return buffer_id is not None
-            handler = (
-                self._interrupt_handler
-                if isinstance(frame, InterruptInbound)
-                else self._passthrough_handler
-            )
-            if handler is None:
-                raw = encode(frame).rstrip("\n")
-                await self._undeliverable(
-                    frame.TYPE, buffer_id, f"no handler for {frame.TYPE}", raw
-                )
-                return buffer_id is not None
-            await handler(frame)
-            if buffer_id is not None and dedupe is not None:
-                await dedupe.remember(buffer_id)
-            return buffer_id is not None
-        except asyncio.CancelledError:
-            raise
-        except Exception:
+            # The failure is isolated to this delivery; a buffered one stays unacked.
             log.exception(
-                "relay: settling a %s failed (bufferId %s)", type(frame).__name__, buffer_id
+                "relay: handling a %s failed (bufferId %s)", type(frame).__name__, buffer_id
             )
-            return False
+            return None
 
     async def _undeliverable(
         self, frame_type: str, buffer_id: str | None, reason: str, raw_line: str
@@ -717,7 +696,19 @@ class WebSocketRelayTransport:
         """Record (buffered) or log and count (live) one delivery that cannot be handled; raises
         when a buffered one cannot be recorded (it must then stay unacked)."""
         self.undeliverable += 1
-        if buffer_id is not None and self._dedupe is not None:
+        if buffer_id is None:
+            suppressed = self._log_limit.allow()
+            if suppressed is not None:
+                more = f" ({suppressed} more not logged)" if suppressed else ""
+                log.warning(
+                    "relay %s: dropped an undeliverable live %s (%s)%s: %.500s",
+                    self.url,
+                    frame_type,
+                    reason,
+                    more,
+                    raw_line,
+                )
+        elif self._dedupe is not None:
             await self._dedupe.record_undeliverable(
                 buffer_id, frame_type=frame_type, reason=reason, raw_line=raw_line
             )
@@ -729,9 +720,7 @@ class WebSocketRelayTransport:
                 reason,
                 extra={"buffer_id": buffer_id, "frame_type": frame_type, "reason": reason},
             )
-            return
-        suppressed = self._log_limit.allow()
-        if buffer_id is not None:
+        else:
             # No durable record is configured: the log is the record, so it is never throttled.
             log.error(
                 "relay %s: undeliverable %s %s (%s), acked without a durable record (configure a "
@@ -740,16 +729,6 @@ class WebSocketRelayTransport:
                 frame_type,
                 buffer_id,
                 reason,
-                raw_line,
-            )
-        elif suppressed is not None:
-            more = f" ({suppressed} more not logged)" if suppressed else ""
-            log.warning(
-                "relay %s: dropped an undeliverable live %s (%s)%s: %.500s",
-                self.url,
-                frame_type,
-                reason,
-                more,
                 raw_line,
             )
 

@@ -40,10 +40,12 @@ class BufferState(StrEnum):
     """One buffered inbound event for one gateway instance."""
 
     BUFFERED = "buffered"
-    """Appended while the instance was not receiving live traffic."""
+    """Appended while the instance was not receiving live traffic, or (for a gateway that announced
+    ``acked_live``) appended before its live delivery."""
     SENT = "sent"
-    """Replayed and not acked within the connector's grace (or before its connection ended);
-    waiting for the instance's ack (replayed again if none)."""
+    """Replayed, or delivered live to an ``acked_live`` gateway, and not acked within the
+    connector's grace (or before its connection ended); waiting for the instance's ack (replayed
+    again if none)."""
     ACKED = "acked"
     """Terminal: the instance handled it."""
     EXPIRED = "expired"

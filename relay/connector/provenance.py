@@ -16,6 +16,7 @@ from enum import StrEnum
 
 from statecore.clock import Clock, SystemClock
 from statecore.entity import EntityKind, Field, Index
+from statecore.ids import composite_id
 from statecore.lifecycle import Lifecycle, Transition
 from statecore.store import Audit, Store
 
@@ -128,5 +129,4 @@ class Provenance:
 
 
 def _key(gateway_id: str, platform: str, target: str) -> str:
-    # Length-prefixed so that no choice of ids can make two triples share a key.
-    return f"{len(gateway_id)}:{gateway_id}|{len(platform)}:{platform}|{target}"
+    return composite_id(gateway_id, platform, target)

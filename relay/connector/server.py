@@ -101,8 +101,6 @@ announced another ``window``."""
 _OUTBOX_MAX = 1000
 """Lines waiting for one gateway's socket before it counts as behind (then it is served from the
 durable buffer instead, and the connector's memory stays bounded)."""
-_CLOSE_TRY_LATER = 1013
-"""Close code for an excess standby of an original gateway (it knows no 4409)."""
 _REPLAY_FIRST_CHUNK = 1000
 _REPLAY_CHUNK = 5000
 _SENT_GRACE_S = 1.0
@@ -451,7 +449,10 @@ class Connector:
         standbys.append(instance)
         if len(standbys) > _MAX_STANDBYS:
             oldest = standbys.pop(0)
-            code = CLOSE_REPLACED if REPLACED_4409 in oldest.features else _CLOSE_TRY_LATER
+            # 4409 to a gateway that knows it (it stops); an original gateway knows no 4409 and
+            # redials at once after any other close -- except an early 4401, a start-up race it
+            # backs off from, so that is what it gets.
+            code = CLOSE_REPLACED if REPLACED_4409 in oldest.features else CLOSE_REVOKED
             log.warning(
                 "connector: %s has more than %d waiting connections; closing the oldest (%d)",
                 gateway_id,
@@ -837,24 +838,15 @@ class Connector:
                         functools.partial(self.provenance.learn, gateway_id, platform, fresh)
                     )
             instance = self._instances.get(gateway_id)
-            if (
-                instance is not None
-                and instance.acked_live
-                and instance.live
-                and platform in instance.platforms()
-            ):
-                # Durable first: in the buffer before it goes out; only the gateway's ack (after
-                # its handler) retires it, so a gateway that dies with it loses nothing.
-                self._offer(instance, *await self._append(gateway_id, platform, event))
-                continue
-            if (
-                instance is not None
-                and not instance.acked_live
-                and instance.live
-                and platform in instance.platforms()
-                and await self._send(instance, encode(Inbound(event)))
-            ):
-                continue  # delivered live (a failed live send falls back to the buffer)
+            if instance is not None and instance.live and platform in instance.platforms():
+                if instance.acked_live:
+                    # Durable first: in the buffer before it goes out; only the gateway's ack
+                    # (after its handler) retires it, so a gateway that dies with it loses
+                    # nothing.
+                    self._offer(instance, *await self._append(gateway_id, platform, event))
+                    continue
+                if await self._send(instance, encode(Inbound(event))):
+                    continue  # delivered live (a failed live send falls back to the buffer)
             if instance is not None and instance.state is _C.REPLAYING:
                 # Counted before the append is queued: the replay then knows to read again
                 # (the store thread runs the append before that read).

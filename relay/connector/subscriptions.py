@@ -11,6 +11,7 @@ from enum import StrEnum
 
 from statecore.clock import Clock, SystemClock
 from statecore.entity import EntityKind, Field
+from statecore.ids import composite_id
 from statecore.lifecycle import Lifecycle, Transition
 from statecore.store import Audit, Store
 
@@ -92,5 +93,4 @@ class Subscriptions:
 
 
 def _key(gateway_id: str, platform: str) -> str:
-    # Length-prefixed so that no choice of ids can make two pairs share a key.
-    return f"{len(gateway_id)}:{gateway_id}|{platform}"
+    return composite_id(gateway_id, platform)

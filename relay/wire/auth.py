@@ -122,11 +122,11 @@ def verify_token(
 
     On success the caller should authorise the connection as the returned id (never as an id taken
     from a later frame). Raises :class:`~relay.wire.errors.AuthError` with ``reason``
-    ``"malformed"``
-    (bad base64, wrong shape, non-integer expiry, empty id), ``"unknown"`` (no such gateway, or
-    it has no secrets), ``"forged"`` (no secret matches), ``"expired"`` (genuine but too old:
-    close with 4419 -- 4401 + ``expired`` to an original gateway -- so the client re-dials with
-    a fresh token) or ``"malformed"`` again for a genuine token whose lifetime exceeds the cap.
+    ``"malformed"`` (bad base64, wrong shape, non-integer expiry, empty id), ``"unknown"`` (no
+    such gateway, or it has no secrets), ``"forged"`` (no secret matches), ``"expired"``
+    (genuine but too old: close with 4419 -- 4401 + ``expired`` to an original gateway -- so the
+    client re-dials with a fresh token) or ``"malformed"`` again for a genuine token whose
+    lifetime exceeds the cap.
     Raises ``TypeError`` for a non-str ``token``, a ``secrets`` that is not a mapping of
     sequences of str/bytes (a bare string in place of the list is refused), or a non-numeric
     ``now``/``skew_s``/``max_ttl_s``; ``ValueError`` for a negative ``skew_s`` or a

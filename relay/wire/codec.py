@@ -1,9 +1,8 @@
 """The sans-I/O codec of the relay: frames -> text, and WebSocket messages -> frames.
 
 No sockets here. The transport hands every received message to :meth:`FrameDecoder.feed` and gets
-back, in order, the frames it carried and a :class:`~relay.wire.errors.ProtocolError` *object* for
-every
-bad line (never raised: one bad line never loses the good ones around it). It sends
+back, in order, the frames it carried and a :class:`~relay.wire.errors.ProtocolError` *object*
+for every bad line (never raised: one bad line never loses the good ones around it). It sends
 ``encode(frame)`` as one text message.
 
 Framing rules (docs/wire-contract.md): one JSON object + ``"\\n"`` per line;
@@ -11,8 +10,8 @@ a message may carry several lines, and a line may be split across messages; blan
 ignored; a line longer than the maximum, a line that is not a JSON object, and a known frame with
 wrong field types are protocol errors; an unknown ``type`` is skipped (``FrameDecoder.ignored``).
 A delivery the gateway can never handle comes back as an
-:class:`~relay.wire.errors.UndeliverableEvent`
-(a ProtocolError) carrying its bufferId and the raw line, so the receiver can settle it.
+:class:`~relay.wire.errors.UndeliverableEvent` (a ProtocolError) carrying its bufferId and the
+raw line, so the receiver can settle it.
 
 The codec is on the hot path of every frame; ``benchmarks/bench_relay.py`` measures the
 transport through it against raw ``websockets``.

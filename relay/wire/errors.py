@@ -2,8 +2,7 @@
 
 * :class:`ProtocolError` -- the **peer** sent something invalid (a remote error). The codec never
   raises it from :meth:`~relay.wire.codec.FrameDecoder.feed`; it hands the error back in place of
-  the
-  frame, so one bad line never loses the good ones around it. The receiver answers with an
+  the frame, so one bad line never loses the good ones around it. The receiver answers with an
   ``error`` frame (:func:`relay.wire.codec.error_frame_for`) and keeps the connection.
 * :class:`ContractVersionError` -- the peer's descriptor speaks another contract version.
 * :class:`RelayClosed` -- **we** closed the relay (``disconnect()``); retrying on this object

@@ -12,8 +12,8 @@ Two ways in, two kinds of error (the h11 / websockets split between local and re
   the caller's bug;
 * :func:`frame_from_wire` (and each class's ``from_wire``) validates the peer's JSON object and
   raises :class:`~relay.wire.errors.ProtocolError` -- the peer's bug: ``missing_field`` for an
-  absent
-  required key, ``bad_field`` for a wrong type, ``ref`` the frame's requestId or its type.
+  absent required key, ``bad_field`` for a wrong type, ``ref`` the frame's requestId or its
+  type.
 
 Wire conventions, pinned by the tests:
 
@@ -661,8 +661,7 @@ class DescriptorFrame:
 
         Raises :class:`ProtocolError` (ref ``descriptor``), including its subclass
         :class:`~relay.wire.errors.ContractVersionError` for another contract version: the caller
-        must
-        then give up on this connector rather than answer and continue.
+        must then give up on this connector rather than answer and continue.
         """
         descriptor = _as_object(obj.get("descriptor"), "descriptor", "descriptor")
         return _new_descriptor_frame(CapabilityDescriptor.from_wire(descriptor))
@@ -922,9 +921,11 @@ CONNECTOR_TO_GATEWAY: Final[frozenset[type[Frame]]] = frozenset(
 DELIVERIES: Final[frozenset[str]] = frozenset(
     (Inbound.TYPE, InterruptInbound.TYPE, PassthroughForward.TYPE)
 )
-"""The connector -> gateway frames that may come from the durable buffer (with a bufferId): one
-the gateway cannot read is poison (:class:`~relay.wire.errors.UndeliverableEvent`), never a
-stall."""
+"""The connector -> gateway frames that may come from the durable buffer (with a bufferId).
+
+One the gateway cannot read is poison (:class:`~relay.wire.errors.UndeliverableEvent`), never a
+stall.
+"""
 
 FRAME_TYPES: Final[Mapping[str, type[Frame]]] = {
     cls.TYPE: cls for cls in (*GATEWAY_TO_CONNECTOR, *CONNECTOR_TO_GATEWAY)

@@ -1,10 +1,10 @@
 """Durable async work (delegations): dispatched in one turn, completed later, routed then.
 
 A delegation is recorded (``running``) when the work is dispatched, together with its
-:class:`~statecore.gateway.routing.RoutingOrigin` -- platform, chat, chat type, thread, user, user
-name,
-tenant scope, session key and the pinned session -- validated *before* anything is written, so a
-corrupt origin is refused at dispatch instead of being discovered when the result arrives.
+:class:`~statecore.gateway.routing.RoutingOrigin` -- platform, chat, chat type, thread, user,
+user name, tenant scope, session key and the pinned session -- validated *before* anything is
+written, so a corrupt origin is refused at dispatch instead of being discovered when the result
+arrives.
 
 The owning process completes it (``completed``, with the result).  If the owner dies first, any
 later process recovers the row as ``unknown`` (the same dead-owner rule as the delivery ledger;
@@ -341,9 +341,8 @@ class Delegations:
         session (``origin.session_key``, else the pinned session's key) and, for a pin ended by
         compression, the end of its successor chain, and hands them to
         :func:`~statecore.gateway.routing.resolve_route`.  A store that cannot be read
-        (``store_available``
-        False, or a :class:`StoreError` while reading) gives ``retry``.  Writes nothing.
-        Raises :class:`UnknownEntity` for an unknown delegation.
+        (``store_available`` False, or a :class:`StoreError` while reading) gives ``retry``.
+        Writes nothing.  Raises :class:`UnknownEntity` for an unknown delegation.
         """
         if not store_available:
             return resolve_route(None, current=None, store_available=False)

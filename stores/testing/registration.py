@@ -6,9 +6,7 @@ import pytest
 
 from statecore.errors import StoreError
 from statecore.obligation import OBLIGATION_KIND
-from statecore.store import (
-    Store,
-)
+from statecore.store import Store
 from stores.testing._base import KitFixtures
 from stores.testing._kit import (
     AUDIT,
@@ -18,6 +16,25 @@ from stores.testing._kit import (
     file_ticket,
     get_ticket,
 )
+
+
+def _every_ticket_operation_raises_store_error(db: Store, new_id: str) -> None:
+    """Each read and write on the ticket kind raises StoreError (``new_id`` is a fresh ticket)."""
+    k = TICKET_KIND
+    with pytest.raises(StoreError):
+        db.insert(k, new_id, {"title": "x"}, event="file", audit=AUDIT)
+    with pytest.raises(StoreError):
+        db.get(k, "t1")
+    with pytest.raises(StoreError):
+        db.transition(k, "t1", "hold", audit=AUDIT)
+    with pytest.raises(StoreError):
+        db.select(k)
+    with pytest.raises(StoreError):
+        db.count(k)
+    with pytest.raises(StoreError):
+        db.prune(k, "purge")
+    with pytest.raises(StoreError):
+        db.history(k, "t1")
 
 
 class RegistrationContract(KitFixtures):
@@ -46,41 +63,13 @@ class RegistrationContract(KitFixtures):
         """Every operation on a kind the store never registered raises StoreError."""
         db = new_store(register=False)
         db.register(OBLIGATION_KIND)
-        k = TICKET_KIND
-        with pytest.raises(StoreError):
-            db.insert(k, "t1", {"title": "x"}, event="file", audit=AUDIT)
-        with pytest.raises(StoreError):
-            db.get(k, "t1")
-        with pytest.raises(StoreError):
-            db.transition(k, "t1", "hold", audit=AUDIT)
-        with pytest.raises(StoreError):
-            db.select(k)
-        with pytest.raises(StoreError):
-            db.count(k)
-        with pytest.raises(StoreError):
-            db.prune(k, "purge")
-        with pytest.raises(StoreError):
-            db.history(k, "t1")
+        _every_ticket_operation_raises_store_error(db, "t1")
 
     def test_operations_after_close_raise_store_error(self, db: Store) -> None:
         """After close() every operation, atomic() included, raises StoreError."""
         file_ticket(db, "t1")
         db.close()
-        k = TICKET_KIND
-        with pytest.raises(StoreError):
-            db.insert(k, "t2", {"title": "x"}, event="file", audit=AUDIT)
-        with pytest.raises(StoreError):
-            db.get(k, "t1")
-        with pytest.raises(StoreError):
-            db.transition(k, "t1", "hold", audit=AUDIT)
-        with pytest.raises(StoreError):
-            db.select(k)
-        with pytest.raises(StoreError):
-            db.count(k)
-        with pytest.raises(StoreError):
-            db.prune(k, "purge")
-        with pytest.raises(StoreError):
-            db.history(k, "t1")
+        _every_ticket_operation_raises_store_error(db, "t2")
         with pytest.raises(StoreError), db.atomic():
             pass
 

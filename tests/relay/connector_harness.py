@@ -22,25 +22,15 @@ from relay.wire.auth import mint_token
 from relay.wire.compat import ACKED_LIVE, OUR_FEATURES, features_header
 from relay.wire.frames import EventSource, InboundEvent
 from statecore.store import Store
+from tests.relay.waiting import BOUND, eventually
 
 SECRETS: dict[str, list[str | bytes]] = {
     "gw-a": ["secret-a"],
     "gw-b": ["secret-b"],
     "gw-rot": ["new-secret", "old-secret"],
 }
-BOUND = 5.0
-"""Real seconds any single wait may take before the test fails."""
 
 Handler = Callable[[InboundEvent], Awaitable[None]]
-
-
-async def eventually(predicate: Callable[[], bool], what: str, timeout: float = BOUND) -> None:
-    """Poll ``predicate`` until true; fail after ``timeout`` real seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 def is_live(connector: Connector, gateway_id: str) -> bool:

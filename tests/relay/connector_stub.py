@@ -37,6 +37,7 @@ from relay.client.transport import WebSocketRelayTransport
 from relay.wire.auth import token_from_header, verify_token
 from relay.wire.errors import AuthError
 from statecore.clock import FakeClock
+from tests.relay.waiting import eventually
 
 __all__ = [
     "BOT_ID",
@@ -89,17 +90,6 @@ def inbound_event(
     if user_id is not None:
         source["user_id"] = user_id
     return {"text": text, "message_type": "text", "source": source}
-
-
-async def eventually(
-    predicate: Callable[[], bool], *, timeout: float = 3.0, what: str = "condition"
-) -> None:
-    """Poll ``predicate`` until it is true; fail the test after ``timeout`` real seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 @attrs.define

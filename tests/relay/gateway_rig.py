@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,9 +31,7 @@ from statecore.policy import LedgerPolicy
 from statecore.store import Store
 from stores.memory import InMemoryStore
 from stores.sqlite import SQLiteStore
-
-BOUND = 5.0
-"""Real seconds any single wait may take before the test fails."""
+from tests.relay.waiting import BOUND
 
 SLACK = "slack"
 
@@ -233,15 +230,6 @@ def owe(
         ledger.mark_failed(oid, error)
     assert row(store, oid).state is state
     return oid
-
-
-async def eventually(predicate: Callable[[], bool], what: str, timeout: float = BOUND) -> None:
-    """Poll ``predicate`` until it holds; fail after ``timeout`` real seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 class Rig:

@@ -1,5 +1,4 @@
-"""Tests for relay.wire.auth: token format, rotation, skew, refusal reasons and the Bearer
-header."""
+"""Tests for relay.wire.auth: token format, rotation, skew, refusal reasons, Bearer header."""
 
 from __future__ import annotations
 

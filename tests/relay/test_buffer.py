@@ -1,5 +1,4 @@
-"""Tests for relay.connector.buffer.InboundBuffer: the connector's durable per-instance inbound
-buffer.
+"""Tests for relay.connector.buffer.InboundBuffer, the connector's durable inbound buffer.
 
 Every test runs over the in-memory store and the SQLite store.  Time comes from a FakeClock, so
 retention and pruning are exercised without sleeping.

@@ -1,5 +1,4 @@
-"""Tests for relay.wire.codec (encode, FrameDecoder, error_frame_for) and the relay error
-classes."""
+"""Tests for relay.wire.codec (encode, FrameDecoder, error_frame_for) and relay errors."""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
-"""Tests for relay.client.dedupe.StoreBufferDedupe: the gateway's durable memory of handled
-bufferIds,
-alone and as the transport's ``dedupe=`` hook against a real connector."""
+"""Tests for relay.client.dedupe.StoreBufferDedupe, the gateway's memory of handled bufferIds.
+
+Alone and as the transport's ``dedupe=`` hook against a real connector."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,18 +22,9 @@ from statecore.errors import InvalidTransition
 from statecore.store import Store
 from stores.memory import InMemoryStore
 from stores.sqlite import SQLiteStore
+from tests.relay.waiting import BOUND, eventually
 
-BOUND = 5.0
 SECRETS: dict[str, list[str | bytes]] = {"gw-a": ["secret-a"]}
-
-
-async def eventually(predicate: Callable[[], bool], what: str, timeout: float = BOUND) -> None:
-    """Poll ``predicate`` until true; fail after ``timeout`` real seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 @pytest.fixture(params=["memory", "sqlite"])

@@ -1,6 +1,7 @@
-"""Tests for relay.client.dispatch.InboundDispatcher: concurrent across chats, ordered within a
-chat,
-bounded, acks after handling."""
+"""Tests for relay.client.dispatch.InboundDispatcher.
+
+Concurrent across chats, ordered within a chat, bounded, acks after handling.
+"""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -31,34 +32,15 @@ from statecore.clock import FakeClock
 from statecore.store import Store
 from stores.memory import InMemoryStore
 from stores.sqlite import SQLiteStore
+from tests.relay import waiting
+from tests.relay.connector_harness import is_live
 
 BOUND = 10.0
 """Real seconds any single wait may take before the test fails."""
+eventually = functools.partial(waiting.eventually, timeout=BOUND)
 SECRETS: dict[str, list[str | bytes]] = {"gw-a": ["secret-a"], "gw-b": ["secret-b"]}
 
 Handler = Callable[[InboundEvent], Awaitable[None]]
-
-
-async def eventually(predicate: Callable[[], bool], what: str, timeout: float = BOUND) -> None:
-    """Poll ``predicate`` until true; fail after ``timeout`` real seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        await asyncio.sleep(0.005)
-
-
-def is_live(connector: Connector, gateway_id: str) -> bool:
-    """True once the connector delivers ``gateway_id``'s inbound live (its replay finished).
-
-    Reads the connector's private instance table (falling back to ``connected``): tests that
-    mean to exercise live delivery, rather than a replay, wait for this first.
-    """
-    instances = getattr(connector, "_instances", None)
-    if not isinstance(instances, dict):
-        return connector.connected(gateway_id)
-    instance = instances.get(gateway_id)
-    return instance is not None and bool(getattr(instance, "live", True))
 
 
 class Counter:

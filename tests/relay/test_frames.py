@@ -307,6 +307,26 @@ def test_hello_without_protocol_is_an_original_gateway() -> None:
     assert Hello("p", "b").announced
 
 
+@pytest.mark.parametrize("raw", [0, -3, True, "8", 2.5, None])
+def test_an_unusable_hello_window_reads_as_the_default(raw: object) -> None:
+    """``window`` is our addition: a value we cannot use means "the connector's default", never a
+    refused hello (the original reader never refused a hello over a field it did not know)."""
+    hello = frame_from_wire(
+        {"type": "hello", "platform": "p", "botId": "b", "protocol": 1, "window": raw}
+    )
+    assert isinstance(hello, Hello)
+    assert hello.window is None
+    assert "window" not in hello.to_wire()
+
+
+def test_a_usable_hello_window_round_trips() -> None:
+    hello = Hello("p", "b", window=64)
+    assert hello.to_wire()["window"] == 64
+    assert frame_from_wire(hello.to_wire()) == hello
+    with pytest.raises((TypeError, ValueError)):
+        Hello("p", "b", window=0)
+
+
 # -- lenient inbound reading (the original reader's rules) ---------------------------------------
 
 

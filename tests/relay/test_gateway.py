@@ -39,13 +39,13 @@ from tests.relay.gateway_rig import (
     Rig,
     Sent,
     events,
-    eventually,
     oid_of,
     owe,
     reply,
     row,
     rows,
 )
+from tests.relay.waiting import eventually
 
 # -- doubles -------------------------------------------------------------------------------------
 

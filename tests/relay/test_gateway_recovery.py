@@ -39,7 +39,6 @@ from tests.relay.gateway_rig import (
     Rig,
     boot_incarnation,
     events,
-    eventually,
     live_incarnation,
     oid_of,
     owe,
@@ -47,6 +46,7 @@ from tests.relay.gateway_rig import (
     row,
     rows,
 )
+from tests.relay.waiting import eventually
 
 _O = ObligationState
 OWNER_KEY = "agent:routed-profile:slack:channel:C1"

@@ -43,13 +43,13 @@ from tests.relay.gateway_rig import (
     Rig,
     Sent,
     events,
-    eventually,
     live_incarnation,
     oid_of,
     owe,
     reply,
     row,
 )
+from tests.relay.waiting import eventually
 from tests.sqlite_faults import ConnectionLock, corrupt_obligation_pages
 
 _O = ObligationState

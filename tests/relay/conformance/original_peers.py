@@ -42,6 +42,8 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.http11 import Request, Response
 
+from tests.relay.waiting import eventually
+
 __all__ = [
     "BOT_ID",
     "GATEWAY_ID",
@@ -195,21 +197,6 @@ def decode_message(message: str | bytes) -> tuple[str, list[Frame], list[str]]:
     return text, frames, bad
 
 
-async def eventually(
-    predicate: Callable[[], bool],
-    timeout: float = 3.0,
-    *,
-    interval: float = 0.005,
-    what: str = "condition",
-) -> None:
-    """Poll ``predicate`` every ``interval`` s; raise AssertionError after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        await asyncio.sleep(interval)
-
-
 def _close_info(ws: ServerConnection | ClientConnection) -> tuple[int, str]:
     """The close code and reason of a finished connection (1006 when no close frame came)."""
     code = ws.close_code
@@ -353,7 +340,7 @@ class OriginalConnector:
 
     async def wait_until(self, predicate: Callable[[], bool], timeout: float = 3.0) -> None:
         """Wait (bounded) until ``predicate()`` is true."""
-        await eventually(predicate, timeout, what="connector condition")
+        await eventually(predicate, "connector condition", timeout)
 
     # ---- inspection
 
@@ -748,11 +735,11 @@ class OriginalGateway:
 
     async def wait_until(self, predicate: Callable[[], bool], timeout: float = 3.0) -> None:
         """Wait (bounded) until ``predicate()`` is true."""
-        await eventually(predicate, timeout, what="gateway condition")
+        await eventually(predicate, "gateway condition", timeout)
 
     async def wait_connected(self, timeout: float = 3.0) -> None:
         """Wait (bounded) until the gateway is connected and handshaken."""
-        await eventually(lambda: self.connected, timeout, what="gateway handshake")
+        await eventually(lambda: self.connected, "gateway handshake", timeout)
 
     # ---- requests
 

@@ -247,3 +247,22 @@ async def test_a_backlog_is_replayed_to_an_original_gateway_and_retired_by_its_a
     await eventually(lambda: world.connector.buffered(GATEWAY_ID) == 0, timeout=BOUND)
     assert [r.buffer_id for r in gateway.received_events] == ids
     assert texts(gateway) == [f"b{n}" for n in range(5)]
+
+
+@pytest.mark.asyncio
+async def test_too_many_original_gateways_of_one_id_are_turned_away_without_a_redial_loop(
+    world: World,
+) -> None:
+    """Past the standby limit the oldest waiting original gateway is closed with an early 4401,
+    which it backs off from, so six copies of one gateway make six dials, not a loop."""
+    served = await world.online()
+    copies = [world.gateway(startup_retry_s=30.0) for _ in range(5)]
+    for copy in copies:
+        await copy.start()
+        await eventually(lambda c=copy: c._session is not None or bool(c.closes), timeout=BOUND)
+    await eventually(lambda: copies[0].closes != [], timeout=BOUND)
+    await asyncio.sleep(0.3)  # a window in which a redial loop would show up as more dials
+    assert copies[0].closes == [(4401, "replaced by a newer connection")]
+    assert copies[0].startup_races == 1
+    assert sum(c.dials for c in copies) == 5
+    assert served.closes == []
