@@ -35,7 +35,7 @@ from statecore.errors import StoreError
 from statecore.ledger import Ledger
 from statecore.obligation import Claim, Obligation
 from statecore.ownership import Incarnation, ProcessProbe
-from statecore.policy import LedgerPolicy
+from statecore.policy import ErrorKind, LedgerPolicy
 from statecore.store import Store, TransitionRecord
 
 __all__ = ["AsyncLedger"]
@@ -141,13 +141,24 @@ class AsyncLedger:
             lambda: self.ledger.mark_delivered(obligation_id), "settle", (obligation_id, "deliver")
         )
 
-    async def mark_failed(self, obligation_id: str, error: str) -> Obligation:
+    async def mark_failed(
+        self,
+        obligation_id: str,
+        error: str,
+        *,
+        kind: ErrorKind | None = None,
+        ambiguous: bool = False,
+    ) -> Obligation:
         """:meth:`Ledger.mark_failed`, off the event loop."""
-        return await self._submit(lambda: self.ledger.mark_failed(obligation_id, error))
+        return await self._submit(
+            lambda: self.ledger.mark_failed(obligation_id, error, kind=kind, ambiguous=ambiguous)
+        )
 
-    async def release(self, obligation_id: str, error: str | None = None) -> Obligation:
+    async def release(
+        self, obligation_id: str, error: str | None = None, *, kind: ErrorKind | None = None
+    ) -> Obligation:
         """:meth:`Ledger.release`, off the event loop."""
-        return await self._submit(lambda: self.ledger.release(obligation_id, error))
+        return await self._submit(lambda: self.ledger.release(obligation_id, error, kind=kind))
 
     async def sweep_recoverable(
         self,

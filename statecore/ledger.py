@@ -206,38 +206,58 @@ class Ledger:
         """
         return self._settle(obligation_id, "deliver", {})
 
-    def mark_failed(self, obligation_id: str, error: str) -> Obligation:
+    def mark_failed(
+        self,
+        obligation_id: str,
+        error: str,
+        *,
+        kind: ErrorKind | None = None,
+        ambiguous: bool = False,
+    ) -> Obligation:
         """The platform rejected the send: attempting -> failed, keeping ``error`` (truncated).
 
-        Transient and rate-limit errors are scheduled for an in-process retry by
-        :meth:`sweep_failed_for_runtime`; reconnect errors wait for a reconnect; permanent
-        errors wait for a restart.  Raises as :meth:`mark_delivered`, and ``TypeError`` for a
-        non-text error.
+        ``kind`` is what the adapter knows about retrying (a :class:`ErrorKind`, normally
+        ``SendResult.kind``); without one, the policy classifies the error text
+        (:meth:`LedgerPolicy.classify`, for adapters that do not type their failures).  The kind
+        is stored with the row and the sweeps act on it: transient and rate-limit errors are
+        retried in-process by :meth:`sweep_failed_for_runtime` after their backoff, reconnect
+        errors wait for a reconnect, permanent errors wait for a restart.  ``ambiguous`` says
+        the send may have gone out: such a failure is never a reconnect error (the platform
+        may have seen it; it is retried as transient) and its history entry says so.
+
+        Raises as :meth:`mark_delivered`, ``TypeError`` for a non-text error or a kind that is
+        not an :class:`ErrorKind`.
         """
         if not isinstance(error, str):
             raise TypeError(f"error must be a str, not {type(error).__name__}")
-        kind = self.policy.classify(error)
+        kind = self._kind(error, kind)
+        if ambiguous and kind is ErrorKind.RECONNECT:
+            kind = ErrorKind.TRANSIENT
         row = self._row(obligation_id)
+        stored = self.policy.truncate(error)
         return self._settle(
             obligation_id,
             "fail",
             {
-                "last_error": self.policy.truncate(error),
+                "last_error": stored,
                 "error_kind": kind.value,
                 "next_attempt_at": self.policy.next_attempt_at(
                     kind, row["attempts"], self.clock.now()
                 ),
             },
             read=row,
-            reason=self.policy.truncate(error),
+            reason=self.policy.truncate(f"may have gone out: {error}") if ambiguous else stored,
         )
 
-    def release(self, obligation_id: str, error: str | None = None) -> Obligation:
+    def release(
+        self, obligation_id: str, error: str | None = None, *, kind: ErrorKind | None = None
+    ) -> Obligation:
         """Hand back a claim that was never sent: attempting -> failed, attempt refunded.
 
-        The row keeps its previous error; one that had none gets ``error`` or, by default,
-        the first reconnect error (``send_path_degraded``), so the runtime sweep resends it as
-        soon as its adapter (re)connects.  Raises as :meth:`mark_delivered`.
+        The row keeps its previous error and kind; one that had none gets ``error`` (with
+        ``kind``, else the policy's classification of it) or, by default, the first reconnect
+        error (``send_path_degraded``), so the runtime sweep resends it as soon as its adapter
+        (re)connects.  Raises as :meth:`mark_failed`.
         """
         if error is not None and not isinstance(error, str):
             raise TypeError(f"error must be a str or None, not {type(error).__name__}")
@@ -245,7 +265,9 @@ class Ledger:
         kept = row["last_error"]
         if kept is None:
             kept = error if error is not None else _first(self.policy.reconnect_errors)
-        kind = self.policy.classify(kept)
+            found = self._kind(kept, kind if error is not None else ErrorKind.RECONNECT)
+        else:
+            found = self._stored_kind(row)
         attempts = max(0, row["attempts"] - 1)
         return self._settle(
             obligation_id,
@@ -253,13 +275,32 @@ class Ledger:
             {
                 "attempts": attempts,
                 "last_error": self.policy.truncate(kept),
-                "error_kind": kind.value,
-                "next_attempt_at": self.policy.next_attempt_at(kind, attempts, self.clock.now()),
+                "error_kind": found.value,
+                "next_attempt_at": self.policy.next_attempt_at(found, attempts, self.clock.now()),
             },
             read=row,
             reason="released unsent",
             attempts=attempts,
         )
+
+    def _kind(self, error: str, kind: ErrorKind | None) -> ErrorKind:
+        """The adapter's kind when it gave one, else the policy's reading of the text."""
+        if kind is None:
+            return self.policy.classify(error)
+        if not isinstance(kind, ErrorKind):
+            raise TypeError(f"kind must be an ErrorKind or None, not {type(kind).__name__}")
+        return kind
+
+    def _stored_kind(self, row: Row[ObligationState]) -> ErrorKind:
+        """The kind stored with a failed row; rows written without one (older rows, rows
+        failed by other writers) are classified from their error text."""
+        stored = row["error_kind"]
+        if stored is not None:
+            try:
+                return ErrorKind(stored)
+            except ValueError:
+                pass  # an unknown kind: read the text instead
+        return self.policy.classify(row["last_error"])
 
     # -- sweeps ------------------------------------------------------------------------------
 
@@ -363,7 +404,7 @@ class Ledger:
                     if self._over_budget_or_stale(row, when):
                         self._abandon(row, when)
                         continue
-                    kind = self.policy.classify(row["last_error"])
+                    kind = self._stored_kind(row)
                     if kind is ErrorKind.PERMANENT:
                         continue
                     if kind is not ErrorKind.RECONNECT:

@@ -56,7 +56,9 @@ class LedgerPolicy:
     * ``retry_backoff``: delays of the in-process retries of non-permanent failures; the last
       budgeted attempt is always kept for a restart.
     * ``reconnect_errors``: exact error texts meaning the platform never saw the request.
-    * ``permanent_markers`` / ``rate_limit_markers``: case-insensitive substrings.
+    * ``permanent_markers`` / ``rate_limit_markers``: case-insensitive substrings.  These three
+      read only failures whose adapter gave no :class:`ErrorKind` (``SendResult.kind``); a
+      typed failure is stored with its kind as given.
     * ``max_error_length``: stored error text is truncated to this many characters.
     * ``lease_s``: how long a row's owner lease lasts (owners on other hosts are presumed dead
       once it expired).
@@ -97,7 +99,10 @@ class LedgerPolicy:
     sweep_chunk: int = attrs.field(default=500, validator=_non_negative_int)
 
     def classify(self, error: str | None) -> ErrorKind:
-        """Classify a send error's text (None: the send never reached the platform)."""
+        """Classify an untyped send error's text (None: the send never reached the platform).
+
+        The fallback for adapters that do not type their failures; the ledger uses a
+        ``SendResult.kind`` when there is one."""
         if error is None or error in self.reconnect_errors:
             return ErrorKind.RECONNECT
         lowered = error.lower()

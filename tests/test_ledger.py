@@ -324,6 +324,75 @@ def test_mark_failed_keeps_error_and_its_kind(
     assert ob.attempts == 0
 
 
+def test_a_typed_failure_is_stored_with_its_kind_whatever_its_text(
+    store: Store, clock: FakeClock
+) -> None:
+    """The adapter's kind wins over the text: a 'forbidden' text typed transient is retried,
+    a plain 'timeout' typed permanent is not; the sweep acts on the stored kind."""
+    ledger = make(store, clock, FakeProbe())
+    record(ledger, "typed-transient")
+    ledger.mark_attempting("typed-transient")
+    ledger.mark_failed("typed-transient", "forbidden by a proxy", kind=ErrorKind.TRANSIENT)
+    record(ledger, "typed-permanent", chat_id="C2")
+    ledger.mark_attempting("typed-permanent")
+    ledger.mark_failed("typed-permanent", "timeout", kind=ErrorKind.PERMANENT)
+    assert current(ledger, "typed-transient").error_kind == "transient"
+    assert current(ledger, "typed-permanent").error_kind == "permanent"
+    clock.advance(ledger.policy.retry_backoff[0])
+    claimed = [c.obligation_id for c in ledger.sweep_failed_for_runtime("slack")]
+    assert claimed == ["typed-transient"]
+    assert current(ledger, "typed-permanent").state is S.FAILED
+
+
+def test_an_ambiguous_failure_is_never_a_reconnect_error_and_says_so(
+    store: Store, clock: FakeClock
+) -> None:
+    """A send that may have gone out is kept as transient (never 'the platform did not see
+    it'), and its history entry says it may have gone out."""
+    ledger = make(store, clock, FakeProbe())
+    oid = record(ledger)
+    ledger.mark_attempting(oid)
+    ob = ledger.mark_failed(oid, "send_path_degraded", ambiguous=True)
+    assert ob.error_kind == ErrorKind.TRANSIENT.value
+    assert ob.next_attempt_at == clock.now() + ledger.policy.retry_backoff[0]
+    assert ledger.history(oid)[-1].reason == "may have gone out: send_path_degraded"
+
+
+def test_mark_failed_rejects_a_kind_that_is_not_an_error_kind(
+    store: Store, clock: FakeClock
+) -> None:
+    """A kind given as text is refused with TypeError and the row is unchanged."""
+    ledger = make(store, clock, FakeProbe())
+    oid = record(ledger)
+    ledger.mark_attempting(oid)
+    before = snapshot(ledger, oid)
+    with pytest.raises(TypeError, match="ErrorKind"):
+        ledger.mark_failed(oid, "boom", kind="permanent")  # type: ignore[arg-type]
+    assert snapshot(ledger, oid) == before
+
+
+def test_a_row_failed_without_a_stored_kind_is_classified_from_its_text(
+    store: Store, clock: FakeClock
+) -> None:
+    """Rows written by other writers without a kind still follow the policy's reading of
+    their text: a reconnect error is due at once, a permanent one stays."""
+    ledger = make(store, clock, FakeProbe())
+    for oid, error in (("untyped-reconnect", "send_path_degraded"), ("untyped-gone", "chat gone")):
+        record(ledger, oid, chat_id=oid)
+        ledger.mark_attempting(oid)
+        # Failed by a writer that stores no kind (an older version, another tool).
+        store.transition(
+            OBLIGATION_KIND,
+            oid,
+            "fail",
+            audit=Audit(clock.now(), reason=error),
+            changes={"last_error": error, "error_kind": None},
+        )
+        assert current(ledger, oid).error_kind is None
+    claimed = [c.obligation_id for c in ledger.sweep_failed_for_runtime("slack")]
+    assert claimed == ["untyped-reconnect"]
+
+
 def test_mark_failed_truncates_long_errors(store: Store, clock: FakeClock) -> None:
     """Stored error text is bounded by policy.max_error_length."""
     ledger = make(store, clock, FakeProbe(), policy=LedgerPolicy(max_error_length=40))

@@ -26,6 +26,7 @@ from relay.wire.errors import RelayBroken, RelayClosed
 from relay.wire.frames import EGRESS_DECLINED, InboundEvent
 from statecore.clock import Clock, Deadline, SystemClock
 from statecore.gateway.adapter import SendResult, accepts_budget
+from statecore.policy import ErrorKind
 
 __all__ = [
     "SEND_PATH_DEGRADED",
@@ -35,6 +36,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_KIND_OF_CODE = {EGRESS_DECLINED: ErrorKind.PERMANENT, "rate_limited": ErrorKind.RATE_LIMITED}
+"""Result codes whose meaning for a retry is known (others: the error text is classified)."""
 
 SEND_PATH_DEGRADED = "send_path_degraded"
 """The send error meaning the platform never saw the request (the ledger's reconnect error)."""
@@ -222,13 +226,18 @@ class RelayAdapter:
         if result.outcome is RequestOutcome.OK:
             return SendResult.ok(result.message_id)
         if result.outcome is RequestOutcome.NOT_SENT:
-            # It never left: the platform did not see it.  Reported as the reconnect error, so
-            # the ledger retries it as soon as the relay is back instead of spending attempts.
-            return SendResult.failed(SEND_PATH_DEGRADED)
+            # It never left: the platform did not see it.  The ledger retries it as soon as the
+            # relay is back instead of spending attempts.
+            return SendResult.failed(SEND_PATH_DEGRADED, kind=ErrorKind.RECONNECT)
         error = result.error or result.outcome.value
-        if result.outcome is RequestOutcome.DECLINED and "egress" not in error:
-            error = f"{EGRESS_DECLINED}: {error}"  # final: the ledger never retries it
-        return SendResult.failed(error, ambiguous=result.outcome is RequestOutcome.UNKNOWN)
+        if result.outcome is RequestOutcome.DECLINED:
+            if "egress" not in error:
+                error = f"{EGRESS_DECLINED}: {error}"
+            return SendResult.failed(error, kind=ErrorKind.PERMANENT)  # final: never retried
+        if result.outcome is RequestOutcome.UNKNOWN:
+            return SendResult.failed(error, ambiguous=True)
+        # The platform's own refusal: its code when it is one we know, else its text decides.
+        return SendResult.failed(error, kind=_KIND_OF_CODE.get(result.code or ""))
 
     # -- idle, dormancy, teardown --------------------------------------------------------------
 

@@ -13,6 +13,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
+from statecore.policy import ErrorKind
+
 __all__ = [
     "InboundLike",
     "InboundSource",
@@ -25,29 +27,40 @@ __all__ = [
 
 @attrs.frozen
 class SendResult:
-    """The outcome of one send.
+    """The outcome of one send, typed so that nobody re-reads error text.
 
     * ``success``: the platform acknowledged it (``message_id`` when it gave one).
-    * not ``success`` and not ``ambiguous``: it definitely did not go out (``error`` says why);
-      a retry cannot duplicate it.
-    * ``ambiguous``: it may or may not have gone out (timeout, connection lost mid-request); a
-      retry must be labelled as a possible duplicate.
+    * not ``success``: ``error`` says why, for people; ``kind`` (an
+      :class:`~statecore.policy.ErrorKind`) says what a retry may do, for the ledger: never
+      seen by the platform (``RECONNECT``), slow down (``RATE_LIMITED``), try again
+      (``TRANSIENT``) or never again (``PERMANENT``).  An adapter that leaves ``kind`` unset has
+      its error text classified by the ledger's policy instead.
+    * ``ambiguous``: it may or may not have gone out (timeout, connection lost mid-request); the
+      ledger never takes it for a send the platform did not see, and its history says so.  Not
+      ambiguous: it definitely did not go out.
     """
 
     success: bool
     error: str | None = None
     message_id: str | None = None
     ambiguous: bool = False
+    kind: ErrorKind | None = None
 
     @classmethod
     def ok(cls, message_id: str | None = None) -> SendResult:
         """An acknowledged send."""
-        return cls(True, None, message_id, False)
+        return cls(True, None, message_id, False, None)
 
     @classmethod
-    def failed(cls, error: str, *, ambiguous: bool = False) -> SendResult:
-        """A send that failed (definitely, unless ``ambiguous``)."""
-        return cls(False, error, None, ambiguous)
+    def failed(
+        cls, error: str, *, kind: ErrorKind | None = None, ambiguous: bool = False
+    ) -> SendResult:
+        """A send that failed (definitely, unless ``ambiguous``); ``kind`` when the adapter
+        knows what a retry may do.  Raises ``TypeError`` for a kind that is not an
+        :class:`~statecore.policy.ErrorKind`."""
+        if kind is not None and not isinstance(kind, ErrorKind):
+            raise TypeError(f"kind must be an ErrorKind or None, not {type(kind).__name__}")
+        return cls(False, error, None, ambiguous, kind)
 
 
 class InboundSource(Protocol):

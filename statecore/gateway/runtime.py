@@ -396,7 +396,11 @@ class Gateway:
             return True
         error = result.error or "send failed"
         await self._ledger_write(
-            "mark_failed", obligation_id, lambda: self.ledger.mark_failed(obligation_id, error)
+            "mark_failed",
+            obligation_id,
+            lambda: self.ledger.mark_failed(
+                obligation_id, error, kind=result.kind, ambiguous=result.ambiguous
+            ),
         )
         return False
 

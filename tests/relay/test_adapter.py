@@ -329,8 +329,32 @@ async def test_send_refusal_is_a_definite_failure(
     assert result.error is not None
     assert reply.error is not None
     assert result.error.endswith(reply.error)
-    # Both refusals ("chat not found", the tenant guard) are final for the ledger.
-    assert LedgerPolicy().classify(result.error) is ErrorKind.PERMANENT
+    # Both refusals ("chat not found", the tenant guard) are final for the ledger: the tenant
+    # guard's by its kind, the platform's untyped text by the policy's reading of it.
+    if result.kind is None:
+        assert LedgerPolicy().classify(result.error) is ErrorKind.PERMANENT
+    else:
+        assert result.kind is ErrorKind.PERMANENT
+
+
+async def test_a_tenant_guard_refusal_is_typed_permanent(
+    connector: StubConnector, transports: TransportFactory
+) -> None:
+    """The connector's definite refusal reaches the ledger as a kind, not as text to match."""
+    connector.reply = Reply.declined()
+    adapter = await connected_adapter(transports)
+    result = await asyncio.wait_for(adapter.send("c1", "hi"), GUARD)
+    assert (result.kind, result.ambiguous) == (ErrorKind.PERMANENT, False)
+
+
+async def test_a_rate_limited_result_code_is_typed(
+    connector: StubConnector, transports: TransportFactory
+) -> None:
+    """A platform failure whose code is known carries its kind whatever its text says."""
+    connector.reply = Reply.failed("slow down please", "rate_limited")
+    adapter = await connected_adapter(transports)
+    result = await asyncio.wait_for(adapter.send("c1", "hi"), GUARD)
+    assert (result.kind, result.error) == (ErrorKind.RATE_LIMITED, "slow down please")
 
 
 async def test_send_timeout_is_ambiguous(
@@ -345,6 +369,7 @@ async def test_send_timeout_is_ambiguous(
     result = await asyncio.wait_for(task, GUARD)
     assert not result.success
     assert result.ambiguous
+    assert result.kind is None  # the ledger keeps it transient: it may have gone out
 
 
 async def test_send_when_not_connected_is_a_definite_failure(transports: TransportFactory) -> None:
@@ -353,6 +378,7 @@ async def test_send_when_not_connected_is_a_definite_failure(transports: Transpo
     result = await asyncio.wait_for(adapter.send("c1", "hi"), GUARD)
     assert not result.success
     assert not result.ambiguous
+    assert result.kind is ErrorKind.RECONNECT  # resent as soon as the relay is back
 
 
 async def test_send_carries_idempotency_key_thread_and_reply_to(

@@ -23,9 +23,8 @@ from statecore.errors import StoreError
 from statecore.gateway.adapter import SendResult
 from statecore.gateway.runtime import Message, Turn, session_key_for
 from statecore.lifecycles import ObligationState
-from statecore.obligation import (
-    RECONNECTED_MARKER,
-)
+from statecore.obligation import OBLIGATION_KIND, RECONNECTED_MARKER
+from statecore.policy import ErrorKind
 from statecore.store import Store
 from stores.memory import InMemoryStore
 from tests.relay.gateway_rig import (
@@ -107,6 +106,27 @@ async def test_failed_send_is_recorded_failed_with_its_error(rig: Rig, store: St
     assert stored.error_kind == "transient"
     assert events(store, stored.obligation_id) == ["record", "attempt", "fail"]
     assert gateway.delivered == 0
+
+
+@pytest.mark.asyncio
+async def test_a_typed_failure_reaches_the_ledger_as_its_kind(rig: Rig, store: Store) -> None:
+    """The adapter's kind is what the ledger stores (no text is matched): a refusal typed
+    permanent stays failed whatever its text; an ambiguous one is never a reconnect error."""
+    adapter = FakeAdapter(
+        SendResult.failed("upstream said no", kind=ErrorKind.PERMANENT),
+        SendResult.failed("send_path_degraded", ambiguous=True),
+    )
+    gateway = rig.gateway()
+    gateway.add_adapter(SLACK, adapter)
+
+    await reply(gateway)
+    await reply(gateway, "second", message_ref="m2")
+
+    assert row(store, oid_of()).error_kind == "permanent"
+    ambiguous = row(store, oid_of("second", message_ref="m2"))
+    assert ambiguous.error_kind == "transient"
+    (last,) = store.history(OBLIGATION_KIND, ambiguous.obligation_id)[-1:]
+    assert last.reason == "may have gone out: send_path_degraded"
 
 
 @pytest.mark.asyncio
