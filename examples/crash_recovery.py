@@ -36,7 +36,8 @@ from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
 from relay.wire.frames import InboundEvent
 from statecore import RECOVERED_MARKER
-from statecore.gateway import SendResult
+from statecore.clock import Deadline
+from statecore.gateway import AdapterAbilities, SendResult
 from statecore.gateway.runtime import Gateway, Turn
 from stores import InMemoryStore, SQLiteStore
 
@@ -53,10 +54,12 @@ WAIT_S = 15.0  # the bound on every wait in this example
 class HangOnFirstSend:
     """A platform adapter that wraps a ``RelayAdapter`` and hangs forever in its first send.
 
-    Everything the gateway probes on an adapter (``on_message``, ``connect``, ``connected``,
-    ``transport``, ``disconnect``) is passed through; only ``send`` is changed.  This stands in
+    It declares the abilities it passes through to the wrapped adapter (connecting, inbound
+    messages, disconnecting within a deadline); only ``send`` is changed.  This stands in
     for any real way a process dies mid-send: OOM killer, a deploy, a power cut.
     """
+
+    abilities = AdapterAbilities(connects=True, disconnects=True, delivers_inbound=True)
 
     def __init__(self, inner: RelayAdapter) -> None:
         self.inner = inner
@@ -73,8 +76,8 @@ class HangOnFirstSend:
     async def connect(self) -> bool:
         return await self.inner.connect()
 
-    async def disconnect(self, *, budget_s: float | None = None) -> None:
-        await self.inner.disconnect(budget_s=budget_s)
+    async def disconnect(self, *, deadline: Deadline) -> None:
+        await self.inner.disconnect(deadline=deadline)
 
     async def send(
         self, chat_id: str, content: str, metadata: Mapping[str, Any] | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import attrs
 
@@ -25,7 +25,7 @@ from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
 from relay.wire.errors import RelayBroken, RelayClosed
 from relay.wire.frames import EGRESS_DECLINED, InboundEvent
 from statecore.clock import Clock, Deadline, SystemClock
-from statecore.gateway.adapter import SendResult, accepts_budget
+from statecore.gateway.adapter import AdapterAbilities, SendResult, accepts_budget
 from statecore.policy import ErrorKind
 
 __all__ = [
@@ -79,6 +79,15 @@ class RelayAdapter:
     ``RelayAdapter(transport, *, placeholder=None, profile="default")``.  Until the connector's
     descriptor is adopted, ``descriptor`` is ``placeholder`` (or a conservative default).
     """
+
+    abilities: ClassVar[AdapterAbilities] = AdapterAbilities(
+        connects=True,
+        disconnects=True,
+        delivers_inbound=True,
+        announces_reconnects=True,
+        primes_routes=True,
+    )
+    """Everything the runtime may ask of an adapter."""
 
     def __init__(
         self,

@@ -4,7 +4,7 @@ protocol with its send result.  It imports the kernel only --
 never ``relay``, never ``stores``.
 """
 
-from statecore.gateway.adapter import PlatformAdapter, SendResult
+from statecore.gateway.adapter import AdapterAbilities, PlatformAdapter, SendResult
 from statecore.gateway.delegations import (
     DELEGATION,
     DELEGATION_KIND,
@@ -28,6 +28,7 @@ __all__ = [
     "SESSION",
     "SESSION_KIND",
     "USER_BOUNDARY_END_REASONS",
+    "AdapterAbilities",
     "Delegation",
     "DelegationState",
     "Delegations",

@@ -1,25 +1,36 @@
 """What the runtime needs from a platform adapter: a send with a definite, typed result.
 
 Any object with ``async send(chat_id, content, metadata=None) -> SendResult`` is an adapter; the
-relay's ``RelayAdapter`` is one, a test double is another.  ``connect()`` / ``disconnect()`` are
-optional.
+relay's ``RelayAdapter`` is one, a test double is another.  Whatever else an adapter can do
+(connect, disconnect within a deadline, deliver inbound messages, announce reconnections, prime
+a chat's route) it declares in an ``abilities`` attribute holding an :class:`AdapterAbilities`;
+the runtime calls only what is declared, and never probes for methods.  An adapter without the
+attribute can only send.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
+from statecore.clock import Deadline
 from statecore.policy import ErrorKind
 
 __all__ = [
+    "AdapterAbilities",
+    "Connecting",
+    "Disconnecting",
+    "InboundDelivering",
     "InboundLike",
     "InboundSource",
     "PlatformAdapter",
+    "ReconnectAnnouncing",
+    "RoutePriming",
     "SendResult",
+    "abilities_of",
     "accepts_budget",
     "accepts_keyword",
 ]
@@ -104,6 +115,100 @@ class PlatformAdapter(Protocol):
         self, chat_id: str, content: str, metadata: Mapping[str, Any] | None = None
     ) -> SendResult:
         """Send ``content`` to ``chat_id``; never raise for a platform refusal (return it)."""
+        ...
+
+
+@attrs.frozen
+class AdapterAbilities:
+    """What an adapter can do besides :meth:`PlatformAdapter.send`, declared as a value.
+
+    An adapter sets ``abilities = AdapterAbilities(...)`` (a class attribute is enough) and
+    implements the protocol each true field names; the runtime reads nothing else.
+
+    * ``connects``: :class:`Connecting` -- a ``connected`` flag and ``async connect()``; the
+      runtime connects it at start and sends (and recovers) only while it is connected.
+    * ``disconnects``: :class:`Disconnecting` -- ``async disconnect(*, deadline)``, called at
+      stop with the one deadline of the whole stop.
+    * ``delivers_inbound``: :class:`InboundDelivering` -- ``on_message(handler)``.
+    * ``announces_reconnects``: :class:`ReconnectAnnouncing` -- ``on_reconnect(callback)``; the
+      runtime retries what the adapter could not send after each reconnection.
+    * ``primes_routes``: :class:`RoutePriming` -- ``prime(origin)``, called with a persisted
+      routing origin before a delegation's completion is sent to its chat.
+    """
+
+    connects: bool = attrs.field(default=False, kw_only=True)
+    disconnects: bool = attrs.field(default=False, kw_only=True)
+    delivers_inbound: bool = attrs.field(default=False, kw_only=True)
+    announces_reconnects: bool = attrs.field(default=False, kw_only=True)
+    primes_routes: bool = attrs.field(default=False, kw_only=True)
+
+    def __attrs_post_init__(self) -> None:
+        for field in attrs.fields(type(self)):
+            if type(getattr(self, field.name)) is not bool:
+                raise TypeError(f"AdapterAbilities.{field.name} must be a bool")
+
+
+SEND_ONLY = AdapterAbilities()
+"""The abilities of an adapter that declares none."""
+
+
+def abilities_of(adapter: object) -> AdapterAbilities:
+    """The abilities ``adapter`` declares (:data:`SEND_ONLY` when it declares none).
+
+    Raises ``TypeError`` when its ``abilities`` attribute is not an :class:`AdapterAbilities`
+    (a typo there would otherwise silently turn an adapter into a send-only one).
+    """
+    declared = getattr(adapter, "abilities", SEND_ONLY)
+    if not isinstance(declared, AdapterAbilities):
+        raise TypeError(
+            f"{type(adapter).__name__}.abilities must be an AdapterAbilities, "
+            f"not {type(declared).__name__}"
+        )
+    return declared
+
+
+class Connecting(Protocol):
+    """``AdapterAbilities.connects``: connection state and an explicit connect."""
+
+    @property
+    def connected(self) -> bool:
+        """True while a send can go out now."""
+        ...
+
+    async def connect(self) -> object:
+        """Connect (the result is ignored; failures are logged, never raised to the runtime)."""
+        ...
+
+
+class Disconnecting(Protocol):
+    """``AdapterAbilities.disconnects``: a teardown bounded by the caller's deadline."""
+
+    async def disconnect(self, *, deadline: Deadline) -> None:
+        """Tear down, returning by ``deadline``."""
+        ...
+
+
+class InboundDelivering(Protocol):
+    """``AdapterAbilities.delivers_inbound``: inbound messages handed to one handler."""
+
+    def on_message(self, handler: Callable[[Any], Awaitable[None]] | None) -> None:
+        """Deliver each inbound message to ``handler`` (None: hold them, acknowledge none)."""
+        ...
+
+
+class ReconnectAnnouncing(Protocol):
+    """``AdapterAbilities.announces_reconnects``: a callback on every (re)connection."""
+
+    def on_reconnect(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after each connection is made; it must not block or raise."""
+        ...
+
+
+class RoutePriming(Protocol):
+    """``AdapterAbilities.primes_routes``: a chat's route rebuilt from a persisted origin."""
+
+    def prime(self, origin: Any) -> None:
+        """Remember what ``origin`` says about its chat (scope, user)."""
         ...
 
 

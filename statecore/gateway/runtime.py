@@ -30,14 +30,24 @@ import math
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import attrs
 
 from statecore.async_ledger import AsyncLedger
 from statecore.clock import Clock, Deadline, SystemClock
 from statecore.errors import InvalidTransition, StaleState, StoreError
-from statecore.gateway.adapter import InboundLike, SendResult, accepts_budget, accepts_keyword
+from statecore.gateway.adapter import (
+    AdapterAbilities,
+    Connecting,
+    Disconnecting,
+    InboundDelivering,
+    InboundLike,
+    ReconnectAnnouncing,
+    RoutePriming,
+    SendResult,
+    abilities_of,
+)
 from statecore.gateway.delegations import Delegation, Delegations
 from statecore.gateway.routing import Route, RouteVerdict
 from statecore.gateway.sessions import Session, SessionStore
@@ -211,6 +221,7 @@ class Gateway:
         # sweep never touches them.  A count, since two paths may hold one id at once.
         self._in_flight: Counter[str] = Counter()
         self._adapters: dict[tuple[str, str], _Sendable] = {}
+        self._abilities: dict[tuple[str, str], AdapterAbilities] = {}
         self._handler: MessageHandler | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._retry_loop: asyncio.Task[None] | None = None
@@ -227,14 +238,21 @@ class Gateway:
     def add_adapter(self, platform: str, adapter: _Sendable, *, profile: str = "default") -> None:
         """Send replies for ``(platform, profile)`` through ``adapter``.
 
-        An adapter with ``on_message`` delivers its inbound messages to the bot's handler; one
-        with ``on_reconnect`` triggers the runtime retry on every reconnect.
+        What else the runtime does with it follows the adapter's declared
+        :class:`~statecore.gateway.adapter.AdapterAbilities`: one that delivers inbound hands its
+        messages to the bot's handler; one that announces reconnects triggers the runtime retry
+        on every reconnect.  Raises ``TypeError`` for an adapter without ``send`` or with an
+        ``abilities`` attribute that is not an ``AdapterAbilities``.
         """
+        if not callable(getattr(adapter, "send", None)):
+            raise TypeError(f"an adapter needs an async send(), {type(adapter).__name__} has none")
+        abilities = abilities_of(adapter)
         self._adapters[(platform, profile)] = adapter
-        self._listen(adapter, profile)
-        on_reconnect = getattr(adapter, "on_reconnect", None)
-        if on_reconnect is not None:
-            on_reconnect(self._reconnect_listener(platform, profile))
+        self._abilities[(platform, profile)] = abilities
+        self._listen(adapter, abilities, profile)
+        if abilities.announces_reconnects:
+            announcing = cast(ReconnectAnnouncing, adapter)
+            announcing.on_reconnect(self._reconnect_listener(platform, profile))
 
     def on_message(self, handler: MessageHandler | None) -> None:
         """Run ``await handler(turn)`` for every inbound message (outside the socket reader).
@@ -244,15 +262,16 @@ class Gateway:
         had already sent are not sent twice (their obligations already exist).
         """
         self._handler = handler
-        for (_, profile), adapter in self._adapters.items():
-            self._listen(adapter, profile)
+        for target, adapter in self._adapters.items():
+            self._listen(adapter, self._abilities[target], target[1])
 
-    def _listen(self, adapter: _Sendable, profile: str) -> None:
+    def _listen(self, adapter: _Sendable, abilities: AdapterAbilities, profile: str) -> None:
         """Route the adapter's inbound messages to the handler -- only once there is one, so
         that nothing is acknowledged before a handler has seen it."""
-        on_message = getattr(adapter, "on_message", None)
-        if on_message is None:
+        if not abilities.delivers_inbound:
             return
+        delivering = cast(InboundDelivering, adapter)
+        on_message = delivering.on_message
         if self._handler is None:
             on_message(None)
             return
@@ -456,9 +475,12 @@ class Gateway:
     def connected_targets(self) -> set[tuple[str, str]]:
         """(platform, profile) pairs whose adapter can send now."""
         targets = set()
-        for (platform, profile), adapter in self._adapters.items():
-            if getattr(adapter, "connected", True):
-                targets.add((platform, profile))
+        for target, adapter in self._adapters.items():
+            if self._abilities[target].connects:
+                connecting = cast(Connecting, adapter)
+                if not connecting.connected:
+                    continue
+            targets.add(target)
         return targets
 
     async def start(self) -> int:
@@ -472,13 +494,15 @@ class Gateway:
         store (or wait for the lock) and call ``start()`` again.
         """
         await self.ledger.check()
-        for adapter in self._adapters.values():
-            connect = getattr(adapter, "connect", None)
-            if connect is not None and not getattr(adapter, "connected", False):
+        for target, adapter in self._adapters.items():
+            if not self._abilities[target].connects:
+                continue
+            connecting = cast(Connecting, adapter)
+            if not connecting.connected:
                 try:
-                    await connect()
+                    await connecting.connect()
                 except Exception:
-                    log.warning("adapter failed to connect at start", exc_info=True)
+                    log.warning("adapter %s/%s failed to connect at start", *target, exc_info=True)
         claims = await self._claim_recoverable()
         self._started = True
         if claims:
@@ -634,10 +658,10 @@ class Gateway:
                 outcomes.append((job, route, None))
                 continue
             origin = job.origin
-            adapter = self.adapter(origin.platform, DEFAULT_PROFILE)
-            prime = getattr(adapter, "prime", None)
-            if prime is not None:
-                prime(origin)  # the rebuilt route carries scope_id/user_id to the connector
+            target = (origin.platform, DEFAULT_PROFILE)
+            if target in self._adapters and self._abilities[target].primes_routes:
+                priming = cast(RoutePriming, self._adapters[target])
+                priming.prime(origin)  # the rebuilt route carries scope_id/user_id onwards
             result = await self.send_final(
                 session_key=route.session.session_key,
                 platform=origin.platform,
@@ -700,21 +724,17 @@ class Gateway:
             await asyncio.wait(pending, timeout=deadline.remaining() / 2)
             for task in pending:
                 task.cancel()
-        for adapter in self._adapters.values():
-            disconnect = getattr(adapter, "disconnect", None)
-            if disconnect is None:
+        for target, adapter in self._adapters.items():
+            if not self._abilities[target].disconnects:
                 continue
-            # Each adapter gets what is left of the budget, and no more: the deadline itself
-            # when it takes one, else the duration left.
+            # Each adapter gets what is left of the budget, and no more: the deadline itself,
+            # and a bound on the wait in case it overruns.
+            disconnecting = cast(Disconnecting, adapter)
             with contextlib.suppress(Exception):
                 remaining = deadline.remaining()
-                if accepts_keyword(disconnect, "deadline"):
-                    call = disconnect(deadline=deadline)
-                elif accepts_budget(disconnect):
-                    call = disconnect(budget_s=remaining)
-                else:
-                    call = disconnect()
-                await asyncio.wait_for(call, max(0.01, remaining))
+                await asyncio.wait_for(
+                    disconnecting.disconnect(deadline=deadline), max(0.01, remaining)
+                )
         await self.ledger.aclose()
 
 

@@ -17,7 +17,7 @@ from relay.client.transport import WebSocketRelayTransport
 from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
 from statecore.clock import Clock
-from statecore.gateway.adapter import SendResult
+from statecore.gateway.adapter import AdapterAbilities, SendResult
 from statecore.gateway.runtime import Gateway, SessionFlags
 from statecore.ids import compute_obligation_id
 from statecore.ledger import Ledger
@@ -63,6 +63,8 @@ class FakeAdapter:
     (then success).  Optional: a ``hang`` event every send waits for, a shared ``log`` of
     ``("send", content)`` entries, an ``on_send`` hook run as the send begins, and a
     ``connected`` flag that ``connect()`` sets to ``can_connect``."""
+
+    abilities: AdapterAbilities = AdapterAbilities(connects=True)
 
     def __init__(
         self,

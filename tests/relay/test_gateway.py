@@ -20,7 +20,7 @@ import pytest
 from relay.client.lifecycle import TransportState
 from statecore.clock import Deadline, FakeClock
 from statecore.errors import StoreError
-from statecore.gateway.adapter import SendResult
+from statecore.gateway.adapter import AdapterAbilities, SendResult
 from statecore.gateway.runtime import Message, Turn, session_key_for
 from statecore.lifecycles import ObligationState
 from statecore.obligation import OBLIGATION_KIND, RECONNECTED_MARKER
@@ -419,26 +419,30 @@ async def test_replayed_turn_does_not_send_its_earlier_reply_twice(
 
 
 class HangingDisconnect(FakeAdapter):
-    """An adapter whose ``disconnect`` never returns on its own; records the budget it got."""
+    """An adapter whose ``disconnect`` never returns on its own; records the time it had."""
+
+    abilities = AdapterAbilities(connects=True, disconnects=True)
 
     def __init__(self) -> None:
         super().__init__()
-        self.budgets: list[float | None] = []
+        self.budgets: list[float] = []
 
-    async def disconnect(self, budget_s: float | None = None) -> None:
-        self.budgets.append(budget_s)
+    async def disconnect(self, *, deadline: Deadline) -> None:
+        self.budgets.append(deadline.remaining())
         await asyncio.Event().wait()
 
 
 class RecordingDisconnect(FakeAdapter):
-    """An adapter whose ``disconnect`` returns at once; records the budget it got."""
+    """An adapter whose ``disconnect`` returns at once; records the time it had."""
+
+    abilities = AdapterAbilities(connects=True, disconnects=True)
 
     def __init__(self) -> None:
         super().__init__()
-        self.budgets: list[float | None] = []
+        self.budgets: list[float] = []
 
-    async def disconnect(self, budget_s: float | None = None) -> None:
-        self.budgets.append(budget_s)
+    async def disconnect(self, *, deadline: Deadline) -> None:
+        self.budgets.append(deadline.remaining())
 
 
 @pytest.mark.asyncio
@@ -465,7 +469,6 @@ async def test_stop_finishes_within_its_budget_and_closes_the_ledger(
     assert elapsed <= budget + 0.3, f"stop({budget}) took {elapsed:.2f} s"
     assert len(other.budgets) == 1
     given = other.budgets[0]
-    assert given is not None
     assert 0 < given <= budget
     with pytest.raises(StoreError):
         await gateway.ledger.get(oid)
@@ -476,17 +479,15 @@ async def test_stop_finishes_within_its_budget_and_closes_the_ledger(
 
 
 class DeadlineDisconnect(FakeAdapter):
-    """An adapter whose ``disconnect`` takes an absolute deadline; records what it got."""
+    """An adapter that disconnects within an absolute deadline; records what it got."""
+
+    abilities = AdapterAbilities(connects=True, disconnects=True)
 
     def __init__(self) -> None:
         super().__init__()
-        self.deadlines: list[Deadline | None] = []
-        self.budgets: list[float | None] = []
+        self.deadlines: list[Deadline] = []
 
-    async def disconnect(
-        self, *, budget_s: float | None = None, deadline: Deadline | None = None
-    ) -> None:
-        self.budgets.append(budget_s)
+    async def disconnect(self, *, deadline: Deadline) -> None:
         self.deadlines.append(deadline)
 
 
@@ -499,10 +500,70 @@ async def test_stop_hands_an_adapter_that_takes_one_the_deadline_itself(rig: Rig
     gateway.add_adapter(SLACK, adapter)
     await asyncio.wait_for(gateway.start(), BOUND)
     await asyncio.wait_for(gateway.stop(budget_s=5.0), BOUND)
-    assert adapter.budgets == [None]
     [deadline] = adapter.deadlines
-    assert deadline is not None
     assert 0 < deadline.remaining() <= 5.0
+
+
+class _Undeclared:
+    """Has connect, on_message and disconnect, but declares no abilities: send-only."""
+
+    connected = False
+
+    def __init__(self) -> None:
+        self.called: list[str] = []
+
+    async def connect(self) -> None:
+        self.called.append("connect")
+
+    def on_message(self, handler: object) -> None:
+        self.called.append("on_message")
+
+    async def disconnect(self, *, deadline: Deadline) -> None:
+        self.called.append("disconnect")
+
+    async def send(self, chat_id: str, content: str, metadata: object = None) -> SendResult:
+        self.called.append("send")
+        return SendResult.ok()
+
+
+@pytest.mark.asyncio
+async def test_an_adapter_is_asked_only_what_it_declares(rig: Rig) -> None:
+    """The runtime reads the declared abilities, never the methods an adapter happens to have:
+    an undeclared adapter is only ever sent to (and counts as connected)."""
+    adapter = _Undeclared()
+    gateway = rig.gateway()
+    gateway.add_adapter(SLACK, adapter)  # type: ignore[arg-type]
+    gateway.on_message(lambda turn: asyncio.sleep(0))
+    await asyncio.wait_for(gateway.start(), BOUND)
+    assert gateway.connected_targets() == {(SLACK, "default")}
+    assert (await reply(gateway)).success
+    await asyncio.wait_for(gateway.stop(budget_s=1.0), BOUND)
+    assert adapter.called == ["send"]
+
+
+@pytest.mark.parametrize("abilities", ["connects", {"connects": True}, None])
+def test_an_adapter_with_malformed_abilities_is_refused(rig: Rig, abilities: object) -> None:
+    """abilities that are not an AdapterAbilities raise TypeError and register nothing."""
+    adapter = FakeAdapter()
+    adapter.abilities = abilities  # type: ignore[assignment]
+    gateway = rig.gateway()
+    with pytest.raises(TypeError, match="AdapterAbilities"):
+        gateway.add_adapter(SLACK, adapter)
+    assert gateway.adapter(SLACK) is None
+
+
+def test_abilities_refuse_non_bool_values() -> None:
+    """A truthy non-bool is refused, so a declaration means exactly what it says."""
+    with pytest.raises(TypeError, match="connects"):
+        AdapterAbilities(connects=1)  # type: ignore[arg-type]
+
+
+def test_an_object_without_send_is_not_an_adapter(rig: Rig) -> None:
+    """add_adapter refuses an object that cannot send, before registering anything."""
+    gateway = rig.gateway()
+    with pytest.raises(TypeError, match="send"):
+        gateway.add_adapter(SLACK, object())  # type: ignore[arg-type]
+    assert gateway.adapter(SLACK) is None
 
 
 @pytest.mark.asyncio

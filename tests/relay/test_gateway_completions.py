@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from statecore.gateway import (
+    AdapterAbilities,
     Delegation,
     Delegations,
     Gateway,
@@ -20,7 +21,7 @@ from stores import InMemoryStore
 
 
 class _Adapter:
-    connected = True
+    abilities = AdapterAbilities(primes_routes=True)
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, str, dict[str, Any]]] = []
