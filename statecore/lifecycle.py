@@ -33,7 +33,7 @@ from typing import Any, Generic, TypeVar
 import attrs
 
 from statecore.errors import DeclarationError, InvalidTransition
-from statecore.machine import StateMachine
+from statecore.machine import Listener, StateMachine
 
 __all__ = ["Lifecycle", "Transition"]
 
@@ -280,40 +280,52 @@ class Lifecycle(Generic[S]):
         self,
         *,
         initial: S | None = None,
-        on_change: Callable[[S, S, str], None] | None = None,
+        on_change: Listener[S] | None = None,
+        on_enter: Mapping[S, Listener[S]] | None = None,
+        on_exit: Mapping[S, Listener[S]] | None = None,
     ) -> StateMachine[S]:
         """Attach a real ``transitions`` machine for one long-lived in-memory object.
 
         The owner keeps the returned :class:`StateMachine` and drives it with
-        :meth:`StateMachine.fire`.  ``on_change(from_state, to_state, event)`` runs after every
-        change.  Never use this per persisted row: a machine costs ~0.1-0.2 ms to build; rows
-        use :meth:`target` instead.  Raises :class:`InvalidTransition` when ``initial`` is not
-        a declared state.
+        :meth:`StateMachine.fire`; the ``transitions`` model is its only engine.
+        ``on_enter[state]`` / ``on_exit[state]`` (``callback(from_state, to_state, event)``)
+        hang what entering or leaving a state must do on the machine itself;
+        ``on_change(from_state, to_state, event)`` runs after every change.  Never use this
+        per persisted row (a machine is costly to build); rows use :meth:`target` instead.
+        Raises :class:`InvalidTransition` when ``initial`` or a callback's key is not a
+        declared state, ``TypeError`` for a callback that is not callable.
         """
         start = self._initial if initial is None else initial
         if not isinstance(start, self._state_type):
             raise InvalidTransition(self._name, start, "attach", "undeclared initial state")
         moves = [t for t in self._transitions if t.sources and t.target is not None]
-        return StateMachine(self, moves, start, on_change)
+        return StateMachine(
+            self, moves, start, on_change=on_change, on_enter=on_enter, on_exit=on_exit
+        )
 
     def track(
         self,
         *,
         initial: S | None = None,
-        on_change: Callable[[S, S, str], None] | None = None,
+        on_change: Listener[S] | None = None,
+        on_enter: Mapping[S, Listener[S]] | None = None,
+        on_exit: Mapping[S, Listener[S]] | None = None,
     ) -> StateMachine[S]:
         """A :class:`StateMachine` driven by the compiled table alone, for in-memory objects
         that come in large numbers (a server's connections).
 
         The same API and the same guarantees as :meth:`attach` -- only declared events move
-        it, an illegal one raises :class:`InvalidTransition` and changes nothing, listeners
-        run after each change -- without building a ``transitions`` model, which costs
-        ~13 KiB and ~0.1-0.2 ms per object.  Raises as :meth:`attach`.
+        it, an illegal one raises :class:`InvalidTransition` and changes nothing, enter and
+        exit callbacks and listeners run after each change -- without building a
+        ``transitions`` model (see benchmarks/README.md for what that saves).  Raises as
+        :meth:`attach`.
         """
         start = self._initial if initial is None else initial
         if not isinstance(start, self._state_type):
             raise InvalidTransition(self._name, start, "track", "undeclared initial state")
-        return StateMachine(self, None, start, on_change)
+        return StateMachine(
+            self, None, start, on_change=on_change, on_enter=on_enter, on_exit=on_exit
+        )
 
     # -- derived text ------------------------------------------------------------------------
 

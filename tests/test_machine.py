@@ -145,3 +145,73 @@ def test_every_declared_move_works_on_a_live_machine(engine: str) -> None:
     for (state, event), target in TRANSPORT.table.items():
         machine = machine_of(engine, initial=state)
         assert machine.fire(event) is target
+
+
+def test_enter_and_exit_callbacks_run_inside_the_move_before_listeners(engine: str) -> None:
+    """on_exit of the old state, then on_enter of the new one, then the listeners: each with
+    (from, to, event), on both engines."""
+    order: list[tuple[str, T, T, str]] = []
+    machine = machine_of(
+        engine,
+        on_change=lambda a, b, e: order.append(("change", a, b, e)),
+        on_enter={T.CONNECTED: lambda a, b, e: order.append(("enter", a, b, e))},
+        on_exit={T.HANDSHAKING: lambda a, b, e: order.append(("exit", a, b, e))},
+    )
+    machine.fire("dial")
+    machine.fire("open")
+    order.clear()
+    machine.fire("establish")
+    move = (T.HANDSHAKING, T.CONNECTED, "establish")
+    assert order == [("exit", *move), ("enter", *move), ("change", *move)]
+
+
+def test_a_refused_event_runs_no_callback(engine: str) -> None:
+    """An illegal event raises before anything runs: no enter, exit or listener call."""
+    calls: list[object] = []
+    machine = machine_of(
+        engine,
+        on_change=lambda *a: calls.append(a),
+        on_enter={T.CONNECTED: lambda *a: calls.append(a)},
+        on_exit={T.NEW: lambda *a: calls.append(a)},
+    )
+    with pytest.raises(InvalidTransition):
+        machine.fire("establish")
+    assert (machine.state, calls) == (T.NEW, [])
+
+
+def test_an_enter_callback_that_raises_propagates_after_the_change(engine: str) -> None:
+    """The owner's own enter code failing is the owner's error: it propagates, and the state
+    has changed (the move happened)."""
+
+    def boom(*_: object) -> None:
+        raise RuntimeError("owner code failed")
+
+    machine = machine_of(engine, on_enter={T.CONNECTING: boom})
+    with pytest.raises(RuntimeError, match="owner code failed"):
+        machine.fire("dial")
+    assert machine.state is T.CONNECTING
+
+
+@pytest.mark.parametrize("where", ["on_enter", "on_exit"])
+def test_callbacks_for_undeclared_states_are_refused(engine: str, where: str) -> None:
+    """A callback keyed by something that is not a state of the lifecycle is refused when
+    the machine is made."""
+    with pytest.raises(InvalidTransition, match="undeclared state"):
+        machine_of(engine, **{where: {"connected": lambda *a: None}})
+    with pytest.raises(TypeError, match="callable"):
+        machine_of(engine, **{where: {T.CONNECTED: "not a function"}})
+
+
+def test_an_attached_machine_is_moved_by_its_transitions_model_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One engine per machine: an attached machine's fire() never consults the compiled
+    table on the way to a legal move -- the transitions model decides and moves it."""
+    machine = TRANSPORT.attach()
+
+    def table_consulted(*_: object) -> None:
+        raise AssertionError("the compiled table was consulted")
+
+    monkeypatch.setattr(type(TRANSPORT), "target", table_consulted)
+    assert machine.fire("dial") is T.CONNECTING
+    assert machine.state is T.CONNECTING
