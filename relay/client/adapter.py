@@ -25,7 +25,7 @@ from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
 from relay.wire.errors import RelayBroken, RelayClosed
 from relay.wire.frames import EGRESS_DECLINED, InboundEvent
 from statecore.clock import Clock, Deadline, SystemClock
-from statecore.gateway.adapter import AdapterAbilities, SendResult, accepts_budget
+from statecore.gateway.adapter import AdapterAbilities, SendResult
 from statecore.policy import ErrorKind
 
 __all__ = [
@@ -47,10 +47,25 @@ _GO_IDLE_MAX_S = 10.0
 
 
 class RelayTransportLike(Protocol):
-    """The part of a transport the adapter needs (``go_idle``, ``go_dormant``, ``request`` and
-    ``disconnect(budget_s=...)`` are optional and probed)."""
+    """What the adapter needs of its transport (:class:`WebSocketRelayTransport` is one; a
+    test double implements the same methods)."""
 
-    async def connect(self) -> Any:
+    @property
+    def platform(self) -> str:
+        """The platform this transport's connector serves."""
+        ...
+
+    @property
+    def state(self) -> TransportState:
+        """The transport's lifecycle state."""
+        ...
+
+    @property
+    def listeners(self) -> list[Callable[[TransportState, TransportState, str], None]]:
+        """Observers of every state change ``(from, to, event)``."""
+        ...
+
+    async def connect(self) -> None:
         """Dial."""
         ...
 
@@ -62,6 +77,24 @@ class RelayTransportLike(Protocol):
         self, handler: Callable[[InboundEvent], Awaitable[None]] | None
     ) -> None:
         """Receive inbound events (None: stop receiving them)."""
+        ...
+
+    async def request(
+        self, action: Mapping[str, Any], *, idempotency_key: str | None = None
+    ) -> RequestResult:
+        """Send one outbound action and wait for its definite result."""
+        ...
+
+    async def go_idle(self, timeout_s: float = 10) -> bool:
+        """Ask the connector to buffer new inbound; True once it acked."""
+        ...
+
+    async def go_dormant(self, timeout_s: float = 10) -> bool:
+        """Go dormant; True once the connector acked and the socket is closed."""
+        ...
+
+    async def disconnect(self, budget_s: float | None = None) -> None:
+        """Tear down within ``budget_s``."""
         ...
 
 
@@ -99,9 +132,7 @@ class RelayAdapter:
     ) -> None:
         self.transport = transport
         self.profile = profile
-        self.platform = getattr(transport, "platform", None) or (
-            placeholder.platform if placeholder is not None else "relay"
-        )
+        self.platform = transport.platform
         self.descriptor = placeholder or CapabilityDescriptor(
             contract_version=CONTRACT_VERSION,
             platform=self.platform,
@@ -116,35 +147,26 @@ class RelayAdapter:
         self._clock: Clock = clock or SystemClock()
         self._routes: dict[str, ChatRoute] = {}
         self._handler: Callable[[InboundEvent], Awaitable[None]] | None = None
-        # Only for transports that do not report a state (stubs): set by connect().
-        self._stub_connected = False
 
     @property
     def connected(self) -> bool:
         """True while the transport can carry a send now (derived from its lifecycle state, so
         it turns False during a reconnect and True again after it)."""
-        state = getattr(self.transport, "state", None)
-        if isinstance(state, TransportState):
-            return state in SERVING
-        return self._stub_connected
+        return self.transport.state in SERVING
 
     # -- connecting ----------------------------------------------------------------------------
 
     def on_reconnect(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` every time the transport completes a handshake (the first
         connection and every reconnection).  It runs inside the transport's state change: it
-        must not raise or block (schedule work instead).  Does nothing for a transport that
-        reports no state changes."""
-        listeners = getattr(self.transport, "listeners", None)
-        if not isinstance(listeners, list):
-            return
+        must not raise or block (schedule work instead)."""
 
         def changed(before: object, after: object, event: str) -> None:
             del before, after
             if event == "establish":
                 callback()
 
-        listeners.append(changed)
+        self.transport.listeners.append(changed)
 
     def on_message(self, handler: Callable[[InboundEvent], Awaitable[None]] | None) -> None:
         """Deliver inbound events to ``handler`` (after the adapter has learned their route).
@@ -170,9 +192,7 @@ class RelayAdapter:
             self.descriptor = await self.transport.handshake()
         except (RelayBroken, RelayClosed, OSError) as exc:
             log.warning("relay adapter %s/%s: connect failed: %s", self.platform, self.profile, exc)
-            self._stub_connected = False
             return False
-        self._stub_connected = True
         return True
 
     async def _on_inbound(self, event: InboundEvent) -> None:
@@ -228,10 +248,7 @@ class RelayAdapter:
             if meta.get(key) is not None:
                 action[key] = meta[key]
         action["metadata"] = {k: v for k, v in outbound_meta.items() if v is not None}
-        request = getattr(self.transport, "request", None)
-        if request is None:
-            return SendResult.failed("transport cannot send")
-        result: RequestResult = await request(action, idempotency_key=meta.get("idempotency_key"))
+        result = await self.transport.request(action, idempotency_key=meta.get("idempotency_key"))
         if result.outcome is RequestOutcome.OK:
             return SendResult.ok(result.message_id)
         if result.outcome is RequestOutcome.NOT_SENT:
@@ -252,11 +269,8 @@ class RelayAdapter:
 
     async def go_dormant(self) -> bool:
         """Let the transport go dormant; False (never raises) when it cannot."""
-        go_dormant = getattr(self.transport, "go_dormant", None)
-        if go_dormant is None:
-            return False
         try:
-            return bool(await go_dormant())
+            return bool(await self.transport.go_dormant())
         except Exception:
             log.warning("relay adapter %s: go_dormant failed", self.platform, exc_info=True)
             return False
@@ -269,23 +283,13 @@ class RelayAdapter:
 
         The budget is ``deadline`` (absolute, preferred), else ``budget_s``, else the
         environment default; the time spent on going_idle is subtracted before the transport
-        gets the remainder.  A transport whose ``disconnect`` takes no budget is torn down with
-        the plain call.
+        gets the remainder.
         """
         if deadline is None:
             budget = default_disconnect_budget_s() if budget_s is None else budget_s
             deadline = Deadline.after(self._clock, budget)
-        self._stub_connected = False
-        go_idle = getattr(self.transport, "go_idle", None)
-        if go_idle is not None:
-            try:
-                await go_idle(timeout_s=min(_GO_IDLE_MAX_S, deadline.remaining()))
-            except Exception:
-                log.warning("relay adapter %s: going_idle failed", self.platform, exc_info=True)
-        disconnect = getattr(self.transport, "disconnect", None)
-        if disconnect is None:
-            return
-        if accepts_budget(disconnect):
-            await disconnect(budget_s=deadline.remaining())
-        else:
-            await disconnect()
+        try:
+            await self.transport.go_idle(timeout_s=min(_GO_IDLE_MAX_S, deadline.remaining()))
+        except Exception:
+            log.warning("relay adapter %s: going_idle failed", self.platform, exc_info=True)
+        await self.transport.disconnect(budget_s=deadline.remaining())

@@ -10,7 +10,6 @@ attribute can only send.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -31,8 +30,6 @@ __all__ = [
     "RoutePriming",
     "SendResult",
     "abilities_of",
-    "accepts_budget",
-    "accepts_keyword",
 ]
 
 
@@ -210,19 +207,3 @@ class RoutePriming(Protocol):
     def prime(self, origin: Any) -> None:
         """Remember what ``origin`` says about its chat (scope, user)."""
         ...
-
-
-def accepts_budget(function: Callable[..., Any]) -> bool:
-    """True when ``function`` takes a ``budget_s`` keyword (or any keyword)."""
-    return accepts_keyword(function, "budget_s")
-
-
-def accepts_keyword(function: Callable[..., Any], name: str) -> bool:
-    """True when ``function`` takes the keyword ``name`` (or any keyword)."""
-    try:
-        parameters = inspect.signature(function).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in parameters or any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
-    )

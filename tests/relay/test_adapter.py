@@ -5,7 +5,7 @@ and the per-chat tenant route attached to outbound metadata."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,7 +13,12 @@ import pytest
 
 from relay.client.adapter import RelayAdapter
 from relay.client.lifecycle import TransportState as T
-from relay.client.transport import DISCONNECT_TIMEOUT_ENV, default_disconnect_budget_s
+from relay.client.transport import (
+    DISCONNECT_TIMEOUT_ENV,
+    RequestOutcome,
+    RequestResult,
+    default_disconnect_budget_s,
+)
 from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
 from relay.wire.frames import InboundEvent
 from statecore import ErrorKind, LedgerPolicy
@@ -49,53 +54,60 @@ Handler = Callable[[InboundEvent], Awaitable[None]]
 
 
 class StubTransport:
-    """A transport with only connect/handshake/set_inbound_handler (no optional capabilities)."""
+    """A transport double: connects at once, goes idle and dormant on request, records calls."""
+
+    platform = "loopback"
 
     def __init__(self) -> None:
         self.handler: Handler | None = None
-
-    async def connect(self) -> None:
-        return None
-
-    async def handshake(self) -> CapabilityDescriptor:
-        return PLACEHOLDER
-
-    def set_inbound_handler(self, handler: Handler) -> None:
-        self.handler = handler
-
-
-class BudgetTransport(StubTransport):
-    """Records the budget its disconnect receives; its go_idle spends time first."""
-
-    def __init__(self, spend: Callable[[], Awaitable[None]]) -> None:
-        super().__init__()
-        self.spend = spend
+        self.state = T.NEW
+        self.listeners: list[Callable[[T, T, str], None]] = []
         self.calls: list[str] = []
         self.go_idle_timeout: float | None = None
         self.budget_s: float | None = None
-        self.got_budget = False
+
+    async def connect(self) -> None:
+        self.state = T.HANDSHAKING
+
+    async def handshake(self) -> CapabilityDescriptor:
+        self.state = T.CONNECTED
+        return PLACEHOLDER
+
+    def set_inbound_handler(self, handler: Handler | None) -> None:
+        self.handler = handler
+
+    async def request(
+        self, action: Mapping[str, Any], *, idempotency_key: str | None = None
+    ) -> RequestResult:
+        self.calls.append("request")
+        return RequestResult(RequestOutcome.OK, "r1", "m1")
 
     async def go_idle(self, timeout_s: float = 10.0) -> bool:
         self.calls.append("go_idle")
         self.go_idle_timeout = timeout_s
-        await self.spend()
         return True
+
+    async def go_dormant(self, timeout_s: float = 10.0) -> bool:
+        self.calls.append("go_dormant")
+        return False
 
     async def disconnect(self, budget_s: float | None = None) -> None:
         self.calls.append("disconnect")
-        self.got_budget = True
         self.budget_s = budget_s
+        self.state = T.CLOSED
 
 
-class LegacyTransport(StubTransport):
-    """A transport whose disconnect() takes no budget keyword."""
+class BudgetTransport(StubTransport):
+    """Its go_idle spends time first (to see that the disconnect budget shrinks by it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, spend: Callable[[], Awaitable[None]]) -> None:
         super().__init__()
-        self.disconnected = 0
+        self.spend = spend
 
-    async def disconnect(self) -> None:
-        self.disconnected += 1
+    async def go_idle(self, timeout_s: float = 10.0) -> bool:
+        await super().go_idle(timeout_s)
+        await self.spend()
+        return True
 
 
 def adapter_for(transport: Any, **kwargs: Any) -> RelayAdapter:
@@ -180,7 +192,6 @@ async def test_disconnect_threads_the_remaining_budget(monkeypatch: pytest.Monke
     await asyncio.wait_for(adapter_for(transport).disconnect(), GUARD)
     full = default_disconnect_budget_s()
     assert transport.calls == ["go_idle", "disconnect"]
-    assert transport.got_budget
     assert transport.budget_s is not None
     assert transport.budget_s <= full
     assert transport.budget_s < full
@@ -230,17 +241,16 @@ async def test_failing_go_idle_still_tears_the_transport_down() -> None:
     assert 0.0 < transport.budget_s <= 2.0
 
 
-async def test_legacy_transport_without_budget_keyword_is_torn_down_plainly() -> None:
-    """A transport whose disconnect() takes no budget is torn down through the plain call."""
-    transport = LegacyTransport()
-    await asyncio.wait_for(adapter_for(transport).disconnect(budget_s=2.0), GUARD)
-    assert transport.disconnected == 1
-
-
-async def test_transport_without_disconnect_is_tolerated() -> None:
-    """An adapter over a transport with no disconnect at all disconnects without raising."""
-    adapter = adapter_for(StubTransport())
+async def test_a_stub_transport_is_connected_by_its_state_alone() -> None:
+    """The adapter reads connectedness from the transport's state (no flag of its own): up
+    after the handshake, down once the transport is torn down."""
+    transport = StubTransport()
+    adapter = adapter_for(transport)
+    assert not adapter.connected
+    assert await adapter.connect()
+    assert adapter.connected
     await asyncio.wait_for(adapter.disconnect(budget_s=1.0), GUARD)
+    assert transport.calls == ["go_idle", "disconnect"]
     assert not adapter.connected
 
 
@@ -262,13 +272,6 @@ async def test_go_dormant_delegates_to_the_transport(
     assert T.CLOSING not in states
     assert not transport.auth_revoked
     assert await next_sleep(clock) == pytest.approx(60.0)  # the dialer stays armed
-
-
-async def test_go_dormant_is_false_on_a_transport_without_it() -> None:
-    """go_dormant() returns False, never raises, when the transport has no such capability."""
-    adapter = adapter_for(StubTransport())
-    assert await adapter.connect()
-    assert await adapter.go_dormant() is False
 
 
 async def test_go_dormant_is_false_when_the_transport_raises() -> None:
