@@ -12,7 +12,8 @@
 from relay.client.adapter import SEND_PATH_DEGRADED, ChatRoute, RelayAdapter
 from relay.client.dedupe import StoreBufferDedupe
 from relay.client.lifecycle import TRANSPORT, TransportState
-from relay.client.transport import RequestOutcome, RequestResult, WebSocketRelayTransport
+from relay.client.requests import RequestOutcome, RequestResult
+from relay.client.transport import WebSocketRelayTransport
 from relay.connector.platform import LoopbackPlatform, PlatformDriver
 from relay.connector.server import Connector
 from relay.wire.auth import mint_token, verify_token

@@ -22,7 +22,8 @@ if "stores.testing" not in sys.modules:  # detailed assertion messages from the 
     pytest.register_assert_rewrite("stores.testing")
 
 from relay.client.adapter import RelayAdapter
-from relay.client.transport import DISCONNECT_TIMEOUT_ENV, WebSocketRelayTransport
+from relay.client.teardown import DISCONNECT_TIMEOUT_ENV
+from relay.client.transport import WebSocketRelayTransport
 from relay.connector.server import Connector
 from statecore import Audit, LedgerPolicy
 from statecore.cli import main as statecore_cli

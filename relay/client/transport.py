@@ -26,20 +26,37 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import math
-import os
 import random
 import secrets
-from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
-from enum import StrEnum
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import attrs
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
+from relay.client.delivery import (
+    BufferDedupe,
+    Deliveries,
+    Delivery,
+    DeliveryHandler,
+    InboundHandler,
+    lane_of,
+)
 from relay.client.dispatch import DEFAULT_MAX_IN_FLIGHT, InboundDispatcher
 from relay.client.lifecycle import TRANSPORT, TransportState
+from relay.client.redial import RedialPolicy
+from relay.client.requests import RequestOutcome, RequestResult
+from relay.client.teardown import (
+    MAX_TEARDOWN_S,
+    TEARDOWN_AWAIT_S,
+    bounded,
+    cancel,
+    default_disconnect_budget_s,
+    drain_grace_s,
+    wait_event,
+    wait_future,
+)
 from relay.wire.auth import bearer_header, mint_token
 from relay.wire.codec import FrameDecoder, ack_lines, encode, error_frame_for
 from relay.wire.compat import ACKED_LIVE, ERROR_FRAMES, OUR_FEATURES, features_header
@@ -58,7 +75,6 @@ from relay.wire.frames import (
     GoingIdleAck,
     Hello,
     Inbound,
-    InboundEvent,
     InterruptInbound,
     Outbound,
     OutboundOutcome,
@@ -66,146 +82,25 @@ from relay.wire.frames import (
     PassthroughForward,
 )
 from relay.wire.throttle import LogThrottle
-from relay.wire.urls import CLOSE_PROTOCOL, CloseKind, classify_close, connector_time, relay_url
+from relay.wire.urls import CLOSE_PROTOCOL, CloseKind, relay_url
 from statecore.checks import require_text
 from statecore.clock import Clock, Deadline, SystemClock
 from statecore.errors import InvalidTransition
 
-__all__ = [
-    "DISCONNECT_TIMEOUT_ENV",
-    "MAX_DRAIN_GRACE_S",
-    "SERVING",
-    "TEARDOWN_AWAITS",
-    "TEARDOWN_AWAIT_S",
-    "BufferDedupe",
-    "DeliveryHandler",
-    "InboundHandler",
-    "RequestOutcome",
-    "RequestResult",
-    "WebSocketRelayTransport",
-    "default_disconnect_budget_s",
-    "drain_grace_s",
-]
+__all__ = ["SERVING", "WebSocketRelayTransport"]
 
 log = logging.getLogger(__name__)
 
 T = TransportState
 
-MAX_DRAIN_GRACE_S = 5.0
-"""The longest a disconnect waits for in-flight requests to finish."""
-
-TEARDOWN_AWAIT_S = 1.0
-"""The bound on each teardown await (supervisor, socket close, reader, dispatcher)."""
-
-TEARDOWN_AWAITS = 4
-"""How many bounded awaits a teardown performs after the drain: supervisor, socket close,
-reader, dispatcher.  The drain grace reserves time for every one of them."""
-
-DISCONNECT_TIMEOUT_ENV = "STATECORE_ADAPTER_DISCONNECT_TIMEOUT"
-"""Environment variable: the default disconnect budget in seconds (default 5)."""
-
-_DEFAULT_DISCONNECT_BUDGET_S = 5.0
-_RESERVED_S = TEARDOWN_AWAITS * TEARDOWN_AWAIT_S + 0.5
 SERVING = frozenset({T.CONNECTED, T.GOING_IDLE})
 """The states in which a transport sends requests (and acks): connected or going idle."""
 _FINISHED = TRANSPORT.terminal
 _DIALING = frozenset({T.CONNECTING, T.HANDSHAKING})
 _WAITING = frozenset({T.RECONNECTING, T.DORMANT})
 _MAX_VIOLATIONS = 50
-_CLOCK_OFFSET_MIN_S = 5.0  # smaller offsets are rounding and latency, not a wrong clock
-
-
-def default_disconnect_budget_s() -> float:
-    """The disconnect budget from ``STATECORE_ADAPTER_DISCONNECT_TIMEOUT`` (seconds).
-
-    Unset, empty or not a finite number → 5; negative → 0.
-    """
-    raw = os.environ.get(DISCONNECT_TIMEOUT_ENV, "").strip()
-    try:
-        value = float(raw) if raw else _DEFAULT_DISCONNECT_BUDGET_S
-    except ValueError:
-        return _DEFAULT_DISCONNECT_BUDGET_S
-    if not math.isfinite(value):
-        return _DEFAULT_DISCONNECT_BUDGET_S
-    return max(0.0, value)
-
-
-def drain_grace_s(budget_s: float | None = None) -> float:
-    """How long a disconnect with ``budget_s`` may drain in-flight requests.
-
-    ``max(0, min(MAX_DRAIN_GRACE_S, budget - reserved))`` where ``reserved`` covers the
-    ``TEARDOWN_AWAITS`` bounded teardown awaits plus a margin; no budget → the environment
-    default.  Never negative.
-    """
-    budget = default_disconnect_budget_s() if budget_s is None else budget_s
-    if not math.isfinite(budget):
-        budget = _DEFAULT_DISCONNECT_BUDGET_S
-    return max(0.0, min(MAX_DRAIN_GRACE_S, budget - _RESERVED_S))
-
-
-class RequestOutcome(StrEnum):
-    """What is known about a request once :meth:`WebSocketRelayTransport.request` returned."""
-
-    NOT_SENT = "not_sent"
-    """It never left: retrying cannot duplicate it."""
-    UNKNOWN = "unknown"
-    """It may have been executed (timeout, connection lost, torn down): a retry may duplicate."""
-    OK = "ok"
-    """The connector acknowledged success."""
-    FAILED = "failed"
-    """The connector acknowledged a failure (``error``, ``code``)."""
-    DECLINED = "declined"
-    """The connector refused it definitely (tenant guard: ``egress_declined``)."""
-
-
-@attrs.frozen
-class RequestResult:
-    """The definite answer of one request."""
-
-    outcome: RequestOutcome
-    request_id: str | None = None
-    message_id: str | None = None
-    error: str | None = None
-    code: str | None = None
-
-    @property
-    def success(self) -> bool:
-        """True only for an acknowledged success."""
-        return self.outcome is RequestOutcome.OK
-
-    @property
-    def ambiguous(self) -> bool:
-        """True when the request may have been executed without our knowing."""
-        return self.outcome is RequestOutcome.UNKNOWN
-
-
-InboundHandler = Callable[[InboundEvent], Awaitable[None]]
-
-DeliveryHandler = Callable[[Any], Awaitable[None]]
-"""A handler of an original-contract delivery (:class:`~relay.wire.frames.InterruptInbound` or
-:class:`~relay.wire.frames.PassthroughForward`): ``await handler(frame)``."""
-
-_Delivery = Inbound | UndeliverableEvent | InterruptInbound | PassthroughForward
-"""What the dispatcher hands to :meth:`WebSocketRelayTransport._handle`, each in its lane."""
-
-
-class BufferDedupe(Protocol):
-    """Durable memory of handled buffered deliveries, so a replay is not handled twice, and of
-    buffered deliveries that could never be handled (recorded, then acked)."""
-
-    async def seen(self, buffer_id: str) -> bool:
-        """True when ``buffer_id`` was handled (or recorded as undeliverable) before."""
-        ...
-
-    async def remember(self, buffer_id: str) -> None:
-        """Record that ``buffer_id`` has been handled (before it is acked)."""
-        ...
-
-    async def record_undeliverable(
-        self, buffer_id: str, *, frame_type: str, reason: str, raw_line: str
-    ) -> None:
-        """Durably record a delivery that can never be handled (before it is acked)."""
-        ...
+_LEFT_SERVING = {T.DORMANT: "relay transport went dormant"}
+"""Why pending requests fail when the transport leaves serving for a state (default: lost)."""
 
 
 class WebSocketRelayTransport:
@@ -223,6 +118,16 @@ class WebSocketRelayTransport:
     (or HTTP 401/403) before the first successful handshake is retried with backoff for
     ``refusal_grace_s`` before the transport ends ``revoked``.  ``dedupe`` remembers handled
     bufferIds and records undeliverable ones.
+
+    Time: ``clock`` drives every protocol timer (backoff, dormant cadence, request and
+    handshake timeouts, token minting).  ``teardown_clock`` (default: the system clock) bounds
+    :meth:`disconnect`, whose waits are on real I/O (a socket's closing handshake) and must end
+    in real time even when ``clock`` is a test's fake one.
+
+    The class is long because it is the one owner of the connection's state: every method
+    that changes it goes through the one live machine; the reader, the redial decisions
+    (:mod:`relay.client.redial`), the delivery rules (:mod:`relay.client.delivery`) and the
+    teardown budget (:mod:`relay.client.teardown`) live in their own modules.
     """
 
     # Timing settings, validated and set from the constructor's keywords.
@@ -260,6 +165,7 @@ class WebSocketRelayTransport:
         rng: random.Random | None = None,
         refusal_grace_s: float = 120.0,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        teardown_clock: Clock | None = None,
     ) -> None:
         for name, value in (
             ("reconnect_backoff_s", reconnect_backoff_s),
@@ -287,25 +193,46 @@ class WebSocketRelayTransport:
         self._identities = ((platform, bot_id), *tuple(identities))
         self._features = tuple(features)
         self._announcement = [features_header(self._features)] if self._features else []
-        self._dedupe = dedupe
         self._clock: Clock = clock or SystemClock()
-        self._rng = rng or random.Random()
-        self._machine = TRANSPORT.attach(on_change=self._on_change)
+        self._teardown_clock: Clock = teardown_clock or SystemClock()
+        self._redial = RedialPolicy(
+            self._clock,
+            rng or random.Random(),
+            backoff_s=self.reconnect_backoff_s,
+            max_s=self.reconnect_max_s,
+            dormant_s=self.dormant_redial_s,
+            stable_after_s=self.stable_after_s,
+            refusal_grace_s=self.refusal_grace_s,
+            label=self.url,
+        )
+        # What entering and leaving states must do hangs on the machine itself: a waiting
+        # state arms the one dialer; leaving the serving states for anything but a deliberate
+        # close fails what is pending (a disconnect drains first and fails the rest itself).
+        self._machine = TRANSPORT.attach(
+            on_change=self._on_change,
+            on_enter={T.RECONNECTING: self._arm, T.DORMANT: self._arm},
+            on_exit={T.CONNECTED: self._left_serving, T.GOING_IDLE: self._left_serving},
+        )
         self._changed = asyncio.Event()
         self._ws: ClientConnection | None = None
         self._reader: asyncio.Task[None] | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._torn_down: asyncio.Event | None = None
-        self._inbound: InboundDispatcher[_Delivery] = InboundDispatcher(
-            lane_of=_lane_of, handle=self._handle, send_acks=self._ack, max_in_flight=max_in_flight
+        # What the connector of the current connection announced (empty until its descriptor:
+        # an original connector announces nothing and is sent nothing it does not know).
+        self._peer_features: frozenset[str] = frozenset()
+        self._log_limit = LogThrottle(clock=self._clock)
+        self._deliveries = Deliveries(self.url, dedupe, self._log_limit)
+        self._inbound: InboundDispatcher[Delivery] = InboundDispatcher(
+            lane_of=lane_of,
+            handle=self._deliveries.handle,
+            send_acks=self._ack,
+            max_in_flight=max_in_flight,
         )
-        self._handler: InboundHandler | None = None
-        self._init_compat()
         self._pending: dict[str, asyncio.Future[OutboundOutcome]] = {}
         self._idle_waiters: dict[str, asyncio.Future[bool]] = {}
         self._ids = itertools.count(1)
         self._prefix = secrets.token_hex(4)
-        self._init_redial()
         self._violations = 0
         self.descriptor: CapabilityDescriptor | None = None
         """The descriptor of the first hello of the current (or last) connection."""
@@ -313,38 +240,30 @@ class WebSocketRelayTransport:
         """Every descriptor received, by platform."""
         self.close_reason: str | None = None
         """Why the transport ended (closed or revoked), for operators."""
-        self.connections = 0
-        """Successful handshakes so far (reconnects included)."""
-        self.undeliverable = 0
-        """Deliveries that could never be handled: recorded and acked when buffered, logged and
-        counted when live."""
         self.listeners: list[Callable[[TransportState, TransportState, str], None]] = []
         """Observers of every state change ``(from, to, event)``; they must not raise."""
 
-    def _init_compat(self) -> None:
-        """The state that keeps this transport within what its connector understands."""
-        self._interrupt_handler: DeliveryHandler | None = None
-        self._passthrough_handler: DeliveryHandler | None = None
-        # What the connector of the current connection announced (empty until its descriptor:
-        # an original connector announces nothing and is sent nothing it does not know).
-        self._peer_features: frozenset[str] = frozenset()
-        self._log_limit = LogThrottle(clock=self._clock)
+    @property
+    def connections(self) -> int:
+        """Successful handshakes so far (reconnects included)."""
+        return self._redial.connections
 
-    def _init_redial(self) -> None:
-        """The state the supervisor's redial decisions read: the backoff ladder and the
-        one-shot allowances of the close rules."""
-        self.clock_offset_s = 0.0
+    @property
+    def undeliverable(self) -> int:
+        """Deliveries that could never be handled: recorded and acked when buffered, logged
+        and counted when live."""
+        return self._deliveries.undeliverable_count
+
+    @property
+    def clock_offset_s(self) -> float:
         """The connector's clock minus ours, measured from a refusal that named its time (0
         until one did); tokens are minted on the connector's time."""
-        self.last_close: tuple[int | None, str | None] = (None, None)
+        return self._redial.clock_offset_s
+
+    @property
+    def last_close(self) -> tuple[int | None, str | None]:
         """The most recent close received from the connector (code, reason), for operators."""
-        self._attempt = 0
-        self._connected_at: float | None = None
-        self._legacy_retry_used = False
-        self._immediate_retry_used = False
-        self._redial_now = False
-        # When the current run of pre-handshake refusals began (monotonic), if one is running.
-        self._refused_since: float | None = None
+        return self._redial.last_close
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -383,7 +302,7 @@ class WebSocketRelayTransport:
         while self._current() in passing:
             if deadline.expired:
                 return False
-            if not await _wait_event(self._clock, self._changed, deadline.remaining()):
+            if not await wait_event(self._clock, self._changed, deadline.remaining()):
                 return self._current() not in passing
         return True
 
@@ -400,11 +319,8 @@ class WebSocketRelayTransport:
             raise RelayClosed(f"relay transport is {self._current().value}")
         if self._current() is not T.NEW:
             raise InvalidTransition(TRANSPORT.name, self._current(), "connect", "dial only once")
-        try:
-            await self._dial_or_fail(waking=False)
-        except RelayBroken:
-            self._arm()  # reconnecting: the supervisor takes over (a no-op otherwise)
-            raise
+        # A failed first dial enters reconnecting, which arms the supervisor (reconnect on).
+        await self._dial_or_fail(waking=False)
 
     async def handshake(self, timeout_s: float | None = None) -> CapabilityDescriptor:
         """Wait for the first descriptor of the connection (state: connected) and return it.
@@ -453,7 +369,7 @@ class WebSocketRelayTransport:
                 self.gateway_id,
                 self._secret,
                 ttl_s=self.token_ttl_s,
-                now=self._clock.now() + self.clock_offset_s,
+                now=self._redial.token_time(),
             )
             headers.append(bearer_header(token))
         try:
@@ -473,7 +389,7 @@ class WebSocketRelayTransport:
             if (
                 status in (401, 403)
                 and self._current() is T.CONNECTING
-                and not self._refusal_may_be_a_race()
+                and not self._redial.refusal_may_be_a_race()
             ):
                 self.close_reason = f"connector refused the upgrade with HTTP {status}"
                 self._fire("revoke")
@@ -483,7 +399,7 @@ class WebSocketRelayTransport:
             raise RelayBroken(f"cannot reach {self.url}: {exc}") from exc
         if self._current() is not T.CONNECTING:
             # A disconnect() started while we were dialing: this socket is not wanted.
-            await _bounded(ws.close(), TEARDOWN_AWAIT_S)
+            await bounded(ws.close(), TEARDOWN_AWAIT_S)
             raise RelayClosed(f"relay transport is {self._current().value}")
         self._ws = ws
         self._violations = 0  # counted per connection, as the connector counts them
@@ -530,7 +446,7 @@ class WebSocketRelayTransport:
         except Exception:  # never let a bug in routing strand the transport
             log.exception("relay reader failed; dropping the connection")
             with contextlib.suppress(Exception):
-                await _bounded(ws.close(), TEARDOWN_AWAIT_S)
+                await bounded(ws.close(), TEARDOWN_AWAIT_S)
         finally:
             if self._ws is ws:
                 self._connection_lost(ws)
@@ -544,7 +460,7 @@ class WebSocketRelayTransport:
             self._fire("end")
         with contextlib.suppress(ConnectionClosed):
             await ws.send(encode(error_frame_for(error)))
-        await _bounded(ws.close(CLOSE_PROTOCOL, "contract version"), TEARDOWN_AWAIT_S)
+        await bounded(ws.close(CLOSE_PROTOCOL, "contract version"), TEARDOWN_AWAIT_S)
 
     async def _violation(self, ws: ClientConnection, error: ProtocolError) -> bool:
         """Count, log (rate-limited) and -- to a connector that announced them -- answer one
@@ -593,11 +509,7 @@ class WebSocketRelayTransport:
             # The first descriptor of a connection completes the handshake.
             self.descriptor = descriptor
             self._peer_features = frozenset(descriptor.features)
-            self._refused_since = None
-            self._connected_at = self._clock.monotonic()
-            self._legacy_retry_used = False
-            self._immediate_retry_used = False
-            self.connections += 1
+            self._redial.established()
             self._fire("establish")
 
     def _idle_acked(self, request_id: str | None) -> None:
@@ -624,7 +536,7 @@ class WebSocketRelayTransport:
         A buffered delivery is acked only after the handler returned normally; one whose handler
         raised stays unacked and is replayed by the connector.
         """
-        self._handler = handler
+        self._deliveries.handler = handler
 
     def set_interrupt_handler(self, handler: DeliveryHandler | None) -> None:
         """Call ``await handler(frame)`` for every :class:`~relay.wire.frames.InterruptInbound`.
@@ -632,105 +544,12 @@ class WebSocketRelayTransport:
         Without a handler a buffered one is recorded as undeliverable ("no handler") and acked,
         a live one is logged and counted: it never blocks the deliveries behind it.
         """
-        self._interrupt_handler = handler
+        self._deliveries.interrupt_handler = handler
 
     def set_passthrough_handler(self, handler: DeliveryHandler | None) -> None:
         """Call ``await handler(frame)`` for every :class:`~relay.wire.frames.PassthroughForward`
         (same rules as :meth:`set_interrupt_handler`)."""
-        self._passthrough_handler = handler
-
-    async def _handle(self, frame: _Delivery) -> str | None:
-        """Handle one delivery in its lane; return the bufferId to ack, or None.
-
-        A buffered delivery is acked only after its handler returned normally (and, with a
-        dedupe, after it was remembered); one whose handler raised stays unacked, so the
-        connector delivers it again.  Nothing may stall the buffer for good: a poison entry, or
-        an original-contract frame nobody handles, is recorded as undeliverable and acked (left
-        unacked only when it cannot be recorded).  Never raises but for cancellation.
-        """
-        buffer_id = frame.buffer_id
-        # Read per delivery: the handlers and the dedupe may be replaced while one runs.
-        dedupe = self._dedupe
-        try:
-            if buffer_id is not None and dedupe is not None and await dedupe.seen(buffer_id):
-                return buffer_id  # handled before (a restart, a lost ack): ack, don't redo
-            if isinstance(frame, UndeliverableEvent):
-                await self._undeliverable(
-                    frame.frame_type, buffer_id, frame.message, frame.raw_line
-                )
-                return buffer_id
-            if isinstance(frame, Inbound):
-                if self._handler is None:
-                    # Nobody handled it: leave a buffered delivery unacked (it is delivered
-                    # again once a handler is set) rather than let the connector retire it.
-                    return None
-                await self._handler(frame.event)
-            else:
-                handler = (
-                    self._interrupt_handler
-                    if isinstance(frame, InterruptInbound)
-                    else self._passthrough_handler
-                )
-                if handler is None:
-                    raw = encode(frame).rstrip("\n")
-                    await self._undeliverable(
-                        frame.TYPE, buffer_id, f"no handler for {frame.TYPE}", raw
-                    )
-                    return buffer_id
-                await handler(frame)
-            if buffer_id is not None and dedupe is not None:
-                await dedupe.remember(buffer_id)
-            return buffer_id
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            # The failure is isolated to this delivery; a buffered one stays unacked.
-            log.exception(
-                "relay: handling a %s failed (bufferId %s)", type(frame).__name__, buffer_id
-            )
-            return None
-
-    async def _undeliverable(
-        self, frame_type: str, buffer_id: str | None, reason: str, raw_line: str
-    ) -> None:
-        """Record (buffered) or log and count (live) one delivery that cannot be handled; raises
-        when a buffered one cannot be recorded (it must then stay unacked)."""
-        self.undeliverable += 1
-        if buffer_id is None:
-            suppressed = self._log_limit.allow()
-            if suppressed is not None:
-                more = f" ({suppressed} more not logged)" if suppressed else ""
-                log.warning(
-                    "relay %s: dropped an undeliverable live %s (%s)%s: %.500s",
-                    self.url,
-                    frame_type,
-                    reason,
-                    more,
-                    raw_line,
-                )
-        elif self._dedupe is not None:
-            await self._dedupe.record_undeliverable(
-                buffer_id, frame_type=frame_type, reason=reason, raw_line=raw_line
-            )
-            log.warning(
-                "relay %s: recorded undeliverable %s %s: %s",
-                self.url,
-                frame_type,
-                buffer_id,
-                reason,
-                extra={"buffer_id": buffer_id, "frame_type": frame_type, "reason": reason},
-            )
-        else:
-            # No durable record is configured: the log is the record, so it is never throttled.
-            log.error(
-                "relay %s: undeliverable %s %s (%s), acked without a durable record (configure a "
-                "dedupe to keep one): %.2000s",
-                self.url,
-                frame_type,
-                buffer_id,
-                reason,
-                raw_line,
-            )
+        self._deliveries.passthrough_handler = handler
 
     async def _ack(self, buffer_ids: list[str]) -> None:
         ws = self._ws
@@ -790,7 +609,7 @@ class WebSocketRelayTransport:
                 await ws.send(encode(frame))
             except ConnectionClosed:
                 return RequestResult(RequestOutcome.UNKNOWN, request_id, error="connection lost")
-            if not await _wait_future(self._clock, future, deadline.remaining()):
+            if not await wait_future(self._clock, future, deadline.remaining()):
                 return RequestResult(
                     RequestOutcome.UNKNOWN, request_id, error=f"no result within {timeout:g} s"
                 )
@@ -846,12 +665,11 @@ class WebSocketRelayTransport:
             return False
         if self._current() is not T.GOING_IDLE:
             return False  # lost or closed while waiting for the ack
-        self._fire("sleep")
         ws, self._ws = self._ws, None
-        self._fail_pending(RelayBroken("relay transport went dormant"))
+        # Leaving going-idle fails what is pending; entering dormant arms the dialer.
+        self._fire("sleep")
         if ws is not None:
-            await _bounded(ws.close(1000, "dormant"), TEARDOWN_AWAIT_S)
-        self._arm()
+            await bounded(ws.close(1000, "dormant"), TEARDOWN_AWAIT_S)
         return True
 
     async def _going_idle(self, timeout_s: float) -> bool:
@@ -864,7 +682,7 @@ class WebSocketRelayTransport:
         self._idle_waiters[request_id] = waiter
         try:
             await ws.send(encode(GoingIdle(request_id)))
-            if not await _wait_future(self._clock, waiter, timeout_s):
+            if not await wait_future(self._clock, waiter, timeout_s):
                 return False
             return waiter.result()
         except ConnectionClosed:
@@ -876,29 +694,11 @@ class WebSocketRelayTransport:
 
     def _connection_lost(self, ws: ClientConnection) -> None:
         self._ws = None
-        state = self._current()
-        if state is T.CLOSING:
-            return  # disconnect() fails the pending requests itself, in its finally
-        self._fail_pending(RelayBroken("relay connection lost"))
         if not self._machine.can("drop"):
             return  # deliberate: closing, dormant or already finished
-        code, reason = _close_of(ws)
-        self.last_close = (code, reason)
-        self._measure_clock(reason)
-        # A handshake since the last legacy re-dial grants one more (see classify_close).
-        handshaken = self.connections > 0 and not self._legacy_retry_used
-        kind = classify_close(
-            code, reason, handshaken_before=handshaken, ever_handshaken=self.connections > 0
-        )
-        if kind is CloseKind.REFUSED and not self._refusal_may_be_a_race():
-            kind = CloseKind.REVOKED
-        if (
-            self._connected_at is not None
-            and self._clock.monotonic() - self._connected_at >= self.stable_after_s
-        ):
-            self._attempt = 0  # the connection was stable: start the ladder again
-        self._connected_at = None
-        if kind is CloseKind.REVOKED:
+        verdict = self._redial.lost(*_close_of(ws))
+        code, reason = verdict.code, verdict.reason
+        if verdict.kind is CloseKind.REVOKED:
             self.close_reason = f"credentials revoked by the connector ({code} {reason})"
             if self.connections == 0:
                 self.close_reason += (
@@ -907,7 +707,7 @@ class WebSocketRelayTransport:
             self._fire("revoke")
             log.warning("relay %s: %s", self.url, self.close_reason)
             return
-        if kind is CloseKind.REPLACED:
+        if verdict.kind is CloseKind.REPLACED:
             self.close_reason = "replaced by a newer connection of this gateway (4409)"
             self._fire("end")
             log.warning("relay %s: %s; not re-dialing", self.url, self.close_reason)
@@ -916,86 +716,32 @@ class WebSocketRelayTransport:
             self.close_reason = f"connection closed ({code} {reason}) and reconnect is off"
             self._fire("end")
             return
-        self._fire("drop")
-        if kind is CloseKind.RETRY_ONCE:
-            self._legacy_retry_used = True
-        immediate = kind in (CloseKind.EXPIRED, CloseKind.RETRY_ONCE)
-        if immediate and not self._immediate_retry_used:
-            self._immediate_retry_used = True
-            self._redial_now = True
-        self._arm()
+        self._fire("drop")  # reconnecting: entering it arms the dialer
 
-    def _measure_clock(self, reason: str | None) -> None:
-        """A refusal that names the connector's time (its token check found the clocks
-        disagreeing): measure the offset, say so, and mint later tokens on the connector's time
-        so that a gateway with a wrong clock still connects."""
-        theirs = connector_time(reason)
-        if theirs is None:
+    def _left_serving(self, before: TransportState, after: TransportState, event: str) -> None:
+        """Leaving connected or going-idle: whatever is pending can no longer be answered on
+        this connection, unless the move stays within serving or is a deliberate close
+        (a disconnect drains in-flight requests first and fails the rest itself)."""
+        del before, event
+        if after in SERVING or after is T.CLOSING:
             return
-        offset = theirs - self._clock.now()
-        if abs(offset) < _CLOCK_OFFSET_MIN_S:
-            return
-        self.clock_offset_s = offset
-        log.warning(
-            "relay %s: the connector refused our token for its times (%s); its clock is %+.0f s "
-            "from ours: minting tokens on its time from now on (fix this host's clock)",
-            self.url,
-            reason,
-            offset,
-            extra={"clock_offset_s": offset},
-        )
+        self._fail_pending(RelayBroken(_LEFT_SERVING.get(after, "relay connection lost")))
 
-    def _refusal_may_be_a_race(self) -> bool:
-        """Whether a refusal of our credentials may still be a start-up race: only before the
-        first handshake this transport ever made, and only within ``refusal_grace_s`` of the
-        first such refusal (after which it is taken as revocation)."""
-        if self.connections > 0:
-            return False
-        now = self._clock.monotonic()
-        if self._refused_since is None:
-            self._refused_since = now
-        if now - self._refused_since >= self.refusal_grace_s:
-            return False
-        log.info(
-            "relay %s: credentials refused before any handshake; retrying with backoff "
-            "(a connector that does not know us yet), for %g s more",
-            self.url,
-            self.refusal_grace_s - (now - self._refused_since),
-        )
-        return True
-
-    def _next_delay(self) -> float:
-        """Jittered exponential backoff: uniform in [d/2, d], d = min(cap, base * 2**attempt)."""
-        exponent = min(self._attempt, 32)
-        ceiling = min(self.reconnect_max_s, self.reconnect_backoff_s * (2**exponent))
-        self._attempt += 1
-        return self._rng.uniform(ceiling / 2, ceiling)
-
-    def _arm(self) -> None:
-        """Start the supervisor unless one is live: exactly one dialer at a time.
-
-        A live supervisor needs no nudge: it re-reads the state after every dial.
-        """
+    def _arm(self, *_: object) -> None:
+        """Start the supervisor unless one is live: exactly one dialer at a time (entering
+        reconnecting or dormant).  A live supervisor needs no nudge: it re-reads the state
+        after every dial."""
         if self._current() not in _WAITING:
             return
         if self._supervisor is not None and not self._supervisor.done():
             return
         self._supervisor = asyncio.create_task(self._supervise(), name="relay-dialer")
 
-    def _next_wait(self) -> float:
-        """How long the supervisor waits before its next dial, by state."""
-        if self._current() is T.DORMANT:
-            return self.dormant_redial_s  # the dormant cadence, independent of the backoff
-        if self._redial_now:
-            self._redial_now = False
-            return 0.0
-        return self._next_delay()
-
     async def _supervise(self) -> None:
         # Each turn reads the state afresh, without an await between the read and the dial's
         # first state change: a loss anywhere before the next turn is this dialer's to retry.
         while self._current() in _WAITING:
-            await self._clock.sleep(self._next_wait())
+            await self._clock.sleep(self._redial.next_wait(dormant=self._current() is T.DORMANT))
             state = self._current()
             if state not in _WAITING:
                 return
@@ -1022,24 +768,24 @@ class WebSocketRelayTransport:
             return
         if self._current() is T.CLOSING:
             if self._torn_down is not None:
-                await _wait_event(SystemClock(), self._torn_down, _RESERVED_S + MAX_DRAIN_GRACE_S)
+                await wait_event(self._teardown_clock, self._torn_down, MAX_TEARDOWN_S)
             return
         self._fire("close")
         self._torn_down = asyncio.Event()
         budget = default_disconnect_budget_s() if budget_s is None else max(0.0, budget_s)
-        deadline = Deadline.after(SystemClock(), budget)
+        deadline = Deadline.after(self._teardown_clock, budget)
         try:
             grace = drain_grace_s(budget)
             pending = [f for f in self._pending.values() if not f.done()]
             if pending and grace > 0:
                 await asyncio.wait(pending, timeout=grace)
-            await _cancel(self._supervisor, min(TEARDOWN_AWAIT_S, deadline.remaining()))
+            await cancel(self._supervisor, min(TEARDOWN_AWAIT_S, deadline.remaining()))
             ws = self._ws
             if ws is not None:
-                await _bounded(
+                await bounded(
                     ws.close(1000, "disconnect"), min(TEARDOWN_AWAIT_S, deadline.remaining())
                 )
-            await _cancel(self._reader, min(TEARDOWN_AWAIT_S, deadline.remaining()))
+            await cancel(self._reader, min(TEARDOWN_AWAIT_S, deadline.remaining()))
             await self._inbound.close(min(TEARDOWN_AWAIT_S, deadline.remaining()))
         finally:
             self._fail_pending(RelayClosed("relay transport closed"))
@@ -1061,76 +807,9 @@ class WebSocketRelayTransport:
         return f"<WebSocketRelayTransport {where} {self._current().value}>"
 
 
-def _lane_of(frame: _Delivery) -> Hashable:
-    """The lane a delivery is handled in: its chat, so that one chat's messages keep their
-    order.  An interrupt takes a lane of its own (it must not wait behind the turn it cancels);
-    poison and forwarded webhooks share one."""
-    if type(frame) is Inbound:
-        source = frame.event.source
-        return (source.platform, source.chat_id)
-    if isinstance(frame, InterruptInbound):
-        return ("interrupt", frame.session_key)
-    return ("other",)
-
-
 def _close_of(ws: ClientConnection) -> tuple[int | None, str | None]:
     """The close code and reason the peer sent, if any."""
     received = getattr(ws.protocol, "close_rcvd", None)
     if received is None:
         return None, None
     return received.code, received.reason
-
-
-async def _wait_event(clock: Clock, event: asyncio.Event, timeout_s: float) -> bool:
-    """Wait for ``event`` at most ``timeout_s`` on ``clock``; True if it was set."""
-    waiter = asyncio.ensure_future(event.wait())
-    try:
-        return await _wait_future(clock, waiter, timeout_s)
-    finally:
-        if not waiter.done():
-            waiter.cancel()
-
-
-async def _wait_future(clock: Clock, future: asyncio.Future[Any], timeout_s: float) -> bool:
-    """Wait for ``future`` at most ``timeout_s`` on ``clock`` without cancelling it.
-
-    True if it finished.  The real clock uses one timer handle; a fake clock races a sleep.
-    """
-    if future.done():
-        return True
-    if isinstance(clock, SystemClock):
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-
-        def wake(_: object = None) -> None:
-            if not waiter.done():
-                waiter.set_result(None)
-
-        handle = loop.call_later(max(0.0, timeout_s), wake)
-        future.add_done_callback(wake)
-        try:
-            await waiter
-        finally:
-            handle.cancel()
-            future.remove_done_callback(wake)
-        return future.done()
-    sleeper = asyncio.ensure_future(clock.sleep(timeout_s))
-    try:
-        await asyncio.wait({future, sleeper}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        sleeper.cancel()
-    return future.done()
-
-
-async def _bounded(awaitable: Awaitable[Any], timeout_s: float) -> None:
-    """Await with a bound; a timeout or a closed-connection error is not the caller's problem."""
-    with contextlib.suppress(TimeoutError, ConnectionClosed, OSError):
-        await asyncio.wait_for(awaitable, timeout=max(0.0, timeout_s))
-
-
-async def _cancel(task: asyncio.Task[Any] | None, timeout_s: float) -> None:
-    """Cancel a task and wait (bounded) for it to finish; never the current task."""
-    if task is None or task.done() or task is asyncio.current_task():
-        return
-    task.cancel()
-    await asyncio.wait({task}, timeout=max(0.0, timeout_s))

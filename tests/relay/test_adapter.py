@@ -13,12 +13,8 @@ import pytest
 
 from relay.client.adapter import RelayAdapter
 from relay.client.lifecycle import TransportState as T
-from relay.client.transport import (
-    DISCONNECT_TIMEOUT_ENV,
-    RequestOutcome,
-    RequestResult,
-    default_disconnect_budget_s,
-)
+from relay.client.requests import RequestOutcome, RequestResult
+from relay.client.teardown import DISCONNECT_TIMEOUT_ENV, default_disconnect_budget_s
 from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
 from relay.wire.frames import InboundEvent
 from statecore import ErrorKind, LedgerPolicy

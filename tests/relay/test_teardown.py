@@ -12,13 +12,12 @@ import time
 import pytest
 
 from relay.client.lifecycle import TransportState as T
-from relay.client.transport import (
+from relay.client.requests import RequestOutcome, RequestResult
+from relay.client.teardown import (
     DISCONNECT_TIMEOUT_ENV,
     MAX_DRAIN_GRACE_S,
     TEARDOWN_AWAIT_S,
     TEARDOWN_AWAITS,
-    RequestOutcome,
-    RequestResult,
     default_disconnect_budget_s,
     drain_grace_s,
 )

@@ -15,7 +15,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from relay.client.lifecycle import TransportState as T
-from relay.client.transport import RequestOutcome, RequestResult, WebSocketRelayTransport
+from relay.client.requests import RequestOutcome, RequestResult
+from relay.client.transport import WebSocketRelayTransport
 from relay.wire.auth import token_from_header, verify_token
 from relay.wire.errors import RelayBroken, RelayClosed
 from relay.wire.frames import InboundEvent

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from relay.client.lifecycle import TransportState as T
-from relay.client.transport import RequestOutcome
+from relay.client.requests import RequestOutcome
 from relay.wire.errors import RelayBroken
 from relay.wire.frames import InboundEvent
 from statecore.clock import FakeClock

@@ -21,7 +21,7 @@ import pytest_asyncio
 
 from relay import RelayAdapter, StoreBufferDedupe, WebSocketRelayTransport
 from relay.client.lifecycle import TransportState
-from relay.client.transport import RequestOutcome
+from relay.client.requests import RequestOutcome
 from relay.wire.frames import InboundEvent, InterruptInbound
 from statecore.clock import FakeClock
 from stores.sqlite import SQLiteStore

@@ -1,0 +1,185 @@
+"""How the gateway's transport handles each inbound delivery, and when it may ack it.
+
+:class:`Deliveries` holds the handlers (inbound events, and the original contract's
+interrupts and forwarded webhooks) and the optional durable :class:`BufferDedupe`; the
+dispatcher (:mod:`relay.client.dispatch`) calls :meth:`Deliveries.handle` for each delivery in
+its lane (:func:`lane_of`) and acks what it returns.  The rules: a buffered delivery is acked
+only after its handler returned normally (and, with a dedupe, after it was remembered); nothing
+may stall the buffer for good, so poison and unhandled original-contract frames are recorded as
+undeliverable and acked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, Protocol
+
+from relay.wire.codec import encode
+from relay.wire.errors import UndeliverableEvent
+from relay.wire.frames import Inbound, InboundEvent, InterruptInbound, PassthroughForward
+from relay.wire.throttle import LogThrottle
+
+__all__ = [
+    "BufferDedupe",
+    "Deliveries",
+    "Delivery",
+    "DeliveryHandler",
+    "InboundHandler",
+    "lane_of",
+]
+
+log = logging.getLogger(__name__)
+
+
+InboundHandler = Callable[[InboundEvent], Awaitable[None]]
+
+DeliveryHandler = Callable[[Any], Awaitable[None]]
+"""A handler of an original-contract delivery (:class:`~relay.wire.frames.InterruptInbound` or
+:class:`~relay.wire.frames.PassthroughForward`): ``await handler(frame)``."""
+
+Delivery = Inbound | UndeliverableEvent | InterruptInbound | PassthroughForward
+"""What the dispatcher hands to :meth:`Deliveries.handle`, each in its lane."""
+
+
+class BufferDedupe(Protocol):
+    """Durable memory of handled buffered deliveries, so a replay is not handled twice, and of
+    buffered deliveries that could never be handled (recorded, then acked)."""
+
+    async def seen(self, buffer_id: str) -> bool:
+        """True when ``buffer_id`` was handled (or recorded as undeliverable) before."""
+        ...
+
+    async def remember(self, buffer_id: str) -> None:
+        """Record that ``buffer_id`` has been handled (before it is acked)."""
+        ...
+
+    async def record_undeliverable(
+        self, buffer_id: str, *, frame_type: str, reason: str, raw_line: str
+    ) -> None:
+        """Durably record a delivery that can never be handled (before it is acked)."""
+        ...
+
+
+class Deliveries:
+    """The handlers and dedupe one transport hands its deliveries to (see the module docs).
+
+    ``label`` names the connection in log lines; ``log_limit`` throttles the lines a hostile
+    or broken peer could otherwise flood.  The handlers and the dedupe are plain attributes:
+    they may be replaced at any time, and each delivery reads them once, when it starts.
+    """
+
+    def __init__(self, label: str, dedupe: BufferDedupe | None, log_limit: LogThrottle) -> None:
+        self.label = label
+        self.dedupe = dedupe
+        self.handler: InboundHandler | None = None
+        self.interrupt_handler: DeliveryHandler | None = None
+        self.passthrough_handler: DeliveryHandler | None = None
+        self.undeliverable_count = 0
+        """Deliveries that could never be handled: recorded and acked when buffered, logged
+        and counted when live."""
+        self._log_limit = log_limit
+
+    async def handle(self, frame: Delivery) -> str | None:
+        """Handle one delivery in its lane; return the bufferId to ack, or None.
+
+        A buffered delivery is acked only after its handler returned normally (and, with a
+        dedupe, after it was remembered); one whose handler raised stays unacked, so the
+        connector delivers it again.  Nothing may stall the buffer for good: a poison entry, or
+        an original-contract frame nobody handles, is recorded as undeliverable and acked (left
+        unacked only when it cannot be recorded).  Never raises but for cancellation.
+        """
+        buffer_id = frame.buffer_id
+        # Read per delivery: the handlers and the dedupe may be replaced while one runs.
+        dedupe = self.dedupe
+        try:
+            if buffer_id is not None and dedupe is not None and await dedupe.seen(buffer_id):
+                return buffer_id  # handled before (a restart, a lost ack): ack, don't redo
+            if isinstance(frame, UndeliverableEvent):
+                await self.undeliverable(frame.frame_type, buffer_id, frame.message, frame.raw_line)
+                return buffer_id
+            if isinstance(frame, Inbound):
+                if self.handler is None:
+                    # Nobody handled it: leave a buffered delivery unacked (it is delivered
+                    # again once a handler is set) rather than let the connector retire it.
+                    return None
+                await self.handler(frame.event)
+            else:
+                handler = (
+                    self.interrupt_handler
+                    if isinstance(frame, InterruptInbound)
+                    else self.passthrough_handler
+                )
+                if handler is None:
+                    raw = encode(frame).rstrip("\n")
+                    await self.undeliverable(
+                        frame.TYPE, buffer_id, f"no handler for {frame.TYPE}", raw
+                    )
+                    return buffer_id
+                await handler(frame)
+            if buffer_id is not None and dedupe is not None:
+                await dedupe.remember(buffer_id)
+            return buffer_id
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # The failure is isolated to this delivery; a buffered one stays unacked.
+            log.exception(
+                "relay: handling a %s failed (bufferId %s)", type(frame).__name__, buffer_id
+            )
+            return None
+
+    async def undeliverable(
+        self, frame_type: str, buffer_id: str | None, reason: str, raw_line: str
+    ) -> None:
+        """Record (buffered) or log and count (live) one delivery that cannot be handled; raises
+        when a buffered one cannot be recorded (it must then stay unacked)."""
+        self.undeliverable_count += 1
+        if buffer_id is None:
+            suppressed = self._log_limit.allow()
+            if suppressed is not None:
+                more = f" ({suppressed} more not logged)" if suppressed else ""
+                log.warning(
+                    "relay %s: dropped an undeliverable live %s (%s)%s: %.500s",
+                    self.label,
+                    frame_type,
+                    reason,
+                    more,
+                    raw_line,
+                )
+        elif self.dedupe is not None:
+            await self.dedupe.record_undeliverable(
+                buffer_id, frame_type=frame_type, reason=reason, raw_line=raw_line
+            )
+            log.warning(
+                "relay %s: recorded undeliverable %s %s: %s",
+                self.label,
+                frame_type,
+                buffer_id,
+                reason,
+                extra={"buffer_id": buffer_id, "frame_type": frame_type, "reason": reason},
+            )
+        else:
+            # No durable record is configured: the log is the record, so it is never throttled.
+            log.error(
+                "relay %s: undeliverable %s %s (%s), acked without a durable record (configure a "
+                "dedupe to keep one): %.2000s",
+                self.label,
+                frame_type,
+                buffer_id,
+                reason,
+                raw_line,
+            )
+
+
+def lane_of(frame: Delivery) -> Hashable:
+    """The lane a delivery is handled in: its chat, so that one chat's messages keep their
+    order.  An interrupt takes a lane of its own (it must not wait behind the turn it cancels);
+    poison and forwarded webhooks share one."""
+    if type(frame) is Inbound:
+        source = frame.event.source
+        return (source.platform, source.chat_id)
+    if isinstance(frame, InterruptInbound):
+        return ("interrupt", frame.session_key)
+    return ("other",)
