@@ -1,12 +1,18 @@
-"""What a gateway knows about one outbound request once it returned: a definite, typed result."""
+"""Outbound requests of the gateway's transport: the typed result a caller gets, and the table
+of requests still awaiting theirs."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import secrets
 from enum import StrEnum
 
 import attrs
 
-__all__ = ["RequestOutcome", "RequestResult"]
+from relay.wire.frames import OutboundOutcome
+
+__all__ = ["PendingRequests", "RequestOutcome", "RequestResult", "result_of"]
 
 
 class RequestOutcome(StrEnum):
@@ -43,3 +49,95 @@ class RequestResult:
     def ambiguous(self) -> bool:
         """True when the request may have been executed without our knowing."""
         return self.outcome is RequestOutcome.UNKNOWN
+
+
+class PendingRequests:
+    """The requests of one transport that await their result, and its going-idle waiters.
+
+    Ids are unique per transport (a random prefix and a counter), so a result for a request of
+    an earlier connection, or of another transport, never resolves the wrong caller.  Every
+    registered future is resolved exactly once: by its result, by a peer's error frame naming
+    it, or by :meth:`fail_all` when the connection is lost or torn down.
+    """
+
+    def __init__(self) -> None:
+        self._prefix = secrets.token_hex(4)
+        self._ids = itertools.count(1)
+        self._results: dict[str, asyncio.Future[OutboundOutcome]] = {}
+        self._idle: dict[str, asyncio.Future[bool]] = {}
+
+    def __len__(self) -> int:
+        """How many requests await their result."""
+        return len(self._results)
+
+    def new_id(self, kind: str = "") -> str:
+        """A fresh request id (``kind`` marks going-idle requests in logs)."""
+        return f"{self._prefix}-{kind}{next(self._ids)}"
+
+    def default_key(self, request_id: str) -> str:
+        """The idempotency key of a request given none: unique, derived from its id."""
+        return f"{self._prefix}-k{request_id}"
+
+    def expect(self, request_id: str) -> asyncio.Future[OutboundOutcome]:
+        """Register ``request_id``; its result resolves the returned future.  The caller must
+        :meth:`forget` it once done waiting, whatever happened."""
+        future: asyncio.Future[OutboundOutcome] = asyncio.get_running_loop().create_future()
+        self._results[request_id] = future
+        return future
+
+    def forget(self, request_id: str) -> None:
+        """Stop expecting ``request_id`` (a no-op when it is not registered)."""
+        self._results.pop(request_id, None)
+
+    def resolve(self, request_id: str, outcome: OutboundOutcome) -> None:
+        """Hand ``outcome`` to the caller waiting for ``request_id``; unknown or already
+        resolved ids are ignored (a late or duplicated result)."""
+        future = self._results.get(request_id)
+        if future is not None and not future.done():
+            future.set_result(outcome)
+
+    def unresolved(self) -> list[asyncio.Future[OutboundOutcome]]:
+        """The futures still waiting, for a drain."""
+        return [f for f in self._results.values() if not f.done()]
+
+    def expect_idle_ack(self, request_id: str) -> asyncio.Future[bool]:
+        """Register a going-idle request; :meth:`idle_acked` resolves it with True.  The caller
+        must :meth:`forget_idle` it once done waiting."""
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._idle[request_id] = waiter
+        return waiter
+
+    def forget_idle(self, request_id: str) -> None:
+        """Stop expecting an ack for the going-idle request ``request_id``."""
+        self._idle.pop(request_id, None)
+
+    def idle_acked(self, request_id: str | None) -> None:
+        """A going-idle ack: it resolves the request it names, or -- naming none or an unknown
+        one (an original connector acks without an id) -- every waiting one."""
+        waiters = (
+            list(self._idle.values())
+            if request_id is None or request_id not in self._idle
+            else [self._idle[request_id]]
+        )
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(True)
+
+    def fail_all(self, error: Exception) -> None:
+        """Fail every waiting request with ``error`` and every going-idle waiter with False."""
+        pending, self._results = self._results, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error)
+                future.exception()  # retrieved here: nobody may be waiting any more
+        for waiter in self._idle.values():
+            if not waiter.done():
+                waiter.set_result(False)
+
+
+def result_of(request_id: str, outcome: OutboundOutcome) -> RequestResult:
+    """The typed result of a request the connector answered with ``outcome``."""
+    if outcome.success:
+        return RequestResult(RequestOutcome.OK, request_id, outcome.message_id)
+    kind = RequestOutcome.DECLINED if outcome.declined else RequestOutcome.FAILED
+    return RequestResult(kind, request_id, None, outcome.error, outcome.code)

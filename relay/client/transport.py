@@ -24,16 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import random
-import secrets
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import attrs
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
 
 from relay.client.delivery import (
     BufferDedupe,
@@ -43,10 +40,12 @@ from relay.client.delivery import (
     InboundHandler,
     lane_of,
 )
+from relay.client.dialer import Dialer, UpgradeRefused
 from relay.client.dispatch import DEFAULT_MAX_IN_FLIGHT, InboundDispatcher
 from relay.client.lifecycle import TRANSPORT, TransportState
+from relay.client.reader import ConnectionReader
 from relay.client.redial import RedialPolicy
-from relay.client.requests import RequestOutcome, RequestResult
+from relay.client.requests import PendingRequests, RequestOutcome, RequestResult, result_of
 from relay.client.teardown import (
     MAX_TEARDOWN_S,
     TEARDOWN_AWAIT_S,
@@ -57,32 +56,20 @@ from relay.client.teardown import (
     wait_event,
     wait_future,
 )
-from relay.wire.auth import bearer_header, mint_token
-from relay.wire.codec import FrameDecoder, ack_lines, encode, error_frame_for
-from relay.wire.compat import ACKED_LIVE, ERROR_FRAMES, OUR_FEATURES, features_header
-from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
+from relay.wire.codec import ack_lines, encode
+from relay.wire.compat import OUR_FEATURES
+from relay.wire.descriptor import CapabilityDescriptor
 from relay.wire.errors import (
     ContractVersionError,
-    ProtocolError,
     RelayBroken,
     RelayClosed,
-    UndeliverableEvent,
 )
 from relay.wire.frames import (
-    DescriptorFrame,
-    ErrorFrame,
     GoingIdle,
-    GoingIdleAck,
-    Hello,
-    Inbound,
-    InterruptInbound,
     Outbound,
-    OutboundOutcome,
-    OutboundResult,
-    PassthroughForward,
 )
 from relay.wire.throttle import LogThrottle
-from relay.wire.urls import CLOSE_PROTOCOL, CloseKind, relay_url
+from relay.wire.urls import CloseKind, relay_url
 from statecore.checks import require_text
 from statecore.clock import Clock, Deadline, SystemClock
 from statecore.errors import InvalidTransition
@@ -186,13 +173,19 @@ class WebSocketRelayTransport:
         self.platform = platform
         self.bot_id = bot_id
         self.gateway_id = gateway_id or bot_id
-        self._secret = secret
         self.reconnect = reconnect
         self.max_frame_bytes = max_frame_bytes
         self.token_ttl_s = token_ttl_s
-        self._identities = ((platform, bot_id), *tuple(identities))
-        self._features = tuple(features)
-        self._announcement = [features_header(self._features)] if self._features else []
+        self._dialer = Dialer(
+            self.url,
+            gateway_id=self.gateway_id,
+            secret=secret,
+            token_ttl_s=token_ttl_s,
+            features=tuple(features),
+            identities=((platform, bot_id), *tuple(identities)),
+            open_timeout_s=self.open_timeout_s,
+            max_frame_bytes=max_frame_bytes,
+        )
         self._clock: Clock = clock or SystemClock()
         self._teardown_clock: Clock = teardown_clock or SystemClock()
         self._redial = RedialPolicy(
@@ -218,9 +211,6 @@ class WebSocketRelayTransport:
         self._reader: asyncio.Task[None] | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._torn_down: asyncio.Event | None = None
-        # What the connector of the current connection announced (empty until its descriptor:
-        # an original connector announces nothing and is sent nothing it does not know).
-        self._peer_features: frozenset[str] = frozenset()
         self._log_limit = LogThrottle(clock=self._clock)
         self._deliveries = Deliveries(self.url, dedupe, self._log_limit)
         self._inbound: InboundDispatcher[Delivery] = InboundDispatcher(
@@ -229,11 +219,7 @@ class WebSocketRelayTransport:
             send_acks=self._ack,
             max_in_flight=max_in_flight,
         )
-        self._pending: dict[str, asyncio.Future[OutboundOutcome]] = {}
-        self._idle_waiters: dict[str, asyncio.Future[bool]] = {}
-        self._ids = itertools.count(1)
-        self._prefix = secrets.token_hex(4)
-        self._violations = 0
+        self._pending = PendingRequests()
         self.descriptor: CapabilityDescriptor | None = None
         """The descriptor of the first hello of the current (or last) connection."""
         self.descriptors: dict[str, CapabilityDescriptor] = {}
@@ -362,171 +348,57 @@ class WebSocketRelayTransport:
 
     async def _dial(self) -> None:
         self._fire("dial")
-        headers: list[tuple[str, str]] = list(self._announcement)
-        self._peer_features = frozenset()
-        if self._secret is not None:
-            token = mint_token(
-                self.gateway_id,
-                self._secret,
-                ttl_s=self.token_ttl_s,
-                now=self._redial.token_time(),
-            )
-            headers.append(bearer_header(token))
         try:
-            ws = await connect(
-                self.url,
-                additional_headers=headers,
-                compression=None,  # no gain on small frames, 27-45 % of throughput lost
-                proxy=None,
-                open_timeout=self.open_timeout_s,
-                max_size=self.max_frame_bytes + 1024,
-                ping_interval=20,
-                ping_timeout=20,
-                close_timeout=TEARDOWN_AWAIT_S,
-            )
-        except InvalidStatus as exc:
-            status = exc.response.status_code
+            ws = await self._dialer.open(self._redial.token_time())
+        except UpgradeRefused as exc:
             if (
-                status in (401, 403)
+                exc.credentials
                 and self._current() is T.CONNECTING
                 and not self._redial.refusal_may_be_a_race()
             ):
-                self.close_reason = f"connector refused the upgrade with HTTP {status}"
+                self.close_reason = f"connector refused the upgrade with HTTP {exc.status}"
                 self._fire("revoke")
                 raise RelayClosed(self.close_reason) from exc
-            raise RelayBroken(f"upgrade refused with HTTP {status}") from exc
-        except (OSError, InvalidHandshake, TimeoutError) as exc:
-            raise RelayBroken(f"cannot reach {self.url}: {exc}") from exc
+            raise
         if self._current() is not T.CONNECTING:
             # A disconnect() started while we were dialing: this socket is not wanted.
             await bounded(ws.close(), TEARDOWN_AWAIT_S)
             raise RelayClosed(f"relay transport is {self._current().value}")
         self._ws = ws
-        self._violations = 0  # counted per connection, as the connector counts them
-        decoder = FrameDecoder(max_frame_bytes=self.max_frame_bytes)
         self._fire("open")
-        self._reader = asyncio.create_task(self._read(ws, decoder), name="relay-reader")
-        try:
-            # Announced: protocol + features.  With no features the hello is the original's.
-            protocol = CONTRACT_VERSION if self._features else None
-            window = self._inbound.max_in_flight if ACKED_LIVE in self._features else None
-            for platform, bot_id in self._identities:
-                await ws.send(encode(Hello(platform, bot_id, protocol, self._features, window)))
-        except ConnectionClosed:
-            pass  # the reader sees the close and handles it
+        reader = ConnectionReader(
+            ws,
+            max_frame_bytes=self.max_frame_bytes,
+            platform=self.platform,
+            label=self.url,
+            enqueue=self._inbound.put,
+            pending=self._pending,
+            log_limit=self._log_limit,
+            adopt=self._adopt,
+            incompatible=self._incompatible,
+            lost=self._lost,
+        )
+        self._reader = asyncio.create_task(reader.run(), name="relay-reader")
+        await self._dialer.hello(ws, self._inbound.max_in_flight)
 
-    # -- reading and routing -------------------------------------------------------------------
+    # -- what the reader reports -------------------------------------------------------------
 
-    async def _read(self, ws: ClientConnection, decoder: FrameDecoder) -> None:
-        try:
-            # Never stops reading (the replies' results come on this socket too): the bound on
-            # inbound in hand is the window the connector keeps (see relay.client.dispatch).
-            enqueue, recv, feed = self._inbound.put, ws.recv, decoder.feed
-            while True:
-                # recv() directly rather than ``async for``: no async generator per message.
-                message = await recv()
-                for item in feed(message):
-                    if type(item) is Inbound:
-                        # The bulk of the traffic: straight to the dispatcher.
-                        enqueue(item if item.event.source.platform else self._on_own_platform(item))
-                    elif isinstance(
-                        item, UndeliverableEvent | InterruptInbound | PassthroughForward
-                    ):
-                        enqueue(item)  # settled in order with the inbound events around it
-                    elif isinstance(item, ContractVersionError):
-                        await self._incompatible(ws, item)
-                        return
-                    elif isinstance(item, ProtocolError):
-                        if await self._violation(ws, item):
-                            break  # closing: the rest of this message is not processed
-                    else:
-                        self._route(item)
-        except ConnectionClosed:
-            pass
-        except Exception:  # never let a bug in routing strand the transport
-            log.exception("relay reader failed; dropping the connection")
-            with contextlib.suppress(Exception):
-                await bounded(ws.close(), TEARDOWN_AWAIT_S)
-        finally:
-            if self._ws is ws:
-                self._connection_lost(ws)
+    def _adopt(self, descriptor: CapabilityDescriptor) -> bool:
+        """A descriptor arrived; True when it is the first of the connection (handshake done)."""
+        self.descriptors[descriptor.platform] = descriptor
+        if self._current() is not T.HANDSHAKING:
+            return False
+        self.descriptor = descriptor
+        self._redial.established()
+        self._fire("establish")
+        return True
 
-    async def _incompatible(self, ws: ClientConnection, error: ContractVersionError) -> None:
-        """A connector of another contract version: re-dialing cannot help, so end (closed)
-        with the reason, tell the peer, and close the socket."""
+    def _incompatible(self, error: ContractVersionError) -> None:
+        """A connector of another contract version: re-dialing cannot help, so end (closed)."""
         self.close_reason = f"the connector speaks another contract version: {error}"
         log.warning("relay %s: %s; not re-dialing", self.url, self.close_reason)
         if self._machine.can("end"):
             self._fire("end")
-        with contextlib.suppress(ConnectionClosed):
-            await ws.send(encode(error_frame_for(error)))
-        await bounded(ws.close(CLOSE_PROTOCOL, "contract version"), TEARDOWN_AWAIT_S)
-
-    async def _violation(self, ws: ClientConnection, error: ProtocolError) -> bool:
-        """Count, log (rate-limited) and -- to a connector that announced them -- answer one
-        invalid frame; True when the limit was passed and the connection is being closed."""
-        self._violations += 1
-        suppressed = self._log_limit.allow()
-        if suppressed is not None:
-            more = f" ({suppressed} more not logged)" if suppressed else ""
-            log.warning("relay peer sent an invalid frame (%s): %s%s", error.code, error, more)
-        with contextlib.suppress(ConnectionClosed):
-            if ERROR_FRAMES in self._peer_features:
-                await ws.send(encode(error_frame_for(error)))
-            if self._violations > _MAX_VIOLATIONS:
-                log.warning("relay %s: too many invalid frames; closing (4400)", self.url)
-                await ws.close(CLOSE_PROTOCOL, "too many protocol violations")
-                return True
-        return False
-
-    def _on_own_platform(self, frame: Inbound) -> Inbound:
-        """An event whose source names no platform came from this connection's platform."""
-        source = attrs.evolve(frame.event.source, platform=self.platform)
-        return Inbound(attrs.evolve(frame.event, source=source), frame.buffer_id)
-
-    def _route(self, frame: object) -> None:
-        """Route one decoded frame other than an inbound event (the reader queues those
-        itself); an error in one frame never affects another."""
-        try:
-            if isinstance(frame, OutboundResult):
-                future = self._pending.get(frame.request_id)
-                if future is not None and not future.done():
-                    future.set_result(frame.result)
-            elif isinstance(frame, DescriptorFrame):
-                self._adopt(frame.descriptor)
-            elif isinstance(frame, GoingIdleAck):
-                self._idle_acked(frame.request_id)
-            elif isinstance(frame, ErrorFrame):
-                self._peer_error(frame)
-            else:
-                log.debug("relay: ignoring %s from the connector", type(frame).__name__)
-        except Exception:
-            log.exception("relay: routing a %s failed", type(frame).__name__)
-
-    def _adopt(self, descriptor: CapabilityDescriptor) -> None:
-        self.descriptors[descriptor.platform] = descriptor
-        if self._current() is T.HANDSHAKING:
-            # The first descriptor of a connection completes the handshake.
-            self.descriptor = descriptor
-            self._peer_features = frozenset(descriptor.features)
-            self._redial.established()
-            self._fire("establish")
-
-    def _idle_acked(self, request_id: str | None) -> None:
-        waiters = (
-            list(self._idle_waiters.values())
-            if request_id is None or request_id not in self._idle_waiters
-            else [self._idle_waiters[request_id]]
-        )
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(True)
-
-    def _peer_error(self, frame: ErrorFrame) -> None:
-        log.warning("connector reported %s: %s (ref %s)", frame.code, frame.message, frame.ref)
-        future = self._pending.get(frame.ref or "")
-        if future is not None and not future.done():
-            future.set_result(OutboundOutcome(False, None, frame.message, frame.code))
 
     # -- inbound -------------------------------------------------------------------------------
 
@@ -594,16 +466,10 @@ class WebSocketRelayTransport:
             return RequestResult(RequestOutcome.NOT_SENT, error=reason)
         ws = self._ws
         assert ws is not None
-        request_id = f"{self._prefix}-{next(self._ids)}"
-        frame = Outbound(
-            request_id,
-            dict(action),
-            idempotency_key or f"{self._prefix}-k{request_id}",
-            platform,
-            bot_id,
-        )
-        future: asyncio.Future[OutboundOutcome] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
+        request_id = self._pending.new_id()
+        key = idempotency_key or self._pending.default_key(request_id)
+        frame = Outbound(request_id, dict(action), key, platform, bot_id)
+        future = self._pending.expect(request_id)
         try:
             try:
                 await ws.send(encode(frame))
@@ -618,21 +484,8 @@ class WebSocketRelayTransport:
             except (RelayClosed, RelayBroken) as exc:
                 return RequestResult(RequestOutcome.UNKNOWN, request_id, error=str(exc))
         finally:
-            self._pending.pop(request_id, None)
-        if outcome.success:
-            return RequestResult(RequestOutcome.OK, request_id, outcome.message_id)
-        kind = RequestOutcome.DECLINED if outcome.declined else RequestOutcome.FAILED
-        return RequestResult(kind, request_id, None, outcome.error, outcome.code)
-
-    def _fail_pending(self, error: Exception) -> None:
-        pending, self._pending = self._pending, {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(error)
-                future.exception()  # retrieved here: nobody may be waiting any more
-        for waiter in self._idle_waiters.values():
-            if not waiter.done():
-                waiter.set_result(False)
+            self._pending.forget(request_id)
+        return result_of(request_id, outcome)
 
     # -- idle and dormancy ---------------------------------------------------------------------
 
@@ -677,9 +530,8 @@ class WebSocketRelayTransport:
         if ws is None:
             return False
         self._fire("begin_idle")
-        request_id = f"{self._prefix}-idle{next(self._ids)}"
-        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._idle_waiters[request_id] = waiter
+        request_id = self._pending.new_id("idle")
+        waiter = self._pending.expect_idle_ack(request_id)
         try:
             await ws.send(encode(GoingIdle(request_id)))
             if not await wait_future(self._clock, waiter, timeout_s):
@@ -688,9 +540,15 @@ class WebSocketRelayTransport:
         except ConnectionClosed:
             return False
         finally:
-            self._idle_waiters.pop(request_id, None)
+            self._pending.forget_idle(request_id)
 
     # -- losing and re-dialing -----------------------------------------------------------------
+
+    def _lost(self, ws: ClientConnection) -> None:
+        """The reader of ``ws`` ended: unless another connection replaced it (or a deliberate
+        close or dormancy let it go), the connection was lost."""
+        if self._ws is ws:
+            self._connection_lost(ws)
 
     def _connection_lost(self, ws: ClientConnection) -> None:
         self._ws = None
@@ -725,7 +583,7 @@ class WebSocketRelayTransport:
         del before, event
         if after in SERVING or after is T.CLOSING:
             return
-        self._fail_pending(RelayBroken(_LEFT_SERVING.get(after, "relay connection lost")))
+        self._pending.fail_all(RelayBroken(_LEFT_SERVING.get(after, "relay connection lost")))
 
     def _arm(self, *_: object) -> None:
         """Start the supervisor unless one is live: exactly one dialer at a time (entering
@@ -776,7 +634,7 @@ class WebSocketRelayTransport:
         deadline = Deadline.after(self._teardown_clock, budget)
         try:
             grace = drain_grace_s(budget)
-            pending = [f for f in self._pending.values() if not f.done()]
+            pending = self._pending.unresolved()
             if pending and grace > 0:
                 await asyncio.wait(pending, timeout=grace)
             await cancel(self._supervisor, min(TEARDOWN_AWAIT_S, deadline.remaining()))
@@ -788,7 +646,7 @@ class WebSocketRelayTransport:
             await cancel(self._reader, min(TEARDOWN_AWAIT_S, deadline.remaining()))
             await self._inbound.close(min(TEARDOWN_AWAIT_S, deadline.remaining()))
         finally:
-            self._fail_pending(RelayClosed("relay transport closed"))
+            self._pending.fail_all(RelayClosed("relay transport closed"))
             for task in (self._supervisor, self._reader):
                 if task is not None and not task.done():
                     task.cancel()

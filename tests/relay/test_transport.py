@@ -1274,7 +1274,7 @@ async def test_a_request_while_handshaking_waits_no_longer_than_its_bounds(
     clock.advance(5.0)
     result = await asyncio.wait_for(task, GUARD)
     assert result.outcome is RequestOutcome.NOT_SENT
-    assert transport._pending == {}
+    assert len(transport._pending) == 0
     assert outbound_count(connector) == 0
     shorter = asyncio.ensure_future(transport.request(SEND, timeout_s=2.0))
     assert await next_sleep(clock, after=clock.monotonic()) == pytest.approx(2.0)

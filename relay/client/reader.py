@@ -1,0 +1,175 @@
+"""The reader of one gateway connection: it parses every frame the connector sends and routes it.
+
+Inbound deliveries (events, poison, the original contract's interrupts and forwarded webhooks)
+go to the dispatcher in arrival order; request results and error frames resolve the waiting
+request; going-idle acks resolve their waiter; descriptors go to the transport (the first one
+completes the handshake).  Invalid frames are counted per connection, logged (rate-limited) and
+answered with an error frame only to a connector that announced them; past the limit the
+connection is closed with 4400.  A connector of another contract version is told so and the
+socket closed.  The reader never stops reading while the socket is open (the replies' results
+come on it too): the bound on inbound in hand is the window the connector keeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+
+import attrs
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
+
+from relay.client.delivery import Delivery
+from relay.client.requests import PendingRequests
+from relay.client.teardown import TEARDOWN_AWAIT_S, bounded
+from relay.wire.codec import FrameDecoder, encode, error_frame_for
+from relay.wire.compat import ERROR_FRAMES
+from relay.wire.descriptor import CapabilityDescriptor
+from relay.wire.errors import ContractVersionError, ProtocolError, UndeliverableEvent
+from relay.wire.frames import (
+    DescriptorFrame,
+    ErrorFrame,
+    GoingIdleAck,
+    Inbound,
+    InterruptInbound,
+    OutboundOutcome,
+    OutboundResult,
+    PassthroughForward,
+)
+from relay.wire.throttle import LogThrottle
+from relay.wire.urls import CLOSE_PROTOCOL
+
+__all__ = ["MAX_VIOLATIONS", "ConnectionReader"]
+
+log = logging.getLogger(__name__)
+
+MAX_VIOLATIONS = 50
+"""Invalid frames one connection may send before it is closed (4400)."""
+
+
+class ConnectionReader:
+    """Reads and routes the frames of one connection (see the module docs); :meth:`run` is the
+    reader task's body.
+
+    The transport supplies what routing needs: ``enqueue`` (the dispatcher's intake),
+    ``pending`` (its request table), ``adopt(descriptor) -> bool`` (True when that descriptor
+    completed the handshake), ``incompatible(error)`` (end the transport: re-dialing cannot
+    help) and ``lost(ws)`` (called once when reading ends, whatever the reason).
+    """
+
+    def __init__(
+        self,
+        ws: ClientConnection,
+        *,
+        max_frame_bytes: int,
+        platform: str,
+        label: str,
+        enqueue: Callable[[Delivery], None],
+        pending: PendingRequests,
+        log_limit: LogThrottle,
+        adopt: Callable[[CapabilityDescriptor], bool],
+        incompatible: Callable[[ContractVersionError], None],
+        lost: Callable[[ClientConnection], None],
+    ) -> None:
+        self._ws = ws
+        self._decoder = FrameDecoder(max_frame_bytes=max_frame_bytes)
+        self._platform = platform
+        self._label = label
+        self._enqueue = enqueue
+        self._pending = pending
+        self._log_limit = log_limit
+        self._adopt = adopt
+        self._incompatible = incompatible
+        self._lost = lost
+        self.violations = 0
+        """Invalid frames received on this connection (counted per connection, as the
+        connector counts them)."""
+        self.peer_features: frozenset[str] = frozenset()
+        """What the connector announced in the descriptor that completed the handshake (empty
+        until then: an original connector announces nothing and is sent nothing it does not
+        know)."""
+
+    async def run(self) -> None:
+        """Read until the connection closes, routing every frame; never raises."""
+        ws = self._ws
+        try:
+            enqueue, recv, feed = self._enqueue, ws.recv, self._decoder.feed
+            while True:
+                # recv() directly rather than ``async for``: no async generator per message.
+                message = await recv()
+                for item in feed(message):
+                    if type(item) is Inbound:
+                        # The bulk of the traffic: straight to the dispatcher.
+                        enqueue(item if item.event.source.platform else self._on_own_platform(item))
+                    elif isinstance(
+                        item, UndeliverableEvent | InterruptInbound | PassthroughForward
+                    ):
+                        enqueue(item)  # settled in order with the inbound events around it
+                    elif isinstance(item, ContractVersionError):
+                        await self._refuse_version(item)
+                        return
+                    elif isinstance(item, ProtocolError):
+                        if await self._violation(item):
+                            break  # closing: the rest of this message is not processed
+                    else:
+                        self._route(item)
+        except ConnectionClosed:
+            pass
+        except Exception:  # never let a bug in routing strand the transport
+            log.exception("relay reader failed; dropping the connection")
+            with contextlib.suppress(Exception):
+                await bounded(ws.close(), TEARDOWN_AWAIT_S)
+        finally:
+            self._lost(ws)
+
+    async def _refuse_version(self, error: ContractVersionError) -> None:
+        """A connector of another contract version: end the transport, tell the peer, close."""
+        self._incompatible(error)
+        with contextlib.suppress(ConnectionClosed):
+            await self._ws.send(encode(error_frame_for(error)))
+        await bounded(self._ws.close(CLOSE_PROTOCOL, "contract version"), TEARDOWN_AWAIT_S)
+
+    async def _violation(self, error: ProtocolError) -> bool:
+        """Count, log (rate-limited) and -- to a connector that announced them -- answer one
+        invalid frame; True when the limit was passed and the connection is being closed."""
+        self.violations += 1
+        suppressed = self._log_limit.allow()
+        if suppressed is not None:
+            more = f" ({suppressed} more not logged)" if suppressed else ""
+            log.warning("relay peer sent an invalid frame (%s): %s%s", error.code, error, more)
+        with contextlib.suppress(ConnectionClosed):
+            if ERROR_FRAMES in self.peer_features:
+                await self._ws.send(encode(error_frame_for(error)))
+            if self.violations > MAX_VIOLATIONS:
+                log.warning("relay %s: too many invalid frames; closing (4400)", self._label)
+                await self._ws.close(CLOSE_PROTOCOL, "too many protocol violations")
+                return True
+        return False
+
+    def _on_own_platform(self, frame: Inbound) -> Inbound:
+        """An event whose source names no platform came from this connection's platform."""
+        source = attrs.evolve(frame.event.source, platform=self._platform)
+        return Inbound(attrs.evolve(frame.event, source=source), frame.buffer_id)
+
+    def _route(self, frame: object) -> None:
+        """Route one decoded frame other than a delivery; an error in one frame never affects
+        another."""
+        try:
+            if isinstance(frame, OutboundResult):
+                self._pending.resolve(frame.request_id, frame.result)
+            elif isinstance(frame, DescriptorFrame):
+                if self._adopt(frame.descriptor):
+                    self.peer_features = frozenset(frame.descriptor.features)
+            elif isinstance(frame, GoingIdleAck):
+                self._pending.idle_acked(frame.request_id)
+            elif isinstance(frame, ErrorFrame):
+                log.warning(
+                    "connector reported %s: %s (ref %s)", frame.code, frame.message, frame.ref
+                )
+                failure = OutboundOutcome(False, None, frame.message, frame.code)
+                self._pending.resolve(frame.ref or "", failure)
+            else:
+                log.debug("relay: ignoring %s from the connector", type(frame).__name__)
+        except Exception:
+            log.exception("relay: routing a %s failed", type(frame).__name__)
