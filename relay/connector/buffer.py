@@ -16,7 +16,6 @@ import json
 import logging
 import secrets
 import threading
-import time
 from collections.abc import Iterable, Sequence
 from enum import StrEnum
 
@@ -29,7 +28,7 @@ from statecore.clock import Clock, SystemClock
 from statecore.entity import EntityKind, Field, Index
 from statecore.errors import InvalidTransition, StaleState
 from statecore.lifecycle import Lifecycle, Transition
-from statecore.store import Audit, Row, Store, gt, lt
+from statecore.store import Audit, Row, Store, ge, gt, lt
 
 __all__ = ["BUFFER", "BUFFER_KIND", "BufferEntry", "BufferState", "InboundBuffer"]
 
@@ -129,13 +128,32 @@ class InboundBuffer:
         self._batch = isinstance(store, BatchStore)  # a protocol check: too slow per call
         self._lock = threading.Lock()
         self._prefix = secrets.token_hex(3)
-        self._seq = time.time_ns()
+        # The last seq handed out; None until the first append reads the store for a floor.
+        self._seq: int | None = None
 
     def _next_seq(self) -> int:
-        # Monotonic within the process and, being time-based, after any earlier process's.
+        """The next entry's seq: replay order.
+
+        Strictly increasing within the process, and never below the clock's time in
+        nanoseconds (seqs of buffers sharing a store interleave by time).  The first one is
+        also above every seq already stored, so that the entries of a buffer reopened on the
+        same store replay after the earlier ones even when the clock stands still or went back.
+        """
         with self._lock:
-            self._seq = max(self._seq + 1, time.time_ns())
+            now_ns = int(self.clock.now() * 1e9)
+            if self._seq is None:
+                self._seq = self._highest_stored_from(now_ns)
+            self._seq = max(self._seq + 1, now_ns)
             return self._seq
+
+    def _highest_stored_from(self, floor: int) -> int:
+        """The highest seq stored, when it is ``floor`` or more; else ``floor - 1``.
+
+        Normally nothing is stored above the clock's time and this reads no row; only entries
+        stamped ahead of it (a clock that went back, a fake one) are read, once per buffer.
+        """
+        rows = self.store.select(BUFFER_KIND, where={"seq": ge(floor)}, order_by="seq")
+        return int(rows[-1].values["seq"]) if rows else floor - 1
 
     def append(self, gateway_id: str, platform: str, event: InboundEvent) -> str:
         """Buffer ``event`` for ``gateway_id``; return its bufferId."""

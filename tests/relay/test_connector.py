@@ -24,8 +24,8 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import InvalidStatus
 
 from relay.client.lifecycle import TransportState
-from relay.client.transport import RequestOutcome
-from relay.connector import server as connector_module
+from relay.client.requests import RequestOutcome
+from relay.connector import _delivery as delivery_module
 from relay.connector.buffer import BUFFER_KIND, BufferState
 from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import EGRESS_DECLINED_MESSAGE, Connector
@@ -726,7 +726,7 @@ async def test_replay_not_acked_within_the_grace_is_recorded_as_sent(mh: Harness
     await eventually(lambda: connector.buffered("gw-a") == 1, "the first retired")
     await eventually(lambda: clock.sleepers >= 1, "the grace timer waiting")
     assert (await entry(connector, ids[1]))[0] is BufferState.BUFFERED  # within the grace
-    clock.advance(connector_module._SENT_GRACE_S)
+    clock.advance(delivery_module._SENT_GRACE_S)
     deadline = time.monotonic() + BOUND  # the store thread records it: a bounded wait
     while (await entry(connector, ids[1]))[0] is not BufferState.SENT:
         assert time.monotonic() < deadline, "the unacked replay was not recorded"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from relay.client.adapter import RelayAdapter
-from relay.connector import server as connector_module
+from relay.connector import _delivery as delivery_module
 from relay.connector.server import ConnectionState
 from relay.wire.frames import InboundEvent
 from tests.relay.connector_harness import BOUND, Harness, Recorder, eventually, is_live
@@ -75,7 +75,7 @@ async def test_a_gateway_that_does_not_keep_up_is_served_from_the_buffer_in_orde
     """When the lines waiting for a gateway's socket pass the limit, the connector stops holding
     them in memory and serves that gateway from its durable buffer until it caught up: every
     event arrives once, in order, and live delivery resumes."""
-    monkeypatch.setattr(connector_module, "_OUTBOX_MAX", 3)
+    monkeypatch.setattr(delivery_module, "_OUTBOX_MAX", 3)
     connector = await mh.start()
     seen = Recorder()
     await mh.gateway(connector, "gw-a", seen)

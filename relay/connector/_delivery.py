@@ -1,0 +1,234 @@
+"""Delivering buffered inbound to a served connection: the replay of its backlog, the windowed
+live pump (a gateway that acks live deliveries), its acks, and the record of what it was shown.
+
+Both paths send the line the buffer made, with its bufferId, in seq order; ``last_sent_seq``
+is the one cursor they share, so that no line goes out twice on one connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from websockets.exceptions import ConnectionClosed
+
+from relay.connector._store_thread import StoreThread
+from relay.connector._tasks import Tasks
+
+if TYPE_CHECKING:
+    from relay.connector.server import Connector, _Instance
+
+__all__ = ["Delivery"]
+
+# Every part of the connector logs to the one logger docs/configuration.md names.
+log = logging.getLogger("relay.connector.server")
+
+_OUTBOX_MAX = 1000
+"""Lines waiting for one gateway's socket before it counts as behind (then it is served from the
+durable buffer instead, and the connector's memory stays bounded)."""
+_REPLAY_FIRST_CHUNK = 1000
+_REPLAY_CHUNK = 5000
+_SENT_GRACE_S = 1.0
+"""A replayed entry still unacked this long after it was sent is recorded as ``sent``."""
+
+
+class Delivery:
+    """Replay, live pump, acks and replay records for the connector's served connections.
+
+    ``served`` is the connector's table of served connections (gateway id → connection), read
+    to tell whether a replaying connection was replaced meanwhile.
+    """
+
+    def __init__(
+        self,
+        connector: Connector,
+        *,
+        served: Mapping[str, _Instance],
+        store: StoreThread,
+        tasks: Tasks,
+    ) -> None:
+        self._connector = connector
+        self._served = served
+        self._store = store
+        self._tasks = tasks
+
+    # -- live delivery -------------------------------------------------------------------------
+
+    def offer(self, instance: _Instance, buffer_id: str, seq: int, line: str) -> None:
+        """Hand one buffered line to the instance's pump (live delivery with a bufferId)."""
+        if not instance.live or (
+            instance.last_sent_seq is not None and seq <= instance.last_sent_seq
+        ):
+            return  # a replay (behind, or a new connection) delivers it from the buffer
+        if len(instance.outbox) >= _OUTBOX_MAX:
+            # Not keeping up: stop holding lines for it in memory; the buffer has them all.
+            log.info(
+                "connector: %s is not keeping up; delivering from the buffer until it catches up",
+                instance.gateway_id,
+                extra={"gateway_id": instance.gateway_id},
+            )
+            instance.outbox.clear()
+            instance.machine.fire("fall_behind")
+            self._tasks.spawn(self.replay(instance, after=instance.last_sent_seq))
+            return
+        instance.outbox.append((buffer_id, seq, line))
+        instance.wake.set()
+        if instance.pump is None or instance.pump.done():
+            instance.pump = self._tasks.spawn(self._pump(instance))
+
+    async def _window(self, instance: _Instance) -> None:
+        """Wait until the instance's window has room (an ack came back) or it closed."""
+        instance.window_open.clear()
+        if len(instance.unacked) < instance.window or instance.is_closed():
+            return
+        await instance.window_open.wait()
+
+    async def _pump(self, instance: _Instance) -> None:
+        """Send the instance's live lines in order; a send that blocks (the gateway stopped
+        reading) blocks only this instance."""
+        outbox, send, unrecorded = instance.outbox, instance.ws.send, instance.unrecorded
+        while not instance.is_closed():
+            if not outbox or not instance.live:
+                instance.wake.clear()
+                await instance.wake.wait()
+                continue
+            if len(instance.unacked) >= instance.window:
+                await self._window(instance)  # the gateway holds a full window: wait for acks
+                continue
+            buffer_id, seq, line = outbox.popleft()
+            # Claimed before the send: a replay starting meanwhile reads after it.
+            instance.last_sent_seq = seq
+            instance.unacked.add(buffer_id)
+            unrecorded[buffer_id] = self._connector.clock.monotonic()
+            try:
+                await send(line)
+            except ConnectionClosed:
+                return  # unacked: replayed on the next connection
+            self._record_sent_later(instance)
+
+    # -- replay --------------------------------------------------------------------------------
+
+    async def replay(self, instance: _Instance, after: int | None = None) -> None:
+        """Send the instance's backlog in order with bufferIds, then switch it to live.
+
+        ``after``: the seq of the last line already sent on this connection (a gateway that
+        fell behind); None replays the whole unacked backlog (a new connection), expiring the
+        entries past retention first.
+        """
+        gateway_id = instance.gateway_id
+        windowed = instance.acked_live  # a gateway that acks live traffic announced a window
+        # A small first chunk starts the replay quickly; larger ones then keep the store calls
+        # (and, on a store without an ordered index, the scans) few.
+        limit = _REPLAY_FIRST_CHUNK
+        try:
+            while instance.is_replaying():  # going_idle or a close ends the replay
+                instance.appended = 0
+                chunk = await self._store.run(
+                    functools.partial(
+                        self._connector.buffer.replay_lines,
+                        gateway_id,
+                        limit=limit,
+                        after_seq=after,
+                    )
+                )
+                if not chunk:
+                    if instance.appended == 0 and instance.machine.can("caught_up"):
+                        instance.machine.fire("caught_up")  # nothing slipped in: go live
+                        return
+                    continue
+                after, limit = chunk[-1][1], _REPLAY_CHUNK
+                send, unrecorded = instance.ws.send, instance.unrecorded
+                now = self._connector.clock.monotonic()
+                buffer_id = ""
+                try:
+                    for buffer_id, seq, line in chunk:
+                        while windowed and len(instance.unacked) >= instance.window:
+                            await self._window(instance)  # a full window: wait for acks
+                            if not instance.is_replaying():
+                                return  # closed or idle meanwhile: the rest stays buffered
+                        # Registered before its send, so that its ack always finds it.
+                        unrecorded[buffer_id] = now
+                        instance.last_sent_seq = seq
+                        if windowed:
+                            instance.unacked.add(buffer_id)
+                        await send(line)
+                except ConnectionClosed:
+                    unrecorded.pop(buffer_id, None)  # this one never went out
+                    return  # gone mid-replay: the unacked tail is replayed next time
+                finally:
+                    # Recording the replay is left to the grace timer: the next chunk is read
+                    # at once, with no store write queued ahead of it.
+                    self._record_sent_later(instance)
+        finally:
+            if self._served.get(gateway_id) is not instance and instance.machine.can("close"):
+                instance.machine.fire("close")  # replaced while replaying: this one is done
+
+    # -- acks and the end of a connection ------------------------------------------------------
+
+    def acked(self, instance: _Instance, buffer_ids: list[str]) -> None:
+        """The gateway acked these bufferIds: they leave its window and its unrecorded replays
+        at once, and are retired by the next write round on the store thread."""
+        if instance.is_standby():
+            return  # it was shown nothing: what it acks is not its to retire
+        unrecorded = instance.unrecorded
+        if unrecorded:
+            for buffer_id in buffer_ids:
+                unrecorded.pop(buffer_id, None)  # acked: its replay needs no separate record
+        unacked = instance.unacked
+        if unacked:
+            unacked.difference_update(buffer_ids)
+            if len(unacked) < instance.window:
+                instance.window_open.set()
+        self._store.ack(instance, buffer_ids)
+
+    def closed(self, instance: _Instance) -> None:
+        """The connection ended (its machine is closed): end its pump and any replay waiting
+        for the window, and record what it was shown and did not ack."""
+        instance.outbox.clear()
+        instance.wake.set()  # the pump sees the connection closed and ends
+        instance.window_open.set()  # and so does a replay waiting for the window
+        self._record_sent(instance, True)
+
+    # -- recording replays ---------------------------------------------------------------------
+
+    def _record_sent_later(self, instance: _Instance) -> None:
+        """Arm the timer that records the replayed entries still unacked after the grace."""
+        if instance.record_timer is None and instance.unrecorded:
+            instance.record_timer = asyncio.ensure_future(self._record_after_grace(instance))
+
+    async def _record_after_grace(self, instance: _Instance) -> None:
+        await self._connector.clock.sleep(_SENT_GRACE_S)
+        instance.record_timer = None  # this timer is done: _record_sent must not cancel it
+        self._record_sent(instance, False)
+
+    def _record_sent(self, instance: _Instance, everything: bool) -> None:
+        """Record as ``sent`` the replayed entries of ``instance`` that are still unacked: those
+        past the grace (all of them when ``everything``, as the connection ends).
+
+        An entry acked within the grace goes straight from ``buffered`` to ``acked`` (the
+        lifecycle allows it), so a prompt replay costs one write per entry, not two.  Only an
+        ack retires an entry either way: recording ``sent`` is bookkeeping (the replay count,
+        and which entries a gateway was shown but did not ack), never a condition of delivery.
+        """
+        if instance.record_timer is not None:
+            instance.record_timer.cancel()
+            instance.record_timer = None
+        pending = instance.unrecorded
+        due: list[str] = []
+        if everything:
+            due = list(pending)
+            pending.clear()
+        else:
+            cutoff = self._connector.clock.monotonic() - _SENT_GRACE_S
+            for buffer_id, at in pending.items():  # in send order, so oldest first
+                if at > cutoff:
+                    break
+                due.append(buffer_id)
+            for buffer_id in due:
+                del pending[buffer_id]
+            self._record_sent_later(instance)
+        if due:
+            self._store.record_sent(instance.gateway_id, due)

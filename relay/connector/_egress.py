@@ -1,0 +1,121 @@
+"""Outbound actions a gateway asks for: checked against the identities it said hello for and the
+tenant guard (or provenance), performed by the platform's driver at most once per idempotency
+key, and answered with their outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from relay.connector.platform import target_chat
+from relay.wire.codec import encode
+from relay.wire.frames import EGRESS_DECLINED, Outbound, OutboundOutcome, OutboundResult
+
+if TYPE_CHECKING:
+    from relay.connector.server import Connector, _Instance
+
+__all__ = ["EGRESS_DECLINED_MESSAGE", "Egress"]
+
+# Every part of the connector logs to the one logger docs/configuration.md names.
+log = logging.getLogger("relay.connector.server")
+
+EGRESS_DECLINED_MESSAGE = "egress declined: target not approved for this connection"
+"""The one refusal text of the tenant guard: it says nothing about other tenants."""
+
+_IDEMPOTENCY_CACHE = 10_000
+"""Idempotency keys whose outcome is remembered (the oldest forgotten first)."""
+
+
+class Egress:
+    """The connector's outbound path.
+
+    The guard reads the connector's ``tenants``, ``open_egress`` and ``provenance`` when it
+    decides; ``chat_tenants`` is the connector's table of the tenant each chat belongs to, as
+    the platform's own inbound traffic showed it.
+    """
+
+    def __init__(
+        self, connector: Connector, *, chat_tenants: Mapping[tuple[str, str], str]
+    ) -> None:
+        self._connector = connector
+        self._chat_tenants = chat_tenants
+        # (gateway id, idempotency key) -> the outcome of the request executed under it.
+        self._outcomes: dict[tuple[str, str], asyncio.Future[OutboundOutcome]] = {}
+        self._outcome_order: collections.deque[tuple[str, str]] = collections.deque()
+
+    async def outbound(self, instance: _Instance, frame: Outbound) -> None:
+        """Perform one outbound request of ``instance`` and send it the outcome."""
+        outcome = await self._perform(instance, frame)
+        await instance.send(encode(OutboundResult(frame.request_id, outcome)))
+
+    async def _perform(self, instance: _Instance, frame: Outbound) -> OutboundOutcome:
+        if not instance.identities:
+            return OutboundOutcome(False, None, "say hello first", "no_hello")
+        platform = frame.platform or instance.identities[0][0]
+        if platform not in instance.platforms():
+            return OutboundOutcome(
+                False, None, f"no hello for platform {platform!r}", "unknown_identity"
+            )
+        if not self._allowed(instance.gateway_id, platform, frame.action):
+            log.info(
+                "connector: declined egress of %s to a chat on %s", instance.gateway_id, platform
+            )
+            return OutboundOutcome(False, None, EGRESS_DECLINED_MESSAGE, EGRESS_DECLINED)
+        if frame.idempotency_key is None:
+            return await self._drive(platform, frame.action)
+        key = (instance.gateway_id, frame.idempotency_key)
+        earlier = self._outcomes.get(key)
+        if earlier is not None:
+            # A retry of a request we executed (or are executing): never perform it twice.
+            return await asyncio.shield(earlier)
+        future: asyncio.Future[OutboundOutcome] = asyncio.get_running_loop().create_future()
+        self._remember_outcome(key, future)
+        outcome = await self._drive(platform, frame.action)
+        future.set_result(outcome)
+        if not outcome.success:
+            self._outcomes.pop(key, None)  # a definite failure may be retried for real
+        return outcome
+
+    async def _drive(self, platform: str, action: Mapping[str, Any]) -> OutboundOutcome:
+        try:
+            return await self._connector.drivers[platform].perform(action)
+        except Exception as exc:
+            log.exception("connector: driver %s failed", platform)
+            return OutboundOutcome(False, None, f"driver error: {exc}", "driver_error")
+
+    def _remember_outcome(
+        self, key: tuple[str, str], future: asyncio.Future[OutboundOutcome]
+    ) -> None:
+        self._outcomes[key] = future
+        self._outcome_order.append(key)
+        while len(self._outcome_order) > _IDEMPOTENCY_CACHE:
+            self._outcomes.pop(self._outcome_order.popleft(), None)
+
+    def _allowed(self, gateway_id: str, platform: str, action: Mapping[str, Any]) -> bool:
+        """The tenant guard: the target chat's tenant must be approved for this gateway; with no
+        tenants table, the target must be a chat or user it received inbound from (provenance),
+        unless egress is explicitly open."""
+        connector = self._connector
+        if connector.tenants is None:
+            if connector.open_egress:
+                return True
+            target = target_chat(action)
+            return target is not None and connector.provenance.allows(gateway_id, platform, target)
+        approved = connector.tenants.get(gateway_id, frozenset())
+        chat_id = target_chat(action)
+        known = None if chat_id is None else self._chat_tenants.get((platform, chat_id))
+        if known is not None:
+            # What the platform told us about the chat outranks what the gateway claims.
+            return known in approved
+        # A chat the platform never showed us: the gateway's metadata, scope first, then user.
+        metadata = action.get("metadata")
+        meta = metadata if isinstance(metadata, Mapping) else {}
+        # Ids are text on the wire; anything else (a list, an object) is never approved.
+        scope = meta.get("scope_id")
+        if scope is not None:
+            return isinstance(scope, str) and scope in approved
+        user = meta.get("user_id")
+        return isinstance(user, str) and user in approved

@@ -1,0 +1,145 @@
+"""Routing a platform's inbound events: which gateways see each one, delivered live or through
+the durable buffer (provenance recorded first), and the wake hook for a sleeping gateway."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from relay.connector._delivery import Delivery
+from relay.connector._store_thread import StoreThread
+from relay.connector._tasks import Tasks
+from relay.wire.codec import encode
+from relay.wire.frames import Inbound, InboundEvent
+
+if TYPE_CHECKING:
+    from relay.connector.server import Connector, _Instance
+
+__all__ = ["InboundRouter"]
+
+# Every part of the connector logs to the one logger docs/configuration.md names.
+log = logging.getLogger("relay.connector.server")
+
+
+class InboundRouter:
+    """The connector's inbound path (``Connector.intake``).
+
+    It reads the connector's ``tenants``, ``open_egress``, ``provenance`` and wake settings when
+    it routes; ``served`` and ``subscribed`` are the connector's tables of served connections
+    and of the platforms each gateway said hello for; ``chat_tenants`` is the table of the
+    tenant each chat belongs to, which it fills for the egress guard.
+    """
+
+    def __init__(
+        self,
+        connector: Connector,
+        *,
+        served: Mapping[str, _Instance],
+        subscribed: Mapping[str, set[str]],
+        chat_tenants: dict[tuple[str, str], str],
+        delivery: Delivery,
+        store: StoreThread,
+        tasks: Tasks,
+    ) -> None:
+        self._connector = connector
+        self._served = served
+        self._subscribed = subscribed
+        self._chat_tenants = chat_tenants
+        self._delivery = delivery
+        self._store = store
+        self._tasks = tasks
+        self._last_wake: dict[str, float] = {}  # gateway id -> when it was last woken
+        self.undeliverable = 0
+        """Inbound events no gateway was subscribed to (each logged at WARNING)."""
+
+    async def intake(self, platform: str, event: InboundEvent) -> None:
+        """Route one inbound event from ``platform`` to the gateways that should see it.
+
+        Delivered live to a listening instance; appended to the durable buffer for one that is
+        asleep, disconnected, buffered-only or still replaying its backlog (so order holds).
+        """
+        connector = self._connector
+        source = event.source
+        tenant = source.scope_id
+        if tenant is None and source.chat_type == "dm":
+            tenant = source.user_id  # a DM belongs to its user
+        if tenant is not None:
+            self._chat_tenants[(platform, source.chat_id)] = tenant
+        audience = self._audience(platform, event)
+        if not audience:
+            self.undeliverable += 1
+            log.warning(
+                "connector: no gateway listens to %s chat %s; event %s not delivered",
+                platform,
+                source.chat_id,
+                event.message_id,
+            )
+        for gateway_id in audience:
+            if connector.tenants is None and not connector.open_egress:
+                # Provenance first, durably: the gateway may answer this chat (and user) as soon
+                # as it sees the event, so the permission must exist before the event goes out.
+                fresh = connector.provenance.unknown(
+                    gateway_id, platform, (source.chat_id, source.user_id)
+                )
+                if fresh:
+                    await self._store.run(
+                        functools.partial(connector.provenance.learn, gateway_id, platform, fresh)
+                    )
+            instance = self._served.get(gateway_id)
+            if instance is not None and instance.live and platform in instance.platforms():
+                if instance.acked_live:
+                    # Durable first: in the buffer before it goes out; only the gateway's ack
+                    # (after its handler) retires it, so a gateway that dies with it loses
+                    # nothing.
+                    self._delivery.offer(
+                        instance, *await self._store.append(gateway_id, platform, event)
+                    )
+                    continue
+                if await instance.send(encode(Inbound(event))):
+                    continue  # delivered live (a failed live send falls back to the buffer)
+            if instance is not None and instance.is_replaying():
+                # Counted before the append is queued: the replay then knows to read again
+                # (the store thread runs the append before that read).
+                instance.appended += 1
+            await self._store.append(gateway_id, platform, event)
+            self._maybe_wake(gateway_id)
+
+    def _audience(self, platform: str, event: InboundEvent) -> list[str]:
+        """The gateways that should see ``event``: those approved for its scope (or, without
+        one, its user) in the tenants table; without a table, those subscribed to its
+        platform."""
+        tenants = self._connector.tenants
+        if tenants is None:
+            return sorted(g for g, platforms in self._subscribed.items() if platform in platforms)
+        scope, user = event.source.scope_id, event.source.user_id
+        return sorted(
+            gateway_id
+            for gateway_id, approved in tenants.items()
+            if (scope is not None and scope in approved)
+            or (scope is None and user is not None and user in approved)
+        )
+
+    def _maybe_wake(self, gateway_id: str) -> None:
+        """Call the wake hook for a gateway that is not awake, at most once per interval."""
+        connector = self._connector
+        if connector.wake_hook is None:
+            return
+        instance = self._served.get(gateway_id)
+        if instance is not None and instance.awake:
+            return  # awake, just replaying
+        now = connector.clock.monotonic()
+        last = self._last_wake.get(gateway_id)
+        if last is not None and now - last < connector.wake_interval_s:
+            return
+        self._last_wake[gateway_id] = now
+        self._tasks.spawn(self._wake(gateway_id))
+
+    async def _wake(self, gateway_id: str) -> None:
+        wake_hook = self._connector.wake_hook
+        assert wake_hook is not None
+        try:
+            await wake_hook(gateway_id)
+        except Exception:
+            log.warning("connector: wake hook for %s failed", gateway_id, exc_info=True)

@@ -1,0 +1,174 @@
+"""The connector's store thread: every store call runs there, in submission order, never on the
+event loop; buffer appends and acks share write rounds (group commit)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from relay.wire.frames import InboundEvent
+
+if TYPE_CHECKING:
+    from relay.connector.server import Connector, _Instance
+
+__all__ = ["StoreThread"]
+
+# Every part of the connector logs to the one logger docs/configuration.md names.
+log = logging.getLogger("relay.connector.server")
+
+T = TypeVar("T")
+
+_Line = tuple[str, int, str]
+"""A buffered event as delivered: ``(bufferId, seq, line)``."""
+
+
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    # One thread: store work is ordered by submission (a read sees every write queued before it).
+    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="connector-store")
+
+
+class StoreThread:
+    """The one thread the connector's store work runs on, with its write rounds.
+
+    Appends and acks are queued, and one write round at a time on the store thread carries
+    every queued append and ack in one transaction.  The buffer is the connector's
+    (``connector.buffer``).
+    """
+
+    def __init__(self, connector: Connector) -> None:
+        self._connector = connector
+        self._executor = _executor()
+        # Guards the queues and ``_drain_pending``: the loop queues, the store thread takes.
+        self._write_lock = threading.Lock()
+        self._append_queue: list[tuple[str, str, InboundEvent, asyncio.Future[_Line]]] = []
+        self._ack_queue: list[tuple[_Instance, list[str]]] = []
+        # True while a write round is queued on the store thread and has not taken the queues
+        # yet: a new append or ack then joins it instead of queueing another.
+        self._drain_pending = False
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """Run store work on the store thread (ordered, off the event loop)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    async def append(self, gateway_id: str, platform: str, event: InboundEvent) -> _Line:
+        """Buffer one event durably; return its ``(bufferId, seq, line)``.
+
+        Writes are grouped (see :meth:`_drain_writes`): an append joins the write round that is
+        queued on the store thread, or queues one, so it keeps its place among the store work
+        submitted around it (a replay's read submitted after it sees it).
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_Line] = loop.create_future()
+        with self._write_lock:
+            self._append_queue.append((gateway_id, platform, event, future))
+            submit = not self._drain_pending
+            self._drain_pending = True
+        if submit:
+            self._executor.submit(self._drain_writes, loop)
+        return await future
+
+    def ack(self, instance: _Instance, buffer_ids: list[str]) -> None:
+        """Queue acked bufferIds of ``instance`` for retirement by the next write round (acks
+        that retire nothing are reported on the loop, rate-limited)."""
+        with self._write_lock:
+            self._ack_queue.append((instance, buffer_ids))
+            submit = not self._drain_pending
+            self._drain_pending = True
+        if submit:
+            self._executor.submit(self._drain_writes, asyncio.get_running_loop())
+
+    def _drain_writes(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the store thread: one write round -- every queued append and ack -- in one
+        transaction (group commit: under load one commit carries many events).
+
+        A round that fails writes nothing: its appends fail to their callers (who have not
+        delivered them), its acks are not retired (those entries are delivered again).
+        """
+        with self._write_lock:
+            appends, self._append_queue = self._append_queue, []
+            acks, self._ack_queue = self._ack_queue, []
+            self._drain_pending = False  # from now on a new write queues a new round
+        if not appends and not acks:
+            return
+        by_instance: dict[_Instance, list[str]] = {}
+        for instance, ids in acks:
+            by_instance.setdefault(instance, []).extend(ids)
+        ignored: list[tuple[_Instance, int]] = []
+        buffer = self._connector.buffer
+        try:
+            with buffer.store.atomic():
+                lines = buffer.append_many([(g, p, e) for g, p, e, _ in appends])
+                for instance, ids in by_instance.items():
+                    retired = buffer.ack(instance.gateway_id, ids)
+                    if retired < len(set(ids)):
+                        ignored.append((instance, len(set(ids)) - retired))
+        except Exception as exc:
+            if acks:
+                log.warning("connector: retiring acks failed (%s); they will be replayed", exc)
+            loop.call_soon_threadsafe(_fail_all, [f for *_, f in appends], exc)
+            return
+        loop.call_soon_threadsafe(_resolve_all, [f for *_, f in appends], lines)
+        for instance, count in ignored:
+            loop.call_soon_threadsafe(_ignored_acks, instance, count)
+
+    def record_sent(self, gateway_id: str, buffer_ids: list[str]) -> None:
+        """Record these entries of ``gateway_id`` as replayed (``sent``), without waiting.
+
+        Submitted, not awaited (:meth:`stop` waits for the store thread): the write must not be
+        lost to a task cancelled as the connector stops.  Once the thread is shut down it is
+        logged as not recorded.
+        """
+        try:
+            self._executor.submit(self._mark_sent_logged, gateway_id, buffer_ids)
+        except RuntimeError:  # the store thread is already shut down
+            log.warning(
+                "connector: %d replays of %s not recorded (stopping)", len(buffer_ids), gateway_id
+            )
+
+    def _mark_sent_logged(self, gateway_id: str, buffer_ids: list[str]) -> None:
+        """On the store thread: record replays, logging (not raising) a failure."""
+        try:
+            self._connector.buffer.mark_sent_ids(gateway_id, buffer_ids)
+        except Exception:
+            log.warning(
+                "connector: recording %d replays of %s failed",
+                len(buffer_ids),
+                gateway_id,
+                exc_info=True,
+            )
+
+    async def stop(self) -> None:
+        """Wait for the store work already submitted, then stand up a fresh store thread (a
+        stopped connector may start again)."""
+        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
+        self._executor = _executor()
+
+
+def _ignored_acks(instance: _Instance, ignored: int) -> None:
+    """On the loop: report acks that retired nothing (a peer decides how many there are:
+    one line per round, rate-limited)."""
+    suppressed = instance.log_limit.allow()
+    if suppressed is not None:
+        log.info(
+            "connector: ignored %d acks from %s of bufferIds that are not its unacked entries%s",
+            ignored,
+            instance.gateway_id,
+            f" ({suppressed} more lines not logged)" if suppressed else "",
+            extra={"gateway_id": instance.gateway_id, "ignored": ignored},
+        )
+
+
+def _resolve_all(futures: list[asyncio.Future[_Line]], lines: list[_Line]) -> None:
+    for future, line in zip(futures, lines, strict=True):
+        if not future.done():
+            future.set_result(line)
+
+
+def _fail_all(futures: list[asyncio.Future[_Line]], error: Exception) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_exception(error)
