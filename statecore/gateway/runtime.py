@@ -158,8 +158,9 @@ MessageHandler = Callable[[Turn], Awaitable[None]]
 class Gateway:
     """The runtime (see the module docs).
 
-    ``Gateway(store, *, sessions=None, clock=None, incarnation=None, probe=None, policy=None,
-    retry_interval_s=15.0, prune_interval_s=3600.0, stuck_after_s=30.0)``.  ``sessions`` is any
+    ``Gateway(store, *, sessions=None, clock=None, teardown_clock=None, incarnation=None,
+    probe=None, policy=None, retry_interval_s=15.0, prune_interval_s=3600.0,
+    stuck_after_s=30.0)``.  ``sessions`` is any
     object with ``async clear_resume_pending(session_key)``; the default is the persisted
     session store over the same ``store``.  ``retry_interval_s`` is the period of the retry
     timer; ``prune_interval_s`` how often that timer also prunes (0: never);
@@ -172,6 +173,10 @@ class Gateway:
     ``StoreError`` are tried again after each delay of ``settle_retry_delays_s`` (default
     ``(0.1, 0.3, 1.0)`` seconds on the gateway's clock); a definite refusal
     (``InvalidTransition``, ``StaleState``) is never retried.
+
+    ``clock`` drives every timer of the runtime; ``teardown_clock`` (default: the system
+    clock) bounds :meth:`stop`, whose waits are on real work (in-flight sends, adapters'
+    teardown) and must end in real time even when ``clock`` is a test's fake one.
     """
 
     def __init__(
@@ -180,6 +185,7 @@ class Gateway:
         *,
         sessions: SessionFlags | None = None,
         clock: Clock | None = None,
+        teardown_clock: Clock | None = None,
         incarnation: Incarnation | None = None,
         probe: ProcessProbe | None = None,
         policy: LedgerPolicy | None = None,
@@ -200,6 +206,7 @@ class Gateway:
             raise ValueError(f"stuck_after_s must be positive and finite, not {stuck_after_s!r}")
         self.store = store
         self.clock: Clock = clock or SystemClock()
+        self._teardown_clock: Clock = teardown_clock or SystemClock()
         self.ledger = AsyncLedger(
             store, policy=policy, clock=self.clock, incarnation=incarnation, probe=probe
         )
@@ -715,7 +722,7 @@ class Gateway:
         budget allows, disconnect adapters with what remains, close the ledger."""
         self._started = False
         deadline = Deadline.after(
-            SystemClock(), _DEFAULT_STOP_BUDGET_S if budget_s is None else budget_s
+            self._teardown_clock, _DEFAULT_STOP_BUDGET_S if budget_s is None else budget_s
         )
         if self._retry_loop is not None:
             self._retry_loop.cancel()

@@ -21,7 +21,7 @@ from relay.client.lifecycle import TransportState
 from statecore.clock import Deadline, FakeClock
 from statecore.errors import StoreError
 from statecore.gateway.adapter import AdapterAbilities, SendResult
-from statecore.gateway.runtime import Message, Turn, session_key_for
+from statecore.gateway.runtime import Gateway, Message, Turn, session_key_for
 from statecore.lifecycles import ObligationState
 from statecore.obligation import OBLIGATION_KIND, RECONNECTED_MARKER
 from statecore.policy import ErrorKind
@@ -34,6 +34,7 @@ from tests.relay.gateway_rig import (
     KEY,
     SLACK,
     FakeAdapter,
+    FakeSessions,
     Relay,
     Rig,
     Sent,
@@ -502,6 +503,21 @@ async def test_stop_hands_an_adapter_that_takes_one_the_deadline_itself(rig: Rig
     await asyncio.wait_for(gateway.stop(budget_s=5.0), BOUND)
     [deadline] = adapter.deadlines
     assert 0 < deadline.remaining() <= 5.0
+
+
+@pytest.mark.asyncio
+async def test_stop_measures_its_budget_on_the_teardown_clock_it_was_given(store: Store) -> None:
+    """The stop deadline is on the injected teardown clock, not a hard-coded one: an adapter
+    gets a deadline on that clock, with the whole budget left while that clock stands still."""
+    teardown = FakeClock()
+    gateway = Gateway(store, sessions=FakeSessions(), teardown_clock=teardown)
+    adapter = DeadlineDisconnect()
+    gateway.add_adapter(SLACK, adapter)
+    await asyncio.wait_for(gateway.start(), BOUND)
+    await asyncio.wait_for(gateway.stop(budget_s=5.0), BOUND)
+    [deadline] = adapter.deadlines
+    assert deadline.clock is teardown
+    assert deadline.remaining() == 5.0
 
 
 class _Undeclared:
