@@ -23,7 +23,7 @@ from transitions import EventData, Machine, MachineError
 
 from statecore.errors import InvalidTransition
 
-__all__ = ["Declaration", "Listener", "Move", "StateMachine"]
+__all__ = ["Declaration", "Listener", "StateMachine"]
 
 S = TypeVar("S", bound=Enum)
 S_co = TypeVar("S_co", bound=Enum, covariant=True)
@@ -67,7 +67,7 @@ class Declaration(Protocol[S]):
         ...
 
 
-class Move(Protocol[S_co]):
+class _DeclaredMove(Protocol[S_co]):
     """One declared move as the ``transitions`` engine needs it."""
 
     @property
@@ -102,7 +102,7 @@ class StateMachine(Generic[S]):
     def __init__(
         self,
         declaration: Declaration[S],
-        moves: Sequence[Move[S]] | None,
+        moves: Sequence[_DeclaredMove[S]] | None,
         initial: S,
         *,
         on_change: Listener[S] | None,

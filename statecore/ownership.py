@@ -60,9 +60,9 @@ class PsutilProbe:
 
     The start time is an opaque integer identifying when the process started *on this host*:
     on Linux the kernel's start time in clock ticks since boot, read from ``/proc/<pid>/stat``
-    (~25 µs, and immune to wall-clock steps that would shift an epoch-based start time and make
-    a live owner look dead); elsewhere psutil's creation time in milliseconds.  A zombie
-    (exited, not yet reaped) counts as gone: it can never write again.
+    (one small file read, and immune to wall-clock steps that would shift an epoch-based start
+    time and make a live owner look dead); elsewhere psutil's creation time in milliseconds.
+    A zombie (exited, not yet reaped) counts as gone: it can never write again.
     """
 
     __slots__ = ()

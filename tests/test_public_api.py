@@ -58,6 +58,7 @@ EXPECTED_ALL: dict[str, list[str]] = {
         "owner_alive",
     ],
     "statecore.gateway": [
+        "AdapterAbilities",
         "DELEGATION",
         "DELEGATION_KIND",
         "Delegation",
@@ -175,3 +176,14 @@ def test_statecore_imports_no_io_drivers() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "False"]
+
+
+def test_every_public_name_has_one_documented_home() -> None:
+    """No name is exported by two packages: each public name is imported from exactly one
+    package (its defining submodule is an implementation detail)."""
+    homes: dict[str, list[str]] = {}
+    for package in PACKAGES:
+        for name in _package(package).__all__:
+            homes.setdefault(name, []).append(package)
+    shared = {name: where for name, where in homes.items() if len(where) > 1}
+    assert shared == {}
