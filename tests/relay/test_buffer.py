@@ -6,12 +6,18 @@ retention and pruning are exercised without sleeping.
 
 from __future__ import annotations
 
+import ast
+import itertools
 import logging
-from collections.abc import Iterator
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
+import relay.connector.buffer as buffer_module
 from relay.connector.buffer import BUFFER_KIND, BufferEntry, BufferState, InboundBuffer
 from relay.wire.frames import EventSource, InboundEvent
 from statecore.clock import FakeClock
@@ -278,3 +284,150 @@ def test_buffer_survives_a_store_reopen(tmp_path: Path) -> None:
         assert state_of(second_store, appended[1]) is B.ACKED
     finally:
         second_store.close()
+
+
+# -- seq order across a restart, whichever way the clock moved --------------------------------
+
+Appender = Literal["append", "append_many"]
+
+
+def append_events(buf: InboundBuffer, numbers: range, via: Appender) -> list[str]:
+    """Append ``make_event(n)`` for each ``n`` to ``GW`` one by one or as one batch; the ids."""
+    if via == "append":
+        return [buf.append(GW, "loopback", make_event(n)) for n in numbers]
+    return [b for b, _, _ in buf.append_many([(GW, "loopback", make_event(n)) for n in numbers])]
+
+
+def clock_ns(clock: FakeClock) -> int:
+    """The clock's wall time in nanoseconds, as a seq floor."""
+    return int(clock.now() * 1e9)
+
+
+def assert_replays_in_append_order(buf: InboundBuffer, appended: list[str]) -> list[int]:
+    """Every replay path returns ``appended`` in append order, with strictly increasing seqs;
+    return those seqs."""
+    backlog = buf.backlog(GW)
+    assert ids(backlog) == appended
+    seqs = [e.seq for e in backlog]
+    assert all(a < b for a, b in itertools.pairwise(seqs)), seqs
+    lines = buf.replay_lines(GW, limit=len(appended) + 1)
+    assert [(b, seq) for b, seq, _ in lines] == list(zip(appended, seqs, strict=True))
+    chunked: list[str] = []
+    cursor: int | None = None
+    while chunk := buf.backlog(GW, limit=2, after_seq=cursor):
+        chunked += ids(chunk)
+        cursor = chunk[-1].seq
+    assert chunked == appended
+    return seqs
+
+
+@pytest.mark.parametrize("via", ["append", "append_many"])
+def test_restart_with_a_clock_standing_still_appends_after_the_old_entries(
+    store: Store, buffer: InboundBuffer, clock: FakeClock, via: Appender
+) -> None:
+    """A buffer reopened on the same store while the clock stands still gives its entries seqs
+    above every earlier one, so the replay returns all entries in append order."""
+    before = append_events(buffer, range(3), via)
+    last_before = buffer.backlog(GW)[-1].seq
+    restarted = InboundBuffer(store, retention_s=3600, clock=clock)
+    after = append_events(restarted, range(3, 6), via)
+    seqs = assert_replays_in_append_order(restarted, before + after)
+    assert min(seqs[3:]) > last_before
+    # A cursor at the old connector's last entry resumes exactly at the restarted one's.
+    assert ids(restarted.backlog(GW, after_seq=last_before)) == after
+    assert [e.event for e in restarted.backlog(GW)] == [make_event(n) for n in range(6)]
+
+
+@pytest.mark.parametrize("via", ["append", "append_many"])
+def test_restart_with_the_clock_moved_back_an_hour_keeps_append_order(
+    store: Store, buffer: InboundBuffer, clock: FakeClock, via: Appender
+) -> None:
+    """A buffer reopened after the wall clock went back an hour still numbers its entries above
+    the earlier ones (not by the clock), and the replay stays in append order."""
+    before = append_events(buffer, range(3), via)
+    last_before = buffer.backlog(GW)[-1].seq
+    clock.set_wall(clock.now() - 3600)
+    assert clock_ns(clock) < last_before  # the clock alone would order them first
+    restarted = InboundBuffer(store, retention_s=3600, clock=clock)
+    after = append_events(restarted, range(3, 6), via)
+    seqs = assert_replays_in_append_order(restarted, before + after)
+    assert min(seqs[3:]) > last_before
+    assert ids(restarted.backlog(GW, after_seq=last_before)) == after
+    # The old buffer object, still alive, does not go back either.
+    also = buffer.append(OTHER, "loopback", make_event(9))
+    assert buffer.backlog(OTHER)[0].buffer_id == also
+    assert buffer.backlog(OTHER)[0].seq > last_before
+
+
+@pytest.mark.parametrize("via", ["append", "append_many"])
+def test_seqs_follow_a_clock_moved_forward_and_keep_append_order(
+    store: Store, buffer: InboundBuffer, clock: FakeClock, via: Appender
+) -> None:
+    """When the clock moves forward, new seqs are taken from it (at or above its time, so above
+    every earlier seq) by the same buffer and by a restarted one, and append order holds."""
+    first = append_events(buffer, range(2), via)
+    last_first = buffer.backlog(GW)[-1].seq
+    clock.advance(60)
+    floor = clock_ns(clock)
+    assert floor > last_first
+    second = append_events(buffer, range(2, 4), via)
+    clock.advance(3600)
+    later_floor = clock_ns(clock)
+    restarted = InboundBuffer(store, retention_s=7200, clock=clock)
+    third = append_events(restarted, range(4, 6), via)
+    seqs = assert_replays_in_append_order(restarted, first + second + third)
+    # Taken from the clock: at its time, not merely one past the previous seq.
+    assert floor <= seqs[2] < floor + 1_000_000
+    assert later_floor <= seqs[4] < later_floor + 1_000_000
+
+
+def test_no_buffer_code_reads_the_time_module(
+    store: Store, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The buffer takes every time, seqs included, from its injected clock: its module neither
+    imports nor calls the ``time`` module, and its seqs sit at the fake clock's time even when
+    that is decades away from the real one."""
+    tree = ast.parse(Path(buffer_module.__file__).read_text(encoding="utf-8"))
+    imported = [
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    ] + [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    assert "time" not in imported
+    bound = [
+        name
+        for name, value in vars(buffer_module).items()
+        if value is time or getattr(value, "__module__", None) == "time"
+    ]
+    assert bound == []
+
+    calls: list[str] = []
+
+    def watched(name: str, real: Callable[[], float]) -> Callable[[], float]:
+        def call() -> float:
+            if sys._getframe(1).f_globals.get("__name__") == buffer_module.__name__:
+                calls.append(name)
+            return real()
+
+        return call
+
+    for name in ("time", "time_ns", "monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns"):
+        monkeypatch.setattr(time, name, watched(name, getattr(time, name)))
+
+    fake = FakeClock(start=1_000_000_000.0)  # 2001: far from the real clock
+    assert abs(time.time() - fake.now()) > 365 * 86_400
+    buf = InboundBuffer(store, retention_s=3600, clock=fake)
+    appended = [buf.append(GW, "loopback", make_event(0))]
+    appended += [b for b, _, _ in buf.append_many([(GW, "loopback", make_event(1))])]
+    fake.set_wall(fake.now() - 3600)
+    restarted = InboundBuffer(store, retention_s=3600, clock=fake)
+    appended.append(restarted.append(GW, "loopback", make_event(2)))
+    seqs = assert_replays_in_append_order(restarted, appended)
+    restarted.mark_sent(restarted.backlog(GW))
+    restarted.ack(GW, appended)
+    restarted.expire()
+    restarted.prune(older_than_s=0)
+    assert calls == []
+    start_ns = 1_000_000_000 * 10**9
+    assert all(start_ns <= seq < start_ns + 1_000_000 for seq in seqs), seqs
