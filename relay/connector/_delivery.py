@@ -11,15 +11,13 @@ import asyncio
 import functools
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from websockets.exceptions import ConnectionClosed
 
+from relay.connector._instance import Instance
+from relay.connector._settings import DeliverySettings
 from relay.connector._store_thread import StoreThread
 from relay.connector._tasks import Tasks
-
-if TYPE_CHECKING:
-    from relay.connector.server import Connector, _Instance
 
 __all__ = ["Delivery"]
 
@@ -44,9 +42,9 @@ class Delivery:
 
     def __init__(
         self,
-        connector: Connector,
+        connector: DeliverySettings,
         *,
-        served: Mapping[str, _Instance],
+        served: Mapping[str, Instance],
         store: StoreThread,
         tasks: Tasks,
     ) -> None:
@@ -57,7 +55,7 @@ class Delivery:
 
     # -- live delivery -------------------------------------------------------------------------
 
-    def offer(self, instance: _Instance, buffer_id: str, seq: int, line: str) -> None:
+    def offer(self, instance: Instance, buffer_id: str, seq: int, line: str) -> None:
         """Hand one buffered line to the instance's pump (live delivery with a bufferId)."""
         if not instance.live or (
             instance.last_sent_seq is not None and seq <= instance.last_sent_seq
@@ -79,14 +77,14 @@ class Delivery:
         if instance.pump is None or instance.pump.done():
             instance.pump = self._tasks.spawn(self._pump(instance))
 
-    async def _window(self, instance: _Instance) -> None:
+    async def _window(self, instance: Instance) -> None:
         """Wait until the instance's window has room (an ack came back) or it closed."""
         instance.window_open.clear()
         if len(instance.unacked) < instance.window or instance.is_closed():
             return
         await instance.window_open.wait()
 
-    async def _pump(self, instance: _Instance) -> None:
+    async def _pump(self, instance: Instance) -> None:
         """Send the instance's live lines in order; a send that blocks (the gateway stopped
         reading) blocks only this instance."""
         outbox, send, unrecorded = instance.outbox, instance.ws.send, instance.unrecorded
@@ -111,7 +109,7 @@ class Delivery:
 
     # -- replay --------------------------------------------------------------------------------
 
-    async def replay(self, instance: _Instance, after: int | None = None) -> None:
+    async def replay(self, instance: Instance, after: int | None = None) -> None:
         """Send the instance's backlog in order with bufferIds, then switch it to live.
 
         ``after``: the seq of the last line already sent on this connection (a gateway that
@@ -168,7 +166,7 @@ class Delivery:
 
     # -- acks and the end of a connection ------------------------------------------------------
 
-    def acked(self, instance: _Instance, buffer_ids: list[str]) -> None:
+    def acked(self, instance: Instance, buffer_ids: list[str]) -> None:
         """The gateway acked these bufferIds: they leave its window and its unrecorded replays
         at once, and are retired by the next write round on the store thread."""
         if instance.is_standby():
@@ -184,7 +182,7 @@ class Delivery:
                 instance.window_open.set()
         self._store.ack(instance, buffer_ids)
 
-    def closed(self, instance: _Instance) -> None:
+    def closed(self, instance: Instance) -> None:
         """The connection ended (its machine is closed): end its pump and any replay waiting
         for the window, and record what it was shown and did not ack."""
         instance.outbox.clear()
@@ -194,17 +192,17 @@ class Delivery:
 
     # -- recording replays ---------------------------------------------------------------------
 
-    def _record_sent_later(self, instance: _Instance) -> None:
+    def _record_sent_later(self, instance: Instance) -> None:
         """Arm the timer that records the replayed entries still unacked after the grace."""
         if instance.record_timer is None and instance.unrecorded:
             instance.record_timer = asyncio.ensure_future(self._record_after_grace(instance))
 
-    async def _record_after_grace(self, instance: _Instance) -> None:
+    async def _record_after_grace(self, instance: Instance) -> None:
         await self._connector.clock.sleep(_SENT_GRACE_S)
         instance.record_timer = None  # this timer is done: _record_sent must not cancel it
         self._record_sent(instance, False)
 
-    def _record_sent(self, instance: _Instance, everything: bool) -> None:
+    def _record_sent(self, instance: Instance, everything: bool) -> None:
         """Record as ``sent`` the replayed entries of ``instance`` that are still unacked: those
         past the grace (all of them when ``everything``, as the connection ends).
 

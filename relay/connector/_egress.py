@@ -8,14 +8,13 @@ import asyncio
 import collections
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from relay.connector._instance import Instance
+from relay.connector._settings import EgressSettings
 from relay.connector.platform import target_chat
 from relay.wire.codec import encode
 from relay.wire.frames import EGRESS_DECLINED, Outbound, OutboundOutcome, OutboundResult
-
-if TYPE_CHECKING:
-    from relay.connector.server import Connector, _Instance
 
 __all__ = ["EGRESS_DECLINED_MESSAGE", "Egress"]
 
@@ -38,7 +37,7 @@ class Egress:
     """
 
     def __init__(
-        self, connector: Connector, *, chat_tenants: Mapping[tuple[str, str], str]
+        self, connector: EgressSettings, *, chat_tenants: Mapping[tuple[str, str], str]
     ) -> None:
         self._connector = connector
         self._chat_tenants = chat_tenants
@@ -46,12 +45,12 @@ class Egress:
         self._outcomes: dict[tuple[str, str], asyncio.Future[OutboundOutcome]] = {}
         self._outcome_order: collections.deque[tuple[str, str]] = collections.deque()
 
-    async def outbound(self, instance: _Instance, frame: Outbound) -> None:
+    async def outbound(self, instance: Instance, frame: Outbound) -> None:
         """Perform one outbound request of ``instance`` and send it the outcome."""
         outcome = await self._perform(instance, frame)
         await instance.send(encode(OutboundResult(frame.request_id, outcome)))
 
-    async def _perform(self, instance: _Instance, frame: Outbound) -> OutboundOutcome:
+    async def _perform(self, instance: Instance, frame: Outbound) -> OutboundOutcome:
         if not instance.identities:
             return OutboundOutcome(False, None, "say hello first", "no_hello")
         platform = frame.platform or instance.identities[0][0]

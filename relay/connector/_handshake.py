@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING
 
 from relay.connector._delivery import Delivery
+from relay.connector._instance import Instance
+from relay.connector._settings import HandshakeSettings
 from relay.connector._store_thread import StoreThread
 from relay.connector._tasks import Tasks
 from relay.wire.codec import encode
 from relay.wire.compat import ERROR_FRAMES
 from relay.wire.frames import DescriptorFrame, ErrorFrame, Hello
 from relay.wire.urls import CLOSE_PROTOCOL, CLOSE_REVOKED
-
-if TYPE_CHECKING:
-    from relay.connector.server import Connector, _Instance
 
 __all__ = ["Handshake"]
 
@@ -33,7 +31,7 @@ class Handshake:
 
     def __init__(
         self,
-        connector: Connector,
+        connector: HandshakeSettings,
         *,
         subscribed: dict[str, set[str]],
         store: StoreThread,
@@ -46,7 +44,7 @@ class Handshake:
         self._delivery = delivery
         self._tasks = tasks
 
-    async def hello(self, instance: _Instance, hello: Hello) -> None:
+    async def hello(self, instance: Instance, hello: Hello) -> None:
         """Answer one hello: the platform's descriptor (the subscription recorded first); the
         connection's first one also starts the replay of its backlog."""
         connector = self._connector
@@ -65,7 +63,7 @@ class Handshake:
             instance.machine.fire("hello")
             self._tasks.spawn(self._delivery.replay(instance))
 
-    async def answer_held_hellos(self, instance: _Instance) -> None:
+    async def answer_held_hellos(self, instance: Instance) -> None:
         """Answer, in order, the hellos a standby said while it waited (it was just promoted)."""
         held, instance.held_hellos = instance.held_hellos, []
         for hello in held:
@@ -73,7 +71,7 @@ class Handshake:
                 return
             await self.hello(instance, hello)
 
-    async def _unfronted(self, instance: _Instance, hello: Hello) -> None:
+    async def _unfronted(self, instance: Instance, hello: Hello) -> None:
         """Answer a hello for a platform this connector does not front, so that no gateway
         waits out a handshake timeout: a connection's first hello closes it with a reason naming
         the platform (4400 to a gateway that announced itself; 4401 to an original gateway,

@@ -6,16 +6,14 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from relay.connector._delivery import Delivery
+from relay.connector._instance import Instance
+from relay.connector._settings import InboundSettings
 from relay.connector._store_thread import StoreThread
 from relay.connector._tasks import Tasks
 from relay.wire.codec import encode
 from relay.wire.frames import Inbound, InboundEvent
-
-if TYPE_CHECKING:
-    from relay.connector.server import Connector, _Instance
 
 __all__ = ["InboundRouter"]
 
@@ -34,9 +32,9 @@ class InboundRouter:
 
     def __init__(
         self,
-        connector: Connector,
+        connector: InboundSettings,
         *,
-        served: Mapping[str, _Instance],
+        served: Mapping[str, Instance],
         subscribed: Mapping[str, set[str]],
         chat_tenants: dict[tuple[str, str], str],
         delivery: Delivery,

@@ -4,23 +4,21 @@ outbound requests, going_idle), invalid frames counted and answered, and its end
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from websockets.exceptions import ConnectionClosed
 
 from relay.connector._delivery import Delivery
 from relay.connector._egress import Egress
 from relay.connector._handshake import Handshake
+from relay.connector._instance import Instance
 from relay.connector._roster import Roster
+from relay.connector._settings import ReaderSettings
 from relay.connector._tasks import Tasks
 from relay.wire.codec import PLAIN_ACK_LINE_MAX, FrameDecoder, encode, error_frame_for, plain_acks
 from relay.wire.compat import ERROR_FRAMES
 from relay.wire.errors import ProtocolError
 from relay.wire.frames import GoingIdle, GoingIdleAck, Hello, InboundAck, Interrupt, Outbound
 from relay.wire.urls import CLOSE_PROTOCOL
-
-if TYPE_CHECKING:
-    from relay.connector.server import Connector, _Instance
 
 __all__ = ["Reader"]
 
@@ -38,7 +36,7 @@ class Reader:
 
     def __init__(
         self,
-        connector: Connector,
+        connector: ReaderSettings,
         *,
         roster: Roster,
         delivery: Delivery,
@@ -53,7 +51,7 @@ class Reader:
         self._egress = egress
         self._tasks = tasks
 
-    async def read(self, instance: _Instance) -> None:
+    async def read(self, instance: Instance) -> None:
         """Read ``instance`` (admitted to the roster) until it closes, then settle its end."""
         max_frame_bytes = self._connector.max_frame_bytes
         decoder = FrameDecoder(max_frame_bytes=max_frame_bytes)
@@ -80,7 +78,7 @@ class Reader:
         finally:
             self._roster.closed(instance)
 
-    async def _on_frame(self, instance: _Instance, frame: object) -> None:
+    async def _on_frame(self, instance: Instance, frame: object) -> None:
         try:
             if isinstance(frame, Hello) and frame.announced:
                 instance.protocol_hello = True
@@ -112,7 +110,7 @@ class Reader:
         except Exception:
             log.exception("connector: handling a %s failed", type(frame).__name__)
 
-    async def _violation(self, instance: _Instance, error: ProtocolError) -> bool:
+    async def _violation(self, instance: Instance, error: ProtocolError) -> bool:
         """Count, log (rate-limited) and -- to a gateway that announced them -- answer an invalid
         frame; True when the limit was passed and the connection is being closed (4400)."""
         instance.violations += 1

@@ -6,18 +6,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from relay.connector._delivery import Delivery
+from relay.connector._instance import Instance
+from relay.connector._settings import RosterSettings
 from relay.connector._tasks import Tasks
 from relay.wire.compat import REPLACED_4409
 from relay.wire.urls import CLOSE_REPLACED, CLOSE_REVOKED
-
-if TYPE_CHECKING:
-    from relay.connector.server import Connector, _Instance
 
 __all__ = ["Roster"]
 
@@ -39,13 +38,13 @@ class Roster:
 
     def __init__(
         self,
-        connector: Connector,
+        connector: RosterSettings,
         *,
-        served: dict[str, _Instance],
-        standbys: dict[str, list[_Instance]],
+        served: dict[str, Instance],
+        standbys: dict[str, list[Instance]],
         delivery: Delivery,
         tasks: Tasks,
-        on_promoted: Callable[[_Instance], Coroutine[Any, Any, None]],
+        on_promoted: Callable[[Instance], Coroutine[Any, Any, None]],
     ) -> None:
         self._connector = connector
         self._served = served
@@ -55,7 +54,7 @@ class Roster:
         self._on_promoted = on_promoted
         self._watchers: dict[str, asyncio.Task[None]] = {}  # liveness probes, per gateway
 
-    def admit(self, instance: _Instance) -> None:
+    def admit(self, instance: Instance) -> None:
         """Serve a new authenticated connection, or -- its gateway being served already -- hold
         it on standby."""
         if instance.gateway_id in self._served:
@@ -63,7 +62,7 @@ class Roster:
         else:
             self._served[instance.gateway_id] = instance
 
-    def closed(self, instance: _Instance) -> None:
+    def closed(self, instance: Instance) -> None:
         """The connection ended: settle its bookkeeping and, if it was the served one, promote
         a standby of its gateway."""
         if instance.machine.can("close"):
@@ -85,7 +84,7 @@ class Roster:
         self._standbys.clear()
         self._watchers.clear()
 
-    def _stand_by(self, instance: _Instance) -> None:
+    def _stand_by(self, instance: Instance) -> None:
         """Hold a second connection of a served gateway: unserved, not closed (closing it would
         make an original gateway redial at once, for ever), and probe the served one."""
         gateway_id = instance.gateway_id

@@ -8,12 +8,11 @@ import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
+from relay.connector._instance import Instance
+from relay.connector._settings import StoreThreadSettings
 from relay.wire.frames import InboundEvent
-
-if TYPE_CHECKING:
-    from relay.connector.server import Connector, _Instance
 
 __all__ = ["StoreThread"]
 
@@ -39,13 +38,13 @@ class StoreThread:
     (``connector.buffer``).
     """
 
-    def __init__(self, connector: Connector) -> None:
+    def __init__(self, connector: StoreThreadSettings) -> None:
         self._connector = connector
         self._executor = _executor()
         # Guards the queues and ``_drain_pending``: the loop queues, the store thread takes.
         self._write_lock = threading.Lock()
         self._append_queue: list[tuple[str, str, InboundEvent, asyncio.Future[_Line]]] = []
-        self._ack_queue: list[tuple[_Instance, list[str]]] = []
+        self._ack_queue: list[tuple[Instance, list[str]]] = []
         # True while a write round is queued on the store thread and has not taken the queues
         # yet: a new append or ack then joins it instead of queueing another.
         self._drain_pending = False
@@ -71,7 +70,7 @@ class StoreThread:
             self._executor.submit(self._drain_writes, loop)
         return await future
 
-    def ack(self, instance: _Instance, buffer_ids: list[str]) -> None:
+    def ack(self, instance: Instance, buffer_ids: list[str]) -> None:
         """Queue acked bufferIds of ``instance`` for retirement by the next write round (acks
         that retire nothing are reported on the loop, rate-limited)."""
         with self._write_lock:
@@ -94,10 +93,10 @@ class StoreThread:
             self._drain_pending = False  # from now on a new write queues a new round
         if not appends and not acks:
             return
-        by_instance: dict[_Instance, list[str]] = {}
+        by_instance: dict[Instance, list[str]] = {}
         for instance, ids in acks:
             by_instance.setdefault(instance, []).extend(ids)
-        ignored: list[tuple[_Instance, int]] = []
+        ignored: list[tuple[Instance, int]] = []
         buffer = self._connector.buffer
         try:
             with buffer.store.atomic():
@@ -148,7 +147,7 @@ class StoreThread:
         self._executor = _executor()
 
 
-def _ignored_acks(instance: _Instance, ignored: int) -> None:
+def _ignored_acks(instance: Instance, ignored: int) -> None:
     """On the loop: report acks that retired nothing (a peer decides how many there are:
     one line per round, rate-limited)."""
     suppressed = instance.log_limit.allow()

@@ -14,10 +14,12 @@ standby is promoted.  Toward a gateway that did not announce our additions (an o
 nothing but the original contract is used.  Store work runs on one dedicated thread, never on
 the event loop.
 
-This module holds the public face: :class:`Connector` (configuration, start and stop), the
-connection lifecycle (:data:`CONNECTION`) and the record of one connection.  The work is done by
-private collaborators, one concept each:
+This module holds the public face: :class:`Connector` (configuration, start and stop).  The
+connection lifecycle (:data:`CONNECTION`, :class:`ConnectionState`) is declared in
+:mod:`relay.connector.connection` and re-exported here.  The work is done by private
+collaborators, one concept each:
 
+* :mod:`relay.connector._instance` -- the record of one connection (its CONNECTION machine);
 * :mod:`relay.connector._admission` -- the upgrade: the relay path and the token;
 * :mod:`relay.connector._roster` -- which connection serves a gateway id (standbys, probes);
 * :mod:`relay.connector._reader` -- reading a connection's frames and dispatching them;
@@ -28,199 +30,44 @@ private collaborators, one concept each:
 * :mod:`relay.connector._store_thread` -- the store thread and its grouped write rounds;
 * :mod:`relay.connector._tasks` -- the background tasks the connector owns.
 
+The collaborators never import this module: each reads the connector through a small protocol
+of :mod:`relay.connector._settings` naming exactly what it uses.
+
 Every part logs to the logger named ``relay.connector.server`` (docs/configuration.md).
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import contextlib
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from enum import StrEnum
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.exceptions import ConnectionClosed
 
 from relay.connector._admission import authenticate, check_path
 from relay.connector._delivery import Delivery
 from relay.connector._egress import EGRESS_DECLINED_MESSAGE, Egress
 from relay.connector._handshake import Handshake
 from relay.connector._inbound import InboundRouter
+from relay.connector._instance import Instance
 from relay.connector._reader import Reader
 from relay.connector._roster import Roster
+from relay.connector._settings import WakeHook
 from relay.connector._store_thread import StoreThread
 from relay.connector._tasks import Tasks
 from relay.connector.buffer import InboundBuffer
+from relay.connector.connection import CONNECTION, ConnectionState
 from relay.connector.platform import PlatformDriver
 from relay.connector.provenance import Provenance
 from relay.connector.subscriptions import Subscriptions
 from relay.wire.auth import DEFAULT_MAX_TTL_S
-from relay.wire.compat import ACKED_LIVE, OUR_FEATURES
+from relay.wire.compat import OUR_FEATURES
 from relay.wire.descriptor import CapabilityDescriptor
-from relay.wire.frames import Hello, InboundEvent
-from relay.wire.throttle import LogThrottle
+from relay.wire.frames import InboundEvent
 from statecore.clock import Clock, SystemClock
-from statecore.lifecycle import Lifecycle, Transition
 from statecore.store import Store
 
 __all__ = ["CONNECTION", "EGRESS_DECLINED_MESSAGE", "ConnectionState", "Connector", "WakeHook"]
-
-WakeHook = Callable[[str], Awaitable[None]]
-"""``await hook(gateway_id)``: called when the first event is buffered for a sleeping
-instance, so a deployment can wake it (rate-limited per instance)."""
-
-DEFAULT_WINDOW = 64
-"""Unacked deliveries a gateway that acks live deliveries is sent at once, unless its hello
-announced another ``window``."""
-
-
-class ConnectionState(StrEnum):
-    """One authenticated gateway connection, as the connector serves it."""
-
-    AWAITING_HELLO = "awaiting_hello"
-    """Authenticated and served; no identity announced yet: nothing is delivered to it."""
-    STANDBY = "standby"
-    """Another connection of the same gateway is served and alive: this one waits, unserved
-    and not closed (its hellos are held), until that one goes."""
-    REPLAYING = "replaying"
-    """Said hello; its buffered backlog is being replayed: new inbound is buffered behind it."""
-    LIVE = "live"
-    """Caught up: inbound is delivered live."""
-    BUFFERED_ONLY = "buffered_only"
-    """It said going_idle: inbound is buffered durably until its next connection."""
-    CLOSED = "closed"
-    """Terminal: the connection ended."""
-
-
-_C = ConnectionState
-
-CONNECTION: Lifecycle[ConnectionState] = Lifecycle(
-    "connection",
-    ConnectionState,
-    initial=_C.AWAITING_HELLO,
-    terminal=(_C.CLOSED,),
-    description="One gateway connection at the connector: standby, hello, replay, live, buffered.",
-    transitions=(
-        # A second connection of a gateway whose served one is alive waits; promoted when it goes.
-        Transition("stand_by", _C.AWAITING_HELLO, _C.STANDBY),
-        Transition("promote", _C.STANDBY, _C.AWAITING_HELLO),
-        Transition("hello", _C.AWAITING_HELLO, _C.REPLAYING),
-        Transition("caught_up", _C.REPLAYING, _C.LIVE),
-        # A gateway that acks live deliveries stopped keeping up (it stopped reading): what it
-        # has not been sent is delivered from the durable buffer, as a replay, until caught up.
-        Transition("fall_behind", _C.LIVE, _C.REPLAYING),
-        # going_idle: stop live delivery (and any replay); a repeat is acked again.
-        Transition(
-            "go_idle",
-            (_C.AWAITING_HELLO, _C.REPLAYING, _C.LIVE, _C.BUFFERED_ONLY),
-            _C.BUFFERED_ONLY,
-        ),
-        Transition(
-            "close",
-            (_C.AWAITING_HELLO, _C.STANDBY, _C.REPLAYING, _C.LIVE, _C.BUFFERED_ONLY),
-            _C.CLOSED,
-        ),
-    ),
-)
-
-
-class _Instance:
-    """One authenticated connection of one gateway; its state is the CONNECTION machine.
-
-    The collaborators read its state through the properties and ``is_*`` calls below (never by
-    comparing states themselves), so the lifecycle's states are known to this module alone.
-    """
-
-    def __init__(
-        self, gateway_id: str, ws: ServerConnection, features: frozenset[str], clock: Clock
-    ) -> None:
-        self.gateway_id = gateway_id
-        self.ws = ws
-        # What the gateway announced (upgrade header, then hellos); empty: an original gateway,
-        # which is sent nothing the original contract did not have.
-        self.features = features
-        self.protocol_hello = False  # a hello carried ``protocol``: not an original gateway
-        self.identities: list[tuple[str, str]] = []
-        self.machine = CONNECTION.track()  # many per connector: the table alone
-        self.held_hellos: list[Hello] = []  # said while on standby, answered once promoted
-        self.appended = 0  # events buffered for this instance while it replays
-        self.violations = 0
-        self.log_limit = LogThrottle(clock=clock)  # what the peer controls never floods the log
-        # Replayed bufferIds, in send order, with when they were sent (loop time), whose replay
-        # is not recorded yet and that have not been acked on this connection.
-        self.unrecorded: dict[str, float] = {}
-        self.record_timer: asyncio.Task[None] | None = None
-        # Durable live delivery (ACKED_LIVE): buffered lines waiting for the pump, the seq of
-        # the newest line handed to the socket (never sent twice), the pump and its wake-up.
-        self.outbox: collections.deque[tuple[str, int, str]] = collections.deque()
-        self.last_sent_seq: int | None = None
-        self.pump: asyncio.Task[None] | None = None
-        self.wake = asyncio.Event()
-        # The window: bufferIds sent on this connection and not acked yet; with ACKED_LIVE no
-        # more than ``window`` of them at once (the gateway's bound on what it holds).
-        self.window = DEFAULT_WINDOW
-        self.unacked: set[str] = set()
-        self.window_open = asyncio.Event()
-
-    @property
-    def acked_live(self) -> bool:
-        """True when the gateway acks live deliveries: every event goes through the buffer."""
-        return ACKED_LIVE in self.features
-
-    @property
-    def state(self) -> ConnectionState:
-        """Where the connection is in its lifecycle."""
-        return self.machine.state
-
-    @property
-    def live(self) -> bool:
-        """True when inbound may be delivered live (not buffered) to this connection."""
-        return self.machine.state is _C.LIVE
-
-    @property
-    def awake(self) -> bool:
-        """True when the gateway said hello and has not asked to be buffered for."""
-        return self.machine.state in (_C.REPLAYING, _C.LIVE)
-
-    @property
-    def announced(self) -> bool:
-        """True when the gateway announced itself (features on the upgrade, or ``protocol`` in a
-        hello): not an original-contract gateway."""
-        return self.protocol_hello or bool(self.features)
-
-    def platforms(self) -> set[str]:
-        """The platforms it said hello for."""
-        return {platform for platform, _ in self.identities}
-
-    # Calls, not properties: the state changes across awaits, and a type checker would narrow a
-    # property read before an await to what it was then.
-
-    def is_standby(self) -> bool:
-        """True while it waits unserved for the served connection of its gateway to go."""
-        return self.machine.state is _C.STANDBY
-
-    def is_replaying(self) -> bool:
-        """True while its buffered backlog is being replayed."""
-        return self.machine.state is _C.REPLAYING
-
-    def is_closed(self) -> bool:
-        """True once the connection ended."""
-        return self.machine.state is _C.CLOSED
-
-    async def send(self, text: str) -> bool:
-        """Send one line; False (not ``ConnectionClosed``) when the connection is closed."""
-        try:
-            await self.ws.send(text)
-        except ConnectionClosed:
-            return False
-        return True
-
-    async def close(self, code: int, reason: str) -> None:
-        """Close the connection with ``code`` (a connection already closed is left as is)."""
-        with contextlib.suppress(ConnectionClosed):
-            await self.ws.close(code, reason)
 
 
 class Connector:
@@ -291,8 +138,8 @@ class Connector:
         self.subscriptions = Subscriptions(store, clock=self.clock)
         self.provenance = Provenance(store, clock=self.clock)
         self._server: Server | None = None
-        self._instances: dict[str, _Instance] = {}  # the served connection of each gateway
-        self._standbys: dict[str, list[_Instance]] = {}  # waiting connections, oldest first
+        self._instances: dict[str, Instance] = {}  # the served connection of each gateway
+        self._standbys: dict[str, list[Instance]] = {}  # waiting connections, oldest first
         # Platforms each gateway said hello for: durable, so a restart keeps buffering for a
         # gateway that is asleep.
         self._subscriptions: dict[str, set[str]] = collections.defaultdict(set)
@@ -300,10 +147,11 @@ class Connector:
         # (platform, chat_id) -> the tenant key (scope id, or the user id of a DM) learned from
         # the platform's own inbound traffic: it outranks whatever a gateway claims.
         self._chat_tenants: dict[tuple[str, str], str] = {}
-        # The collaborators are handed this connector and read its public settings (secrets,
-        # tenants, drivers, ...) and parts (clock, buffer, provenance) when they use them, never
-        # a copy, so that all of them always agree with its attributes.  What they share
-        # besides are the tables above, passed explicitly.
+        # The collaborators are handed this connector and read its public settings (tenants,
+        # drivers, ...) and parts (clock, buffer, provenance) when they use them, never a copy,
+        # so that all of them always agree with its attributes; each sees it through its
+        # protocol in relay.connector._settings.  What they share besides are the tables above,
+        # passed explicitly.
         self._tasks = Tasks()
         self._store_thread = StoreThread(self)
         self._delivery = Delivery(
@@ -378,11 +226,7 @@ class Connector:
     def connected(self, gateway_id: str) -> bool:
         """True while ``gateway_id`` has a handshaken connection."""
         instance = self._instances.get(gateway_id)
-        return instance is not None and instance.state in (
-            _C.REPLAYING,
-            _C.LIVE,
-            _C.BUFFERED_ONLY,
-        )
+        return instance is not None and instance.is_handshaken()
 
     @property
     def undeliverable(self) -> int:
@@ -407,6 +251,6 @@ class Connector:
         if authenticated is None:
             return
         gateway_id, features = authenticated
-        instance = _Instance(gateway_id, ws, features, self.clock)
+        instance = Instance(gateway_id, ws, features, self.clock)
         self._roster.admit(instance)
         await self._reader.read(instance)

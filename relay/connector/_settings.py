@@ -1,0 +1,158 @@
+"""What each collaborator of the connector reads of it: one small protocol per collaborator.
+
+The collaborators (:mod:`relay.connector._delivery`, ``_roster``, ...) are handed the
+:class:`~relay.connector.server.Connector` itself and read its settings and parts when they use
+them, never a copy, so that all of them always agree with its attributes.  They see it through
+these protocols, which name exactly what each one reads: they never import the server module,
+which imports them (module import arrows point one way).  Every member is read-only here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
+
+from relay.connector.buffer import InboundBuffer
+from relay.connector.platform import PlatformDriver
+from relay.connector.provenance import Provenance
+from relay.connector.subscriptions import Subscriptions
+from relay.wire.descriptor import CapabilityDescriptor
+from statecore.clock import Clock
+
+__all__ = [
+    "DeliverySettings",
+    "EgressSettings",
+    "HandshakeSettings",
+    "InboundSettings",
+    "ReaderSettings",
+    "RosterSettings",
+    "StoreThreadSettings",
+    "WakeHook",
+]
+
+WakeHook = Callable[[str], Awaitable[None]]
+"""``await hook(gateway_id)``: called when the first event is buffered for a sleeping
+instance, so a deployment can wake it (rate-limited per instance)."""
+
+
+class StoreThreadSettings(Protocol):
+    """What the store thread reads of the connector."""
+
+    @property
+    def buffer(self) -> InboundBuffer:
+        """The durable inbound buffer its write rounds append to and retire from."""
+        ...
+
+
+class DeliverySettings(Protocol):
+    """What replay, the live pump and the replay records read of the connector."""
+
+    @property
+    def buffer(self) -> InboundBuffer:
+        """The durable inbound buffer a replay reads."""
+        ...
+
+    @property
+    def clock(self) -> Clock:
+        """The clock of the replay records' grace."""
+        ...
+
+
+class RosterSettings(Protocol):
+    """What the roster (served connections, standbys, liveness probes) reads of the connector."""
+
+    @property
+    def clock(self) -> Clock:
+        """The clock the probes wait on."""
+        ...
+
+    @property
+    def liveness_probe_s(self) -> float:
+        """How long a served connection has to answer a ping (and how often it is probed)."""
+        ...
+
+
+class ReaderSettings(Protocol):
+    """What the reader of a connection reads of the connector."""
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The largest frame a connection may send."""
+        ...
+
+
+class HandshakeSettings(Protocol):
+    """What answering hellos reads of the connector."""
+
+    @property
+    def descriptors(self) -> Mapping[str, CapabilityDescriptor]:
+        """Platform → the descriptor a hello for it is answered with."""
+        ...
+
+    @property
+    def drivers(self) -> Mapping[str, PlatformDriver]:
+        """Platform → its driver: the platforms this connector fronts."""
+        ...
+
+    @property
+    def subscriptions(self) -> Subscriptions:
+        """The durable record of which gateways said hello for which platform."""
+        ...
+
+
+class EgressSettings(Protocol):
+    """What the outbound path (the tenant guard and the drivers) reads of the connector."""
+
+    @property
+    def drivers(self) -> Mapping[str, PlatformDriver]:
+        """Platform → the driver that performs its outbound actions."""
+        ...
+
+    @property
+    def tenants(self) -> Mapping[str, frozenset[str]] | None:
+        """Gateway id → its approved scope (and user) ids; None: no tenants table."""
+        ...
+
+    @property
+    def open_egress(self) -> bool:
+        """True when, without a tenants table, any target may be addressed."""
+        ...
+
+    @property
+    def provenance(self) -> Provenance:
+        """The chats and users each gateway received inbound from (without a tenants table)."""
+        ...
+
+
+class InboundSettings(Protocol):
+    """What routing inbound events (and waking a sleeping gateway) reads of the connector."""
+
+    @property
+    def tenants(self) -> Mapping[str, frozenset[str]] | None:
+        """Gateway id → its approved scope (and user) ids; None: route by subscription."""
+        ...
+
+    @property
+    def open_egress(self) -> bool:
+        """True when egress is open: no provenance is recorded."""
+        ...
+
+    @property
+    def provenance(self) -> Provenance:
+        """Where the chats and users an event came from are recorded for its gateways."""
+        ...
+
+    @property
+    def wake_hook(self) -> WakeHook | None:
+        """Called for a sleeping gateway when an event is buffered for it."""
+        ...
+
+    @property
+    def wake_interval_s(self) -> float:
+        """The least time between two wake calls for one gateway."""
+        ...
+
+    @property
+    def clock(self) -> Clock:
+        """The clock the wake interval is measured on."""
+        ...
