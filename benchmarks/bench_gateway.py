@@ -34,7 +34,7 @@ from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
 from relay.wire.frames import OutboundOutcome
 from statecore import Ledger
-from statecore.gateway.runtime import Gateway, Turn
+from statecore.gateway import Gateway, Turn
 from statecore.store import Store
 from stores import InMemoryStore, SQLiteStore
 

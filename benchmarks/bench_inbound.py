@@ -47,7 +47,7 @@ from relay.client.transport import WebSocketRelayTransport
 from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
 from relay.wire.frames import InboundEvent, OutboundOutcome
-from statecore.gateway.runtime import Gateway, Turn
+from statecore.gateway import Gateway, Turn
 from stores import SQLiteStore
 
 RESULTS: list[tuple[str, float, str, bool]] = []

@@ -37,7 +37,7 @@ from relay import (
 )
 from statecore import RECOVERED_MARKER, compute_obligation_id
 from statecore.gateway import Gateway, SendResult, Turn
-from statecore.gateway.runtime import session_key_for
+from statecore.gateway.turn import session_key_for
 from stores import SQLiteStore
 
 GATEWAY_ID = "tutorial-bot"

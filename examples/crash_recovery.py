@@ -37,8 +37,7 @@ from relay.connector.server import Connector
 from relay.wire.frames import InboundEvent
 from statecore import RECOVERED_MARKER
 from statecore.clock import Deadline
-from statecore.gateway import AdapterAbilities, SendResult
-from statecore.gateway.runtime import Gateway, Turn
+from statecore.gateway import AdapterAbilities, Gateway, SendResult, Turn
 from stores import InMemoryStore, SQLiteStore
 
 GATEWAY_ID = "crash-gateway"

@@ -44,8 +44,7 @@ from relay.client.adapter import RelayAdapter
 from relay.client.transport import WebSocketRelayTransport
 from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
-from statecore.gateway import Delegation, Delegations, RoutingOrigin, SessionStore
-from statecore.gateway.runtime import Gateway, Turn
+from statecore.gateway import Delegation, Delegations, Gateway, RoutingOrigin, SessionStore, Turn
 from stores import InMemoryStore, SQLiteStore
 
 GATEWAY_ID = "delegating-gateway"

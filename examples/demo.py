@@ -33,8 +33,8 @@ from relay.connector.buffer import BUFFER_KIND
 from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
 from statecore.entity import EntityKind
+from statecore.gateway import Gateway, Turn
 from statecore.gateway.adapter import SendResult
-from statecore.gateway.runtime import Gateway, Turn
 from statecore.obligation import OBLIGATION_KIND, RECOVERED_MARKER
 from statecore.store import Audit, Row, Store, TransitionRecord
 from stores import SQLiteStore

@@ -31,7 +31,7 @@ from relay.client.transport import WebSocketRelayTransport
 from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
 from statecore import Store
-from statecore.gateway.runtime import Gateway, Turn
+from statecore.gateway import Gateway, Turn
 from stores import SQLiteStore
 
 GATEWAY_ID = "sleepy-gateway"

@@ -27,7 +27,7 @@ from relay.client.transport import WebSocketRelayTransport
 from relay.connector.server import Connector
 from statecore import Audit, LedgerPolicy
 from statecore.cli import main as statecore_cli
-from statecore.gateway.runtime import Gateway
+from statecore.gateway import Gateway
 from stores import SQLiteStore
 from stores.testing import TICKET_KIND
 

@@ -28,7 +28,7 @@ from relay.client.transport import WebSocketRelayTransport
 from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
 from statecore import RECOVERED_MARKER, Audit, LedgerPolicy, Store
-from statecore.gateway.runtime import Gateway
+from statecore.gateway import Gateway
 from stores import InMemoryStore, SQLiteStore
 from stores.testing import TICKET_KIND, StoreContract, StoreFactory
 

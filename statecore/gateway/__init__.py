@@ -19,8 +19,9 @@ from statecore.gateway.routing import (
     RoutingOrigin,
     resolve_route,
 )
-from statecore.gateway.runtime import Gateway, Message, Turn
+from statecore.gateway.runtime import Gateway
 from statecore.gateway.sessions import SESSION, SESSION_KIND, Session, SessionState, SessionStore
+from statecore.gateway.turn import Message, Turn
 
 __all__ = [
     "DELEGATION",

@@ -24,40 +24,30 @@ The bot's logic is an inbound handler: ``gateway.on_message(handler)``; the hand
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
-from typing import Any, Protocol, TypeVar, cast
-
-import attrs
+from typing import Any, Protocol, TypeVar
 
 from statecore.async_ledger import AsyncLedger
 from statecore.clock import Clock, Deadline, SystemClock
 from statecore.errors import InvalidTransition, StaleState, StoreError
-from statecore.gateway.adapter import (
-    AdapterAbilities,
-    Connecting,
-    Disconnecting,
-    InboundDelivering,
-    InboundLike,
-    ReconnectAnnouncing,
-    RoutePriming,
-    SendResult,
-    abilities_of,
-)
+from statecore.gateway.adapter import InboundLike, SendResult
+from statecore.gateway.adapters import AdapterSet, Sendable
+from statecore.gateway.completions import deliver_completions
 from statecore.gateway.delegations import Delegation, Delegations
-from statecore.gateway.routing import Route, RouteVerdict
+from statecore.gateway.routing import Route
 from statecore.gateway.sessions import Session, SessionStore
+from statecore.gateway.turn import Message, MessageHandler, Turn
 from statecore.lifecycles import ObligationState
-from statecore.obligation import DEFAULT_PROFILE, Claim
+from statecore.obligation import Claim
 from statecore.ownership import Incarnation, ProcessProbe
 from statecore.policy import LedgerPolicy
 from statecore.store import Store
 
-__all__ = ["Gateway", "Message", "MessageHandler", "SessionFlags", "Turn", "session_key_for"]
+__all__ = ["Gateway", "SessionFlags"]
 
 log = logging.getLogger(__name__)
 
@@ -73,86 +63,6 @@ class SessionFlags(Protocol):
     async def clear_resume_pending(self, session_key: str) -> object:
         """Clear ``resume_pending`` for ``session_key`` (may raise if the store is down)."""
         ...
-
-
-class _Sendable(Protocol):
-    async def send(
-        self, chat_id: str, content: str, metadata: Mapping[str, Any] | None = None
-    ) -> SendResult: ...
-
-
-def session_key_for(
-    profile: str, platform: str, chat_type: str, chat_id: str, thread_id: str | None = None
-) -> str:
-    """The session key of a conversation: one per (bot profile, platform, chat, thread)."""
-    key = f"agent:{profile}:{platform}:{chat_type}:{chat_id}"
-    return key if thread_id is None else f"{key}:{thread_id}"
-
-
-@attrs.frozen
-class Message:
-    """One inbound user message, as the bot's handler sees it."""
-
-    platform: str
-    profile: str
-    chat_id: str
-    chat_type: str
-    text: str
-    message_id: str | None
-    thread_id: str | None
-    user_id: str | None
-    user_name: str | None
-    scope_id: str | None
-    session_key: str
-    media_urls: tuple[str, ...] = ()
-    """Attachments' URLs, in order."""
-
-    @classmethod
-    def from_event(cls, event: InboundLike, *, profile: str) -> Message:
-        """Build from an adapter's inbound event (e.g. the relay's ``InboundEvent``) for the
-        adapter of ``profile``."""
-        source = event.source
-        return cls(
-            platform=source.platform,
-            profile=profile,
-            chat_id=source.chat_id,
-            chat_type=source.chat_type,
-            text=event.text,
-            message_id=event.message_id,
-            thread_id=source.thread_id,
-            user_id=source.user_id,
-            user_name=source.user_name,
-            scope_id=source.scope_id,
-            session_key=session_key_for(
-                profile, source.platform, source.chat_type, source.chat_id, source.thread_id
-            ),
-            media_urls=event.media_urls,
-        )
-
-
-class Turn:
-    """One message being handled: reply with :meth:`reply` (each reply is ledgered)."""
-
-    def __init__(self, gateway: Gateway, message: Message) -> None:
-        self.gateway = gateway
-        self.message = message
-
-    async def reply(self, text: str) -> SendResult:
-        """Send a final reply to the message's chat (thread), durably: see ``send_final``."""
-        m = self.message
-        return await self.gateway.send_final(
-            session_key=m.session_key,
-            platform=m.platform,
-            chat_id=m.chat_id,
-            content=text,
-            message_ref=m.message_id,
-            thread_id=m.thread_id,
-            reply_to=m.message_id,
-            profile=m.profile,
-        )
-
-
-MessageHandler = Callable[[Turn], Awaitable[None]]
 
 
 class Gateway:
@@ -173,6 +83,12 @@ class Gateway:
     ``StoreError`` are tried again after each delay of ``settle_retry_delays_s`` (default
     ``(0.1, 0.3, 1.0)`` seconds on the gateway's clock); a definite refusal
     (``InvalidTransition``, ``StaleState``) is never retried.
+
+    The class is long because it is the one owner of the send path's invariants (a reply is
+    held while this process sends it, settled or left for the stuck sweep, never sent twice by
+    two paths); the adapters (:mod:`statecore.gateway.adapters`), turns
+    (:mod:`statecore.gateway.turn`) and completions (:mod:`statecore.gateway.completions`)
+    live in their own modules.
 
     ``clock`` drives every timer of the runtime; ``teardown_clock`` (default: the system
     clock) bounds :meth:`stop`, whose waits are on real work (in-flight sends, adapters'
@@ -227,8 +143,7 @@ class Gateway:
         # Obligation ids this process is sending (or holds a claim of, about to send): the stuck
         # sweep never touches them.  A count, since two paths may hold one id at once.
         self._in_flight: Counter[str] = Counter()
-        self._adapters: dict[tuple[str, str], _Sendable] = {}
-        self._abilities: dict[tuple[str, str], AdapterAbilities] = {}
+        self._adapters = AdapterSet()
         self._handler: MessageHandler | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._retry_loop: asyncio.Task[None] | None = None
@@ -242,7 +157,7 @@ class Gateway:
 
     # -- wiring --------------------------------------------------------------------------------
 
-    def add_adapter(self, platform: str, adapter: _Sendable, *, profile: str = "default") -> None:
+    def add_adapter(self, platform: str, adapter: Sendable, *, profile: str = "default") -> None:
         """Send replies for ``(platform, profile)`` through ``adapter``.
 
         What else the runtime does with it follows the adapter's declared
@@ -251,15 +166,10 @@ class Gateway:
         on every reconnect.  Raises ``TypeError`` for an adapter without ``send`` or with an
         ``abilities`` attribute that is not an ``AdapterAbilities``.
         """
-        if not callable(getattr(adapter, "send", None)):
-            raise TypeError(f"an adapter needs an async send(), {type(adapter).__name__} has none")
-        abilities = abilities_of(adapter)
-        self._adapters[(platform, profile)] = adapter
-        self._abilities[(platform, profile)] = abilities
-        self._listen(adapter, abilities, profile)
-        if abilities.announces_reconnects:
-            announcing = cast(ReconnectAnnouncing, adapter)
-            announcing.on_reconnect(self._reconnect_listener(platform, profile))
+        target = (platform, profile)
+        self._adapters.add(target, adapter)
+        self._listen(target)
+        self._adapters.on_reconnect(target, self._reconnect_listener(platform, profile))
 
     def on_message(self, handler: MessageHandler | None) -> None:
         """Run ``await handler(turn)`` for every inbound message (outside the socket reader).
@@ -269,24 +179,21 @@ class Gateway:
         had already sent are not sent twice (their obligations already exist).
         """
         self._handler = handler
-        for target, adapter in self._adapters.items():
-            self._listen(adapter, self._abilities[target], target[1])
+        for target in self._adapters:
+            self._listen(target)
 
-    def _listen(self, adapter: _Sendable, abilities: AdapterAbilities, profile: str) -> None:
+    def _listen(self, target: tuple[str, str]) -> None:
         """Route the adapter's inbound messages to the handler -- only once there is one, so
         that nothing is acknowledged before a handler has seen it."""
-        if not abilities.delivers_inbound:
-            return
-        delivering = cast(InboundDelivering, adapter)
-        on_message = delivering.on_message
         if self._handler is None:
-            on_message(None)
+            self._adapters.listen(target, None)
             return
+        profile = target[1]
 
         async def inbound(event: InboundLike) -> None:
             await self._dispatch(Message.from_event(event, profile=profile))
 
-        on_message(inbound)
+        self._adapters.listen(target, inbound)
 
     async def _dispatch(self, message: Message) -> None:
         if self._handler is None:
@@ -311,7 +218,7 @@ class Gateway:
         except Exception:
             log.warning("recovery after %s/%s reconnected failed", platform, profile, exc_info=True)
 
-    def adapter(self, platform: str, profile: str = "default") -> _Sendable | None:
+    def adapter(self, platform: str, profile: str = "default") -> Sendable | None:
         """The adapter for ``(platform, profile)``, or None."""
         return self._adapters.get((platform, profile))
 
@@ -388,7 +295,7 @@ class Gateway:
 
     async def _send(
         self,
-        adapter: _Sendable,
+        adapter: Sendable,
         chat_id: str,
         *,
         content: str,
@@ -481,14 +388,7 @@ class Gateway:
 
     def connected_targets(self) -> set[tuple[str, str]]:
         """(platform, profile) pairs whose adapter can send now."""
-        targets = set()
-        for target, adapter in self._adapters.items():
-            if self._abilities[target].connects:
-                connecting = cast(Connecting, adapter)
-                if not connecting.connected:
-                    continue
-            targets.add(target)
-        return targets
+        return self._adapters.connected_targets()
 
     async def start(self) -> int:
         """Check the ledger's store, connect adapters, claim what dead owners left for
@@ -501,15 +401,7 @@ class Gateway:
         store (or wait for the lock) and call ``start()`` again.
         """
         await self.ledger.check()
-        for target, adapter in self._adapters.items():
-            if not self._abilities[target].connects:
-                continue
-            connecting = cast(Connecting, adapter)
-            if not connecting.connected:
-                try:
-                    await connecting.connect()
-                except Exception:
-                    log.warning("adapter %s/%s failed to connect at start", *target, exc_info=True)
+        await self._adapters.connect_all()
         claims = await self._claim_recoverable()
         self._started = True
         if claims:
@@ -651,38 +543,9 @@ class Gateway:
         it.  One obligation per job (``message_ref`` ``delegation:<id>``): a crash between the
         send and the mark cannot send it twice.  Returns each job with its route and send result.
         """
-        outcomes: list[tuple[Delegation, Route[Session], SendResult | None]] = []
-        for job in await asyncio.to_thread(delegations.pending_completions):
-            route = await asyncio.to_thread(
-                delegations.route_completion, job.delegation_id, sessions
-            )
-            if route.verdict is RouteVerdict.TERMINAL:
-                await asyncio.to_thread(delegations.mark_dropped, job.delegation_id, route.reason)
-                outcomes.append((job, route, None))
-                continue
-            if route.verdict is RouteVerdict.RETRY or route.session is None:
-                await asyncio.to_thread(delegations.defer, job.delegation_id, route.reason)
-                outcomes.append((job, route, None))
-                continue
-            origin = job.origin
-            target = (origin.platform, DEFAULT_PROFILE)
-            if target in self._adapters and self._abilities[target].primes_routes:
-                priming = cast(RoutePriming, self._adapters[target])
-                priming.prime(origin)  # the rebuilt route carries scope_id/user_id onwards
-            result = await self.send_final(
-                session_key=route.session.session_key,
-                platform=origin.platform,
-                chat_id=origin.chat_id,
-                content=render(job),
-                message_ref=f"delegation:{job.delegation_id}",
-                thread_id=origin.thread_id,
-            )
-            if result.success:
-                await asyncio.to_thread(
-                    delegations.mark_delivered, job.delegation_id, session_id=route.session_id
-                )
-            outcomes.append((job, route, result))
-        return outcomes
+        return await deliver_completions(
+            delegations, sessions, render, send=self, prime=self._adapters.prime
+        )
 
     async def _retry_timer(self) -> None:
         last_prune = self.clock.monotonic()
@@ -731,17 +594,7 @@ class Gateway:
             await asyncio.wait(pending, timeout=deadline.remaining() / 2)
             for task in pending:
                 task.cancel()
-        for target, adapter in self._adapters.items():
-            if not self._abilities[target].disconnects:
-                continue
-            # Each adapter gets what is left of the budget, and no more: the deadline itself,
-            # and a bound on the wait in case it overruns.
-            disconnecting = cast(Disconnecting, adapter)
-            with contextlib.suppress(Exception):
-                remaining = deadline.remaining()
-                await asyncio.wait_for(
-                    disconnecting.disconnect(deadline=deadline), max(0.01, remaining)
-                )
+        await self._adapters.disconnect_all(deadline)
         await self.ledger.aclose()
 
 

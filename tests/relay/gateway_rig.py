@@ -17,8 +17,9 @@ from relay.client.transport import WebSocketRelayTransport
 from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
 from statecore.clock import Clock
+from statecore.gateway import Gateway
 from statecore.gateway.adapter import AdapterAbilities, SendResult
-from statecore.gateway.runtime import Gateway, SessionFlags
+from statecore.gateway.runtime import SessionFlags
 from statecore.ids import compute_obligation_id
 from statecore.ledger import Ledger
 from statecore.lifecycles import ObligationState

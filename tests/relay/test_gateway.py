@@ -20,8 +20,9 @@ import pytest
 from relay.client.lifecycle import TransportState
 from statecore.clock import Deadline, FakeClock
 from statecore.errors import StoreError
+from statecore.gateway import Gateway, Message, Turn
 from statecore.gateway.adapter import AdapterAbilities, SendResult
-from statecore.gateway.runtime import Gateway, Message, Turn, session_key_for
+from statecore.gateway.turn import session_key_for
 from statecore.lifecycles import ObligationState
 from statecore.obligation import OBLIGATION_KIND, RECONNECTED_MARKER
 from statecore.policy import ErrorKind

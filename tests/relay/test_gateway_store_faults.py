@@ -23,8 +23,8 @@ import pytest_asyncio
 
 from statecore.clock import FakeClock
 from statecore.errors import InvalidTransition, StaleState, StoreError
+from statecore.gateway import Gateway
 from statecore.gateway.adapter import SendResult
-from statecore.gateway.runtime import Gateway
 from statecore.gateway.sessions import SessionStore
 from statecore.ledger import Ledger
 from statecore.lifecycles import ObligationState
