@@ -14,10 +14,9 @@ from typing import Any, ClassVar, Protocol
 
 import attrs
 
-from relay.client.lifecycle import TransportState
+from relay.client.lifecycle import SERVING, TransportState
 from relay.client.requests import RequestOutcome, RequestResult
 from relay.client.teardown import default_disconnect_budget_s
-from relay.client.transport import SERVING
 from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
 from relay.wire.errors import RelayBroken, RelayClosed
 from relay.wire.frames import EGRESS_DECLINED, InboundEvent

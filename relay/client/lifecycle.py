@@ -11,7 +11,7 @@ from enum import StrEnum
 
 from statecore.lifecycle import Lifecycle, Transition
 
-__all__ = ["TRANSPORT", "TransportState"]
+__all__ = ["SERVING", "TRANSPORT", "TransportState"]
 
 
 class TransportState(StrEnum):
@@ -70,3 +70,6 @@ TRANSPORT: Lifecycle[TransportState] = Lifecycle(
         Transition("finish", _T.CLOSING, _T.CLOSED),
     ),
 )
+
+SERVING = frozenset({_T.CONNECTED, _T.GOING_IDLE})
+"""The states in which a transport sends requests (and acks): connected or going idle."""

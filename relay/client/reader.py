@@ -40,7 +40,7 @@ from relay.wire.frames import (
 from relay.wire.throttle import LogThrottle
 from relay.wire.urls import CLOSE_PROTOCOL
 
-__all__ = ["MAX_VIOLATIONS", "ConnectionReader"]
+__all__ = ["MAX_VIOLATIONS", "ConnectionReader", "close_of"]
 
 log = logging.getLogger(__name__)
 
@@ -173,3 +173,11 @@ class ConnectionReader:
                 log.debug("relay: ignoring %s from the connector", type(frame).__name__)
         except Exception:
             log.exception("relay: routing a %s failed", type(frame).__name__)
+
+
+def close_of(ws: ClientConnection) -> tuple[int | None, str | None]:
+    """The close code and reason the peer sent, if any."""
+    received = getattr(ws.protocol, "close_rcvd", None)
+    if received is None:
+        return None, None
+    return received.code, received.reason

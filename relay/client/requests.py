@@ -7,10 +7,17 @@ import asyncio
 import itertools
 import secrets
 from enum import StrEnum
+from typing import Any
 
 import attrs
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
 
-from relay.wire.frames import OutboundOutcome
+from relay.client.teardown import wait_future
+from relay.wire.codec import encode
+from relay.wire.errors import RelayBroken, RelayClosed
+from relay.wire.frames import Outbound, OutboundOutcome
+from statecore.clock import Clock, Deadline
 
 __all__ = ["PendingRequests", "RequestOutcome", "RequestResult", "result_of"]
 
@@ -122,6 +129,44 @@ class PendingRequests:
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(True)
+
+    async def perform(
+        self,
+        ws: ClientConnection,
+        action: dict[str, Any],
+        idempotency_key: str | None,
+        platform: str | None,
+        bot_id: str | None,
+        *,
+        clock: Clock,
+        deadline: Deadline,
+        timeout_s: float,
+    ) -> RequestResult:
+        """Send one outbound action on ``ws`` and wait for its result until ``deadline``.
+
+        A send on a closed socket, no result in time, or a failure by :meth:`fail_all` gives
+        ``UNKNOWN`` (it may have been executed); otherwise the connector's answer.  The request
+        is registered only while it is waited for.
+        """
+        request_id = self.new_id()
+        key = idempotency_key or self.default_key(request_id)
+        future = self.expect(request_id)
+        try:
+            try:
+                await ws.send(encode(Outbound(request_id, action, key, platform, bot_id)))
+            except ConnectionClosed:
+                return RequestResult(RequestOutcome.UNKNOWN, request_id, error="connection lost")
+            if not await wait_future(clock, future, deadline.remaining()):
+                return RequestResult(
+                    RequestOutcome.UNKNOWN, request_id, error=f"no result within {timeout_s:g} s"
+                )
+            try:
+                outcome = future.result()
+            except (RelayClosed, RelayBroken) as exc:
+                return RequestResult(RequestOutcome.UNKNOWN, request_id, error=str(exc))
+        finally:
+            self.forget(request_id)
+        return result_of(request_id, outcome)
 
     def fail_all(self, error: Exception) -> None:
         """Fail every waiting request with ``error`` and every going-idle waiter with False."""

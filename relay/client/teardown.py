@@ -13,12 +13,13 @@ import asyncio
 import contextlib
 import math
 import os
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from statecore.clock import Clock, SystemClock
+from statecore.clock import Clock, Deadline, SystemClock
 
 __all__ = [
     "DISCONNECT_TIMEOUT_ENV",
@@ -30,6 +31,7 @@ __all__ = [
     "cancel",
     "default_disconnect_budget_s",
     "drain_grace_s",
+    "tear_down",
     "wait_event",
     "wait_future",
 ]
@@ -135,3 +137,27 @@ async def cancel(task: asyncio.Task[Any] | None, timeout_s: float) -> None:
         return
     task.cancel()
     await asyncio.wait({task}, timeout=max(0.0, timeout_s))
+
+
+async def tear_down(
+    deadline: Deadline,
+    *,
+    drain: list[asyncio.Future[Any]],
+    grace_s: float,
+    supervisor: asyncio.Task[Any] | None,
+    ws: ClientConnection | None,
+    reader: asyncio.Task[Any] | None,
+    dispatcher_close: Callable[[float], Awaitable[None]],
+) -> None:
+    """The bounded steps of one deliberate teardown, in order: drain ``drain`` (the in-flight
+    requests) for at most ``grace_s``, then stop the supervisor, close the socket, stop the
+    reader and close the dispatcher, each bounded by :data:`TEARDOWN_AWAIT_S` and by what is
+    left of ``deadline``.  Never raises but for cancellation; the caller's ``finally`` must
+    cut whatever did not finish (fail pending requests, cancel tasks, abort the socket)."""
+    if drain and grace_s > 0:
+        await asyncio.wait(drain, timeout=grace_s)
+    await cancel(supervisor, min(TEARDOWN_AWAIT_S, deadline.remaining()))
+    if ws is not None:
+        await bounded(ws.close(1000, "disconnect"), min(TEARDOWN_AWAIT_S, deadline.remaining()))
+    await cancel(reader, min(TEARDOWN_AWAIT_S, deadline.remaining()))
+    await dispatcher_close(min(TEARDOWN_AWAIT_S, deadline.remaining()))

@@ -1,23 +1,15 @@
 """The gateway side of the relay: one WebSocket to a connector, driven by the TRANSPORT lifecycle.
 
-The transport's state is one :class:`~relay.client.lifecycle.TransportState`, held by a live
-``transitions`` machine attached from :data:`~relay.client.lifecycle.TRANSPORT`; every method
-is legal or illegal per state, and an illegal call fails fast with a definite result instead of
-waiting on a dead socket.
-
-Tasks (at most one of each is live):
-
-* the **reader** of the current connection only parses and routes frames;
-* the **dispatcher** (:mod:`relay.client.dispatch`) runs the inbound handler outside the
-  reader, each chat's deliveries in order and different chats concurrently, and acks a buffered
-  delivery only after its handler returned normally;
-* the **supervisor** is the one dialer after the first connection: it re-dials after an
-  unexpected close (jittered exponential backoff, ladder reset after a stable connection) and,
-  after :meth:`WebSocketRelayTransport.go_dormant`, on the dormant cadence.
-
-A deliberate :meth:`~WebSocketRelayTransport.disconnect` never re-dials, is bounded by the
-caller's budget, and fails every pending request in a ``finally`` so that no cancellation can
-strand a caller.
+The transport's state is one :class:`~relay.client.lifecycle.TransportState` held by a live
+machine attached from :data:`~relay.client.lifecycle.TRANSPORT`; every method is legal or illegal
+per state, and an illegal call fails fast with a definite result.  At most one of each task is
+live: the **reader** (:mod:`relay.client.reader`) parses and routes; the **dispatcher**
+(:mod:`relay.client.dispatch`) handles deliveries outside it, each chat in order, and acks a
+buffered one only after its handler returned; the **supervisor** is the one dialer after the
+first connection (backoff after an unexpected close, the dormant cadence after
+:meth:`~WebSocketRelayTransport.go_dormant`).  A deliberate
+:meth:`~WebSocketRelayTransport.disconnect` never re-dials, is bounded by its budget, and fails
+every pending request in a ``finally`` no cancellation can skip.
 """
 
 from __future__ import annotations
@@ -42,50 +34,40 @@ from relay.client.delivery import (
 )
 from relay.client.dialer import Dialer, UpgradeRefused
 from relay.client.dispatch import DEFAULT_MAX_IN_FLIGHT, InboundDispatcher
-from relay.client.lifecycle import TRANSPORT, TransportState
-from relay.client.reader import ConnectionReader
+from relay.client.lifecycle import SERVING, TRANSPORT, TransportState
+from relay.client.reader import ConnectionReader, close_of
 from relay.client.redial import RedialPolicy
-from relay.client.requests import PendingRequests, RequestOutcome, RequestResult, result_of
+from relay.client.requests import PendingRequests, RequestOutcome, RequestResult
 from relay.client.teardown import (
     MAX_TEARDOWN_S,
     TEARDOWN_AWAIT_S,
     bounded,
-    cancel,
     default_disconnect_budget_s,
     drain_grace_s,
+    tear_down,
     wait_event,
     wait_future,
 )
 from relay.wire.codec import ack_lines, encode
 from relay.wire.compat import OUR_FEATURES
 from relay.wire.descriptor import CapabilityDescriptor
-from relay.wire.errors import (
-    ContractVersionError,
-    RelayBroken,
-    RelayClosed,
-)
-from relay.wire.frames import (
-    GoingIdle,
-    Outbound,
-)
+from relay.wire.errors import ContractVersionError, RelayBroken, RelayClosed
+from relay.wire.frames import GoingIdle
 from relay.wire.throttle import LogThrottle
 from relay.wire.urls import CloseKind, relay_url
 from statecore.checks import require_text
 from statecore.clock import Clock, Deadline, SystemClock
 from statecore.errors import InvalidTransition
 
-__all__ = ["SERVING", "WebSocketRelayTransport"]
+__all__ = ["WebSocketRelayTransport"]
 
 log = logging.getLogger(__name__)
 
 T = TransportState
 
-SERVING = frozenset({T.CONNECTED, T.GOING_IDLE})
-"""The states in which a transport sends requests (and acks): connected or going idle."""
 _FINISHED = TRANSPORT.terminal
 _DIALING = frozenset({T.CONNECTING, T.HANDSHAKING})
 _WAITING = frozenset({T.RECONNECTING, T.DORMANT})
-_MAX_VIOLATIONS = 50
 _LEFT_SERVING = {T.DORMANT: "relay transport went dormant"}
 """Why pending requests fail when the transport leaves serving for a state (default: lost)."""
 
@@ -464,28 +446,18 @@ class WebSocketRelayTransport:
             if state is T.REVOKED:
                 reason = "relay credentials revoked"
             return RequestResult(RequestOutcome.NOT_SENT, error=reason)
-        ws = self._ws
-        assert ws is not None
-        request_id = self._pending.new_id()
-        key = idempotency_key or self._pending.default_key(request_id)
-        frame = Outbound(request_id, dict(action), key, platform, bot_id)
-        future = self._pending.expect(request_id)
-        try:
-            try:
-                await ws.send(encode(frame))
-            except ConnectionClosed:
-                return RequestResult(RequestOutcome.UNKNOWN, request_id, error="connection lost")
-            if not await wait_future(self._clock, future, deadline.remaining()):
-                return RequestResult(
-                    RequestOutcome.UNKNOWN, request_id, error=f"no result within {timeout:g} s"
-                )
-            try:
-                outcome = future.result()
-            except (RelayClosed, RelayBroken) as exc:
-                return RequestResult(RequestOutcome.UNKNOWN, request_id, error=str(exc))
-        finally:
-            self._pending.forget(request_id)
-        return result_of(request_id, outcome)
+        assert self._ws is not None
+        outbound = dict(action)
+        return await self._pending.perform(
+            self._ws,
+            outbound,
+            idempotency_key,
+            platform,
+            bot_id,
+            clock=self._clock,
+            deadline=deadline,
+            timeout_s=timeout,
+        )
 
     # -- idle and dormancy ---------------------------------------------------------------------
 
@@ -554,7 +526,7 @@ class WebSocketRelayTransport:
         self._ws = None
         if not self._machine.can("drop"):
             return  # deliberate: closing, dormant or already finished
-        verdict = self._redial.lost(*_close_of(ws))
+        verdict = self._redial.lost(*close_of(ws))
         code, reason = verdict.code, verdict.reason
         if verdict.kind is CloseKind.REVOKED:
             self.close_reason = f"credentials revoked by the connector ({code} {reason})"
@@ -633,18 +605,15 @@ class WebSocketRelayTransport:
         budget = default_disconnect_budget_s() if budget_s is None else max(0.0, budget_s)
         deadline = Deadline.after(self._teardown_clock, budget)
         try:
-            grace = drain_grace_s(budget)
-            pending = self._pending.unresolved()
-            if pending and grace > 0:
-                await asyncio.wait(pending, timeout=grace)
-            await cancel(self._supervisor, min(TEARDOWN_AWAIT_S, deadline.remaining()))
-            ws = self._ws
-            if ws is not None:
-                await bounded(
-                    ws.close(1000, "disconnect"), min(TEARDOWN_AWAIT_S, deadline.remaining())
-                )
-            await cancel(self._reader, min(TEARDOWN_AWAIT_S, deadline.remaining()))
-            await self._inbound.close(min(TEARDOWN_AWAIT_S, deadline.remaining()))
+            await tear_down(
+                deadline,
+                drain=self._pending.unresolved(),
+                grace_s=drain_grace_s(budget),
+                supervisor=self._supervisor,
+                ws=self._ws,
+                reader=self._reader,
+                dispatcher_close=self._inbound.close,
+            )
         finally:
             self._pending.fail_all(RelayClosed("relay transport closed"))
             for task in (self._supervisor, self._reader):
@@ -663,11 +632,3 @@ class WebSocketRelayTransport:
     def __repr__(self) -> str:
         where = f"{self.url} {self.platform}/{self.bot_id}"
         return f"<WebSocketRelayTransport {where} {self._current().value}>"
-
-
-def _close_of(ws: ClientConnection) -> tuple[int | None, str | None]:
-    """The close code and reason the peer sent, if any."""
-    received = getattr(ws.protocol, "close_rcvd", None)
-    if received is None:
-        return None, None
-    return received.code, received.reason
