@@ -84,6 +84,11 @@ class Lifecycle(Generic[S]):
     an outgoing move, an unreachable state, or a state with no path to a terminal state.
 
     Instances are immutable and cheap to query from any thread.
+
+    The class is long because it is the one declaration everything else derives from: its
+    checks at construction, the compiled table the stores and live machines consult, the live
+    machines it attaches, and the diagrams drawn from it must never disagree, so they are
+    computed in one place from the same validated fields.
     """
 
     __slots__ = (
