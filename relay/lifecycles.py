@@ -8,8 +8,8 @@ from typing import Any
 from relay.client.dedupe import DEDUPE, UNDELIVERABLE
 from relay.client.lifecycle import TRANSPORT
 from relay.connector.buffer import BUFFER
-from relay.connector.provenance import PROVENANCE
 from relay.connector.connection import CONNECTION
+from relay.connector.provenance import PROVENANCE
 from relay.connector.subscriptions import SUBSCRIPTION
 from statecore.lifecycle import Lifecycle
 
