@@ -60,6 +60,10 @@ class AsyncLedger:
     finish first.  A caller cancelled before the writer reaches its operation has it skipped
     (nothing written); once the writer has started the operation it runs to the end (its
     outcome is then visible in the store).
+
+    The class is long because it mirrors every public method of the ledger, each a few lines
+    that hand the call to the writer or a reader thread; the group commit itself is a few
+    private methods.
     """
 
     def __init__(

@@ -10,42 +10,30 @@ saying why.
 Every state change is one guarded write through the Store (state in the event's sources, the
 row's fence, and the owner where ownership matters), so a zombie process that wakes up after
 its rows were re-claimed cannot settle them.
+
+This module holds :class:`Ledger`, the public face of the ledger, and its settle path; the
+decisions and writes of the sweeps are :mod:`statecore.sweeps`.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
-from statecore.batch import (
-    REFUSALS,
-    BatchStore,
-    Creation,
-    Move,
-    insert_each_sequentially,
-    transition_each_sequentially,
-)
-from statecore.checks import platform_id, require_positive, require_text
+from statecore.batch import Move
+from statecore.batching import batched, distinct_runs, insert_each, transition_each
+from statecore.checks import require_text
 from statecore.clock import Clock, SystemClock
-from statecore.errors import StaleState, StoreError, UnknownEntity
-from statecore.ids import compute_obligation_id
+from statecore.errors import StoreError, UnknownEntity
+from statecore.failures import chosen_kind, first_reconnect_error, stored_kind
 from statecore.lifecycles import OBLIGATION, ObligationState
-from statecore.obligation import (
-    DEFAULT_PROFILE,
-    OBLIGATION_KIND,
-    Claim,
-    Obligation,
-)
-from statecore.ownership import (
-    Incarnation,
-    LivenessCache,
-    ProcessProbe,
-    PsutilProbe,
-    recorded_owner_alive,
-)
+from statecore.obligation import OBLIGATION_KIND, Claim, Obligation
+from statecore.ownership import Incarnation, ProcessProbe, PsutilProbe
 from statecore.policy import ErrorKind, LedgerPolicy
+from statecore.recording import plan_record
 from statecore.store import Audit, Row, Store, TransitionRecord, lt
+from statecore.sweeps import Sweeper
 
 __all__ = ["Ledger"]
 
@@ -53,9 +41,6 @@ _S = ObligationState
 # From the declaration: settled = terminal, owed = every other state.
 _SETTLED = OBLIGATION.terminal
 _OWED = frozenset(OBLIGATION.states) - _SETTLED
-# What a send of this process may be stuck in: recorded but never marked attempting, or marked
-# attempting but never settled.
-_UNSETTLED_SEND = frozenset({ObligationState.PENDING, ObligationState.ATTEMPTING})
 _K = OBLIGATION_KIND
 
 
@@ -66,6 +51,12 @@ class Ledger:
     incarnation (default: this process's) is recorded as the owner of every row this ledger
     records or claims; the probe answers whether other owners are alive.  Safe to use from
     several threads.
+
+    The class is long because it is the ledger's whole public surface, each method stating its
+    full contract, and because the settle path (the guarded move and the fence memory) stays
+    inline here, where each mark costs no extra call; what it delegates has a module of its
+    own: the sweeps (:mod:`statecore.sweeps`), batching (:mod:`statecore.batching`), the record
+    step (:mod:`statecore.recording`) and failure kinds (:mod:`statecore.failures`).
     """
 
     def __init__(
@@ -112,7 +103,11 @@ class Ledger:
         for non-text content or ids and ``ValueError`` for empty session key, platform or chat
         id; nothing is written then.
         """
-        creation = self._creation(
+        creation = plan_record(
+            self.clock,
+            self.policy,
+            self.incarnation,
+            self._owner_label,
             session_key=session_key,
             platform=platform,
             chat_id=chat_id,
@@ -125,63 +120,18 @@ class Ledger:
         )
         return self._recorded(creation.apply(self.store, _K))
 
-    def _creation(
-        self,
-        *,
-        session_key: str,
-        platform: str,
-        chat_id: str | int,
-        content: str,
-        message_ref: str | int | None = None,
-        obligation_id: str | None = None,
-        thread_id: str | int | None = None,
-        reply_to: str | int | None = None,
-        adapter_profile: str | None = None,
-    ) -> Creation:
-        """Check :meth:`record`'s arguments and build the store creation (raises as record)."""
-        require_text("session_key", session_key)
-        require_text("platform", platform)
-        chat = platform_id("chat_id", chat_id, required=True)
-        if not isinstance(content, str):
-            raise TypeError(f"content must be a str, not {type(content).__name__}")
-        profile = DEFAULT_PROFILE if adapter_profile is None else adapter_profile
-        require_text("adapter_profile", profile)
-        if obligation_id is None:
-            obligation_id = compute_obligation_id(session_key, message_ref, content)
-        else:
-            require_text("obligation_id", obligation_id)
-        now = self.clock.now()
-        me = self.incarnation
-        values = {
-            "session_key": session_key,
-            "platform": platform,
-            "chat_id": chat,
-            "thread_id": platform_id("thread_id", thread_id),
-            "reply_to": platform_id("reply_to", reply_to),
-            "content": content,
-            "attempts": 0,
-            "created_at": now,
-            "updated_at": now,
-            "owner_host": me.host,
-            "owner_pid": me.pid,
-            "owner_started_at": me.started_at,
-            "owner_token": me.token,
-            "lease_expires_at": now + self.policy.lease_s,
-            "adapter_profile": profile,
-        }
-        return Creation(obligation_id, values, "record", Audit(now, self._owner_label, 0))
-
     def _record_each(self, requests: Sequence[Mapping[str, Any]]) -> list[Obligation | Exception]:
         """:meth:`record` for each keyword set, in one store batch (group commit); each
         outcome is the obligation or the refusal that record would have raised."""
         store = self.store
-
-        def write(creations: list[Creation]) -> list[tuple[Row[ObligationState], bool] | Exception]:
-            if isinstance(store, BatchStore):
-                return store.insert_each(_K, creations)
-            return insert_each_sequentially(store, _K, creations)
-
-        return _batched(requests, lambda request: self._creation(**request), write, self._recorded)
+        return batched(
+            requests,
+            lambda request: plan_record(
+                self.clock, self.policy, self.incarnation, self._owner_label, **request
+            ),
+            lambda creations: insert_each(store, _K, creations),
+            self._recorded,
+        )
 
     def _recorded(self, written: tuple[Row[ObligationState], bool]) -> Obligation:
         row, created = written
@@ -230,7 +180,7 @@ class Ledger:
         """
         if not isinstance(error, str):
             raise TypeError(f"error must be a str, not {type(error).__name__}")
-        kind = self._kind(error, kind)
+        kind = chosen_kind(self.policy, error, kind)
         if ambiguous and kind is ErrorKind.RECONNECT:
             kind = ErrorKind.TRANSIENT
         row = self._row(obligation_id)
@@ -264,10 +214,12 @@ class Ledger:
         row = self._row(obligation_id)
         kept = row["last_error"]
         if kept is None:
-            kept = error if error is not None else _first(self.policy.reconnect_errors)
-            found = self._kind(kept, kind if error is not None else ErrorKind.RECONNECT)
+            kept = error if error is not None else first_reconnect_error(self.policy)
+            found = chosen_kind(
+                self.policy, kept, kind if error is not None else ErrorKind.RECONNECT
+            )
         else:
-            found = self._stored_kind(row)
+            found = stored_kind(self.policy, row)
         attempts = max(0, row["attempts"] - 1)
         return self._settle(
             obligation_id,
@@ -282,25 +234,6 @@ class Ledger:
             reason="released unsent",
             attempts=attempts,
         )
-
-    def _kind(self, error: str, kind: ErrorKind | None) -> ErrorKind:
-        """The adapter's kind when it gave one, else the policy's reading of the text."""
-        if kind is None:
-            return self.policy.classify(error)
-        if not isinstance(kind, ErrorKind):
-            raise TypeError(f"kind must be an ErrorKind or None, not {type(kind).__name__}")
-        return kind
-
-    def _stored_kind(self, row: Row[ObligationState]) -> ErrorKind:
-        """The kind stored with a failed row; rows written without one (older rows, rows
-        failed by other writers) are classified from their error text."""
-        stored = row["error_kind"]
-        if stored is not None:
-            try:
-                return ErrorKind(stored)
-            except ValueError:
-                pass  # an unknown kind: read the text instead
-        return self.policy.classify(row["last_error"])
 
     # -- sweeps ------------------------------------------------------------------------------
 
@@ -320,46 +253,11 @@ class Ledger:
         or had been claimed before.  Rows of live owners are never touched, so a second sweep
         in the same process claims nothing.  Next: send each claim, then settle or release it.
         """
-        when = self.clock.now() if now is None else now
-        platforms = None if deliverable_platforms is None else frozenset(deliverable_platforms)
-        targets = None if deliverable_targets is None else frozenset(deliverable_targets)
-        liveness = LivenessCache(self.probe)
-        claims: list[Claim] = []
-        candidates = self.store.select(_K, states=_OWED, order_by="created_at")
-        for chunk in _chunks(candidates, self.policy.sweep_chunk):
-            # Rows that differ only in id are claimed by one bulk transition (a crash leaves
-            # many rows of one owner at the same fence and attempt count).
-            groups: dict[tuple[Any, ...], list[Row[ObligationState]]] = {}
-            with self.store.atomic():
-                for row in chunk:
-                    if self._owner_alive(row, liveness, when):
-                        continue
-                    if self._over_budget_or_stale(row, when):
-                        self._abandon(row, when)
-                        continue
-                    profile = row["adapter_profile"] or DEFAULT_PROFILE
-                    if platforms is not None and row["platform"] not in platforms:
-                        continue
-                    if targets is not None and (row["platform"], profile) not in targets:
-                        continue
-                    key = (row["owner_token"], row.fence, row["attempts"], row.state)
-                    groups.setdefault(key, []).append(row)
-                claimed: dict[str, Claim] = {}
-                for (token, fence, attempts, state), rows in groups.items():
-                    needs_marker = state is not _S.PENDING or attempts > 0
-                    for claim in self._claim_all(
-                        rows,
-                        token=token,
-                        fence=fence,
-                        attempts=attempts,
-                        now=when,
-                        needs_marker=needs_marker,
-                        reason="recovered",
-                    ):
-                        claimed[claim.obligation_id] = claim
-            # In the order the rows were found (oldest first), whatever their group.
-            claims.extend(claimed[row.id] for row in chunk if row.id in claimed)
-        return claims
+        return self._sweeper().recoverable(
+            deliverable_platforms=deliverable_platforms,
+            deliverable_targets=deliverable_targets,
+            now=now,
+        )
 
     def sweep_failed_for_runtime(
         self,
@@ -377,45 +275,7 @@ class Ledger:
         transient and rate-limit errors once their backoff passed.  Claims carry
         ``needs_marker=True`` with reason ``"reconnected"`` or ``"rate_limited"``.
         """
-        require_text("platform", platform)
-        wanted = DEFAULT_PROFILE if profile is None else profile
-        me = self.incarnation
-        if me.started_at is None:
-            return []
-        when = self.clock.now() if now is None else now
-        claims: list[Claim] = []
-        rows = self.store.select(
-            _K,
-            states=(_S.FAILED,),
-            where={
-                "platform": platform,
-                "adapter_profile": wanted,
-                "owner_pid": me.pid,
-                "owner_started_at": me.started_at,
-            },
-            order_by="created_at",
-        )
-        for chunk in _chunks(rows, self.policy.sweep_chunk):
-            with self.store.atomic():
-                for row in chunk:
-                    # pid and start time were matched by the select; the host is checked here.
-                    if row["owner_host"] not in (None, me.host):
-                        continue
-                    if self._over_budget_or_stale(row, when):
-                        self._abandon(row, when)
-                        continue
-                    kind = self._stored_kind(row)
-                    if kind is ErrorKind.PERMANENT:
-                        continue
-                    if kind is not ErrorKind.RECONNECT:
-                        due = row["next_attempt_at"]
-                        if due is None or due > when:
-                            continue
-                    reason = "rate_limited" if kind is ErrorKind.RATE_LIMITED else "reconnected"
-                    claim = self._claim(row, when, True, reason)
-                    if claim is not None:
-                        claims.append(claim)
-        return claims
+        return self._sweeper().failed_for_runtime(platform, profile=profile, now=now)
 
     def sweep_stuck_own(
         self,
@@ -443,42 +303,43 @@ class Ledger:
         ``older_than_s`` that is not a positive finite number, ``StoreError`` when the store
         fails (nothing of the failed transaction is claimed).
         """
-        require_positive("older_than_s", older_than_s)
-        when = self.clock.now() if now is None else now
-        skip = frozenset(exclude)
-        targets = None if deliverable_targets is None else frozenset(deliverable_targets)
-        claims: list[Claim] = []
-        rows = self._stuck_rows(older_than_s, when)
-        for chunk in _chunks(rows, self.policy.sweep_chunk):
-            with self.store.atomic():
-                for row in chunk:
-                    if row.id in skip:
-                        continue
-                    if self._over_budget_or_stale(row, when):
-                        self._abandon(row, when)
-                        continue
-                    profile = row["adapter_profile"] or DEFAULT_PROFILE
-                    if targets is not None and (row["platform"], profile) not in targets:
-                        continue
-                    needs_marker = row.state is not _S.PENDING or row["attempts"] > 0
-                    claim = self._claim(row, when, needs_marker, "stuck", why="stuck")
-                    if claim is not None:
-                        claims.append(claim)
-        return claims
+        return self._sweeper().stuck_own(
+            older_than_s=older_than_s,
+            exclude=exclude,
+            deliverable_targets=deliverable_targets,
+            now=now,
+        )
 
     def _stuck_rows(self, older_than_s: float, now: float) -> list[Row[ObligationState]]:
         """The candidates of :meth:`sweep_stuck_own` (a plain read), oldest first: this
         incarnation's pending and attempting rows not updated for ``older_than_s``."""
-        me = self.incarnation
-        return self.store.select(
-            _K,
-            states=_UNSETTLED_SEND,
-            where={
-                "owner_pid": me.pid,
-                "owner_token": me.token,
-                "updated_at": lt(now - older_than_s),
-            },
-            order_by="created_at",
+        return self._sweeper().stuck_rows(older_than_s, now)
+
+    def _claim(
+        self,
+        row: Row[ObligationState],
+        now: float,
+        needs_marker: bool,
+        reason: str | None,
+        *,
+        why: str = "owner dead",
+    ) -> Claim | None:
+        """Claim one row under the fence it was read with; None when another sweeper won it
+        (exactly one claim per row)."""
+        return self._sweeper().claim(row, now, needs_marker, reason, why=why)
+
+    def _sweeper(self) -> Sweeper:
+        """The sweeps over this ledger's collaborators as they are now; the claims and
+        abandonments they write keep this ledger's fence memory in step."""
+        return Sweeper(
+            self.store,
+            self.policy,
+            self.probe,
+            self.incarnation,
+            self.clock,
+            owner_label=self._owner_label,
+            remember=self._remember,
+            forget=self._forget,
         )
 
     def prune(self, *, now: float | None = None) -> int:
@@ -605,128 +466,18 @@ class Ledger:
         id is fenced by what its earlier write left, exactly as one call after the other.
         """
         outcomes: list[Obligation | Exception] = []
-        start = 0
-        while start < len(requests):
-            seen: set[str] = set()
-            end = start
-            while end < len(requests) and requests[end][0] not in seen:
-                seen.add(requests[end][0])
-                end += 1
-            outcomes.extend(self._settle_run(requests[start:end]))
-            start = end
+        for run in distinct_runs(requests, lambda request: request[0]):
+            outcomes.extend(self._settle_run(run))
         return outcomes
 
     def _settle_run(self, requests: Sequence[tuple[str, str]]) -> list[Obligation | Exception]:
         store = self.store
-
-        def write(moves: list[Move]) -> list[Row[ObligationState] | Exception]:
-            if isinstance(store, BatchStore):
-                return store.transition_each(_K, moves)
-            return transition_each_sequentially(store, _K, moves)
-
-        return _batched(requests, lambda r: self._move(r[0], r[1], {}), write, self._settled)
-
-    def _claim(
-        self,
-        row: Row[ObligationState],
-        now: float,
-        needs_marker: bool,
-        reason: str | None,
-        *,
-        why: str = "owner dead",
-    ) -> Claim | None:
-        """Claim one row under the fence it was read with; None when another sweeper won it
-        (exactly one claim per row)."""
-        claims = self._claim_all(
-            [row],
-            token=row["owner_token"],
-            fence=row.fence,
-            attempts=row["attempts"],
-            now=now,
-            needs_marker=needs_marker,
-            reason=reason or "",
-            why=why,
+        return batched(
+            requests,
+            lambda r: self._move(r[0], r[1], {}),
+            lambda moves: transition_each(store, _K, moves),
+            self._settled,
         )
-        return claims[0] if claims else None
-
-    def _claim_all(
-        self,
-        rows: list[Row[ObligationState]],
-        *,
-        token: str | None,
-        fence: int,
-        attempts: int,
-        now: float,
-        needs_marker: bool,
-        reason: str,
-        why: str = "owner dead",
-    ) -> list[Claim]:
-        """Claim rows that share their owner token, fence and attempt count in one guarded bulk
-        transition: exactly as strict as claiming each under its own fence (a row that changed
-        since it was read, or that another sweeper claimed first, is skipped).  The audit entry
-        gives the label, or ``why`` for a plain claim."""
-        me = self.incarnation
-        label = reason if needs_marker else None
-        claimed = self.store.transition_many(
-            _K,
-            [row.id for row in rows],
-            "claim",
-            audit=Audit(now, self._owner_label, attempts + 1, label or why),
-            expect={"owner_token": token, "fence": fence, "attempts": attempts},
-            changes={
-                "updated_at": now,
-                "owner_host": me.host,
-                "owner_pid": me.pid,
-                "owner_started_at": me.started_at,
-                "owner_token": me.token,
-                "lease_expires_at": now + self.policy.lease_s,
-                "next_attempt_at": None,
-            },
-            increments={"attempts": 1},
-        )
-        claims = []
-        for row in claimed:
-            self._remember(row)
-            claims.append(
-                Claim(
-                    Obligation.from_row(row),
-                    needs_marker,
-                    label,
-                    row["attempts"],
-                    row["adapter_profile"] or DEFAULT_PROFILE,
-                )
-            )
-        return claims
-
-    def _abandon(self, row: Row[ObligationState], now: float) -> None:
-        over = row["attempts"] >= self.policy.max_attempts
-        reason = (
-            f"attempt budget spent ({row['attempts']}/{self.policy.max_attempts})"
-            if over
-            else f"stale: older than {self.policy.stale_after:g} s"
-        )
-        try:
-            self.store.transition(
-                _K,
-                row.id,
-                "abandon",
-                audit=Audit(now, self._owner_label, row["attempts"], reason),
-                fence=row.fence,
-                changes={"updated_at": now},
-            )
-        except StaleState:
-            return
-        with self._fence_lock:
-            self._fences.pop(row.id, None)
-
-    def _over_budget_or_stale(self, row: Row[ObligationState], now: float) -> bool:
-        return bool(
-            row["attempts"] >= self.policy.max_attempts
-            or now - row["created_at"] > self.policy.stale_after
-        )
-
-    def _owner_alive(self, row: Row[ObligationState], liveness: LivenessCache, now: float) -> bool:
-        return recorded_owner_alive(row.values, self.incarnation, liveness, now)
 
     def _remember(self, row: Row[ObligationState]) -> None:
         with self._fence_lock:
@@ -735,45 +486,7 @@ class Ledger:
             else:
                 self._fences[row.id] = (row.fence, row["attempts"])
 
-
-_PENDING = StoreError("no outcome yet")
-"""Holds a batch item's place until the store's outcome for it is filled in."""
-
-_In = TypeVar("_In")
-_Req = TypeVar("_Req")
-_Out = TypeVar("_Out")
-
-
-def _batched(
-    requests: Iterable[_In],
-    prepare: Callable[[_In], _Req],
-    write: Callable[[list[_Req]], Sequence[_Out | Exception]],
-    keep: Callable[[_Out], Obligation],
-) -> list[Obligation | Exception]:
-    """Prepare every request (a refusal is its outcome), write the prepared ones as one store
-    batch, and turn each written result into its obligation -- outcomes in request order."""
-    outcomes: list[Obligation | Exception] = []
-    prepared: list[_Req] = []
-    slots: list[int] = []
-    for request in requests:
-        try:
-            item = prepare(request)
-        except REFUSALS as exc:
-            outcomes.append(exc)
-            continue
-        slots.append(len(outcomes))
-        outcomes.append(_PENDING)
-        prepared.append(item)
-    for slot, result in zip(slots, write(prepared), strict=True):
-        outcomes[slot] = result if isinstance(result, Exception) else keep(result)
-    return outcomes
-
-
-def _first(values: frozenset[str]) -> str:
-    return min(values) if values else "send_path_degraded"
-
-
-def _chunks(rows: list[Row[ObligationState]], size: int) -> Iterable[list[Row[ObligationState]]]:
-    step = max(1, size)
-    for start in range(0, len(rows), step):
-        yield rows[start : start + step]
+    def _forget(self, obligation_id: str) -> None:
+        """Drop the fence remembered for one row (it was abandoned)."""
+        with self._fence_lock:
+            self._fences.pop(obligation_id, None)

@@ -1,0 +1,327 @@
+"""The ledger's sweeps: which owed rows to claim for a resend, and which to abandon.
+
+Three sweeps find owed rows nothing is sending any more: :meth:`Sweeper.recoverable` (rows
+whose owner is dead, at startup), :meth:`Sweeper.failed_for_runtime` (this incarnation's own
+retryable failures, once due) and :meth:`Sweeper.stuck_own` (this incarnation's own sends that
+a failed store write left pending or attempting).  Rows past their budget or age are abandoned,
+visibly, with the reason in their history.  Every claim and abandonment is one guarded write
+under the fence the row was read with, so of several sweepers exactly one wins each row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from typing import Any
+
+from statecore.batching import chunks
+from statecore.checks import require_positive, require_text
+from statecore.clock import Clock
+from statecore.errors import StaleState
+from statecore.failures import stored_kind
+from statecore.lifecycles import OBLIGATION, ObligationState
+from statecore.obligation import DEFAULT_PROFILE, OBLIGATION_KIND, Claim, Obligation
+from statecore.ownership import Incarnation, LivenessCache, ProcessProbe, recorded_owner_alive
+from statecore.policy import ErrorKind, LedgerPolicy
+from statecore.store import Audit, Row, Store, lt
+
+__all__ = ["Sweeper"]
+
+_S = ObligationState
+_K = OBLIGATION_KIND
+_OWED = frozenset(OBLIGATION.states) - OBLIGATION.terminal
+# What a send of this process may be stuck in: recorded but never marked attempting, or marked
+# attempting but never settled.
+_UNSETTLED_SEND = frozenset({ObligationState.PENDING, ObligationState.ATTEMPTING})
+
+
+class Sweeper:
+    """The sweeps of one ledger, over its collaborators, given explicitly.
+
+    ``Sweeper(store, policy, probe, incarnation, clock, *, owner_label, remember, forget)``:
+    claims are written under ``incarnation`` (audited as ``owner_label``), other owners are
+    probed with ``probe``, budgets and ages come from ``policy`` and the time from ``clock``
+    unless a sweep is given ``now``.  ``remember`` is called with every row claimed and
+    ``forget`` with the id of every row abandoned, so the ledger's fence memory follows.
+    Each sweep is documented in full on the :class:`~statecore.Ledger` method it implements.
+    """
+
+    __slots__ = (
+        "_clock",
+        "_forget",
+        "_incarnation",
+        "_label",
+        "_policy",
+        "_probe",
+        "_remember",
+        "_store",
+    )
+
+    def __init__(
+        self,
+        store: Store,
+        policy: LedgerPolicy,
+        probe: ProcessProbe,
+        incarnation: Incarnation,
+        clock: Clock,
+        *,
+        owner_label: str,
+        remember: Callable[[Row[ObligationState]], None],
+        forget: Callable[[str], None],
+    ) -> None:
+        self._store = store
+        self._policy = policy
+        self._probe = probe
+        self._incarnation = incarnation
+        self._clock = clock
+        self._label = owner_label
+        self._remember = remember
+        self._forget = forget
+
+    # -- the sweeps --------------------------------------------------------------------------
+
+    def recoverable(
+        self,
+        *,
+        deliverable_platforms: Collection[str] | None = None,
+        deliverable_targets: Collection[tuple[str, str]] | None = None,
+        now: float | None = None,
+    ) -> list[Claim]:
+        """Claim owed rows whose owner is dead (``Ledger.sweep_recoverable``)."""
+        when = self._clock.now() if now is None else now
+        platforms = None if deliverable_platforms is None else frozenset(deliverable_platforms)
+        targets = None if deliverable_targets is None else frozenset(deliverable_targets)
+        store = self._store
+        liveness = LivenessCache(self._probe)
+        claims: list[Claim] = []
+        candidates = store.select(_K, states=_OWED, order_by="created_at")
+        for chunk in chunks(candidates, self._policy.sweep_chunk):
+            # Rows that differ only in id are claimed by one bulk transition (a crash leaves
+            # many rows of one owner at the same fence and attempt count).
+            groups: dict[tuple[Any, ...], list[Row[ObligationState]]] = {}
+            with store.atomic():
+                for row in chunk:
+                    if recorded_owner_alive(row.values, self._incarnation, liveness, when):
+                        continue
+                    if self._over_budget_or_stale(row, when):
+                        self._abandon(row, when)
+                        continue
+                    profile = row["adapter_profile"] or DEFAULT_PROFILE
+                    if platforms is not None and row["platform"] not in platforms:
+                        continue
+                    if targets is not None and (row["platform"], profile) not in targets:
+                        continue
+                    key = (row["owner_token"], row.fence, row["attempts"], row.state)
+                    groups.setdefault(key, []).append(row)
+                claimed: dict[str, Claim] = {}
+                for (token, fence, attempts, state), rows in groups.items():
+                    needs_marker = state is not _S.PENDING or attempts > 0
+                    for claim in self._claim_all(
+                        rows,
+                        token=token,
+                        fence=fence,
+                        attempts=attempts,
+                        now=when,
+                        needs_marker=needs_marker,
+                        reason="recovered",
+                    ):
+                        claimed[claim.obligation_id] = claim
+            # In the order the rows were found (oldest first), whatever their group.
+            claims.extend(claimed[row.id] for row in chunk if row.id in claimed)
+        return claims
+
+    def failed_for_runtime(
+        self, platform: str, *, profile: str | None = None, now: float | None = None
+    ) -> list[Claim]:
+        """Re-claim this incarnation's own retryable failures on ``platform``
+        (``Ledger.sweep_failed_for_runtime``)."""
+        require_text("platform", platform)
+        wanted = DEFAULT_PROFILE if profile is None else profile
+        me = self._incarnation
+        if me.started_at is None:
+            return []
+        when = self._clock.now() if now is None else now
+        store = self._store
+        claims: list[Claim] = []
+        rows = store.select(
+            _K,
+            states=(_S.FAILED,),
+            where={
+                "platform": platform,
+                "adapter_profile": wanted,
+                "owner_pid": me.pid,
+                "owner_started_at": me.started_at,
+            },
+            order_by="created_at",
+        )
+        for chunk in chunks(rows, self._policy.sweep_chunk):
+            with store.atomic():
+                for row in chunk:
+                    # pid and start time were matched by the select; the host is checked here.
+                    if row["owner_host"] not in (None, me.host):
+                        continue
+                    if self._over_budget_or_stale(row, when):
+                        self._abandon(row, when)
+                        continue
+                    kind = stored_kind(self._policy, row)
+                    if kind is ErrorKind.PERMANENT:
+                        continue
+                    if kind is not ErrorKind.RECONNECT:
+                        due = row["next_attempt_at"]
+                        if due is None or due > when:
+                            continue
+                    reason = "rate_limited" if kind is ErrorKind.RATE_LIMITED else "reconnected"
+                    claim = self.claim(row, when, True, reason)
+                    if claim is not None:
+                        claims.append(claim)
+        return claims
+
+    def stuck_own(
+        self,
+        *,
+        older_than_s: float,
+        exclude: Collection[str] = frozenset(),
+        deliverable_targets: Collection[tuple[str, str]] | None = None,
+        now: float | None = None,
+    ) -> list[Claim]:
+        """Re-claim this incarnation's own sends that are stuck (``Ledger.sweep_stuck_own``)."""
+        require_positive("older_than_s", older_than_s)
+        when = self._clock.now() if now is None else now
+        skip = frozenset(exclude)
+        targets = None if deliverable_targets is None else frozenset(deliverable_targets)
+        claims: list[Claim] = []
+        rows = self.stuck_rows(older_than_s, when)
+        for chunk in chunks(rows, self._policy.sweep_chunk):
+            with self._store.atomic():
+                for row in chunk:
+                    if row.id in skip:
+                        continue
+                    if self._over_budget_or_stale(row, when):
+                        self._abandon(row, when)
+                        continue
+                    profile = row["adapter_profile"] or DEFAULT_PROFILE
+                    if targets is not None and (row["platform"], profile) not in targets:
+                        continue
+                    needs_marker = row.state is not _S.PENDING or row["attempts"] > 0
+                    claim = self.claim(row, when, needs_marker, "stuck", why="stuck")
+                    if claim is not None:
+                        claims.append(claim)
+        return claims
+
+    def stuck_rows(self, older_than_s: float, now: float) -> list[Row[ObligationState]]:
+        """The candidates of :meth:`stuck_own` (a plain read), oldest first: this
+        incarnation's pending and attempting rows not updated for ``older_than_s``."""
+        me = self._incarnation
+        return self._store.select(
+            _K,
+            states=_UNSETTLED_SEND,
+            where={
+                "owner_pid": me.pid,
+                "owner_token": me.token,
+                "updated_at": lt(now - older_than_s),
+            },
+            order_by="created_at",
+        )
+
+    # -- claims and abandonment --------------------------------------------------------------
+
+    def claim(
+        self,
+        row: Row[ObligationState],
+        now: float,
+        needs_marker: bool,
+        reason: str | None,
+        *,
+        why: str = "owner dead",
+    ) -> Claim | None:
+        """Claim one row under the fence it was read with; None when another sweeper won it
+        (exactly one claim per row)."""
+        claims = self._claim_all(
+            [row],
+            token=row["owner_token"],
+            fence=row.fence,
+            attempts=row["attempts"],
+            now=now,
+            needs_marker=needs_marker,
+            reason=reason or "",
+            why=why,
+        )
+        return claims[0] if claims else None
+
+    def _claim_all(
+        self,
+        rows: list[Row[ObligationState]],
+        *,
+        token: str | None,
+        fence: int,
+        attempts: int,
+        now: float,
+        needs_marker: bool,
+        reason: str,
+        why: str = "owner dead",
+    ) -> list[Claim]:
+        """Claim rows that share their owner token, fence and attempt count in one guarded bulk
+        transition: exactly as strict as claiming each under its own fence (a row that changed
+        since it was read, or that another sweeper claimed first, is skipped).  The audit entry
+        gives the label, or ``why`` for a plain claim."""
+        me = self._incarnation
+        label = reason if needs_marker else None
+        claimed = self._store.transition_many(
+            _K,
+            [row.id for row in rows],
+            "claim",
+            audit=Audit(now, self._label, attempts + 1, label or why),
+            expect={"owner_token": token, "fence": fence, "attempts": attempts},
+            changes={
+                "updated_at": now,
+                "owner_host": me.host,
+                "owner_pid": me.pid,
+                "owner_started_at": me.started_at,
+                "owner_token": me.token,
+                "lease_expires_at": now + self._policy.lease_s,
+                "next_attempt_at": None,
+            },
+            increments={"attempts": 1},
+        )
+        claims = []
+        for row in claimed:
+            self._remember(row)
+            claims.append(
+                Claim(
+                    Obligation.from_row(row),
+                    needs_marker,
+                    label,
+                    row["attempts"],
+                    row["adapter_profile"] or DEFAULT_PROFILE,
+                )
+            )
+        return claims
+
+    def _abandon(self, row: Row[ObligationState], now: float) -> None:
+        """Abandon the row under the fence it was read with, saying why in its history; a row
+        that changed since (another sweeper got there first) is left alone."""
+        policy = self._policy
+        over = row["attempts"] >= policy.max_attempts
+        reason = (
+            f"attempt budget spent ({row['attempts']}/{policy.max_attempts})"
+            if over
+            else f"stale: older than {policy.stale_after:g} s"
+        )
+        try:
+            self._store.transition(
+                _K,
+                row.id,
+                "abandon",
+                audit=Audit(now, self._label, row["attempts"], reason),
+                fence=row.fence,
+                changes={"updated_at": now},
+            )
+        except StaleState:
+            return
+        self._forget(row.id)
+
+    def _over_budget_or_stale(self, row: Row[ObligationState], now: float) -> bool:
+        """Whether the row spent its attempt budget or outlived the policy's age limit."""
+        return bool(
+            row["attempts"] >= self._policy.max_attempts
+            or now - row["created_at"] > self._policy.stale_after
+        )
