@@ -339,7 +339,7 @@ def test_one_connection_per_thread_reused_across_calls(
     ledger = ledger_on(store)
     for n in range(5):
         record(ledger, f"main-{n}")
-    assert len(store._connections) == 1
+    assert len(store._db.opened) == 1
     mine = store._conn()
 
     def worker() -> sqlite3.Connection:
@@ -355,9 +355,9 @@ def test_one_connection_per_thread_reused_across_calls(
     assert error is None
     for n in range(5):
         ledger.mark_attempting(f"main-{n}")
-    assert len(store._connections) == 2
-    assert store._connections.count(mine) == 1
-    assert store._connections.count(theirs) == 1
+    assert len(store._db.opened) == 2
+    assert store._db.opened.count(mine) == 1
+    assert store._db.opened.count(theirs) == 1
     assert theirs is not mine
     assert store._conn() is mine
     assert store.count(OBLIGATION_KIND, states=[S.ATTEMPTING]) == 10

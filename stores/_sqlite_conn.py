@@ -1,0 +1,192 @@
+"""Connections and transactions of the SQLite store.
+
+One long-lived connection per thread, never one per call: opening and setting up a connection
+costs many times the statements of a call, and closing the last one checkpoints the WAL.  Each
+is opened in WAL mode with the store's ``synchronous`` level and busy timeout.  Writes run in
+``BEGIN IMMEDIATE`` transactions, nested blocks in savepoints, and a driver error anywhere is
+translated to :class:`~statecore.errors.StoreError` naming the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import stores._sqlite_sql as sql
+from statecore.errors import StatecoreError, StoreError
+
+__all__ = ["Connections", "Txn", "check_header"]
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def check_header(path: str) -> None:
+    """Refuse a file that exists, is non-empty and is not a SQLite database, or a path whose
+    directory does not exist (``StoreError`` naming the path)."""
+    try:
+        with open(path, "rb") as fh:
+            header = fh.read(len(_SQLITE_MAGIC))
+    except FileNotFoundError:
+        parent = Path(path).parent
+        if not parent.is_dir():
+            raise StoreError(f"{path}: directory {parent} does not exist") from None
+        return
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read: {exc}") from exc
+    if header and header != _SQLITE_MAGIC:
+        raise StoreError(f"{path}: not a SQLite database")
+
+
+class _Local(threading.local):
+    conn: sqlite3.Connection | None = None
+    depth = 0
+
+
+class Connections:
+    """The connections of one store to its file: one per thread, opened on first use and all
+    closed by :meth:`close`; and the translation of driver errors into ``StoreError``."""
+
+    def __init__(self, path: str, synchronous: str, busy_ms: int) -> None:
+        self.path = path
+        self.synchronous = synchronous
+        self.busy_ms = busy_ms
+        self.local = _Local()
+        self.closed = False
+        self._lock = threading.Lock()
+        self._connections: list[sqlite3.Connection] = []
+
+    def conn(self) -> sqlite3.Connection:
+        """The calling thread's connection (opened now if it has none); ``StoreError`` once the
+        store is closed."""
+        conn = self.local.conn
+        if conn is not None:
+            return conn
+        conn = sqlite3.connect(
+            self.path,
+            timeout=self.busy_ms / 1000,
+            isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
+            check_same_thread=False,  # only so close() may close every thread's connection
+            cached_statements=256,
+        )
+        try:
+            conn.execute(sql.busy_timeout_sql(self.busy_ms))
+            mode = conn.execute(sql.JOURNAL_WAL).fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(f"{self.path}: cannot use WAL journaling (got {mode!r})")
+            conn.execute(sql.synchronous_sql(self.synchronous))
+            conn.execute(sql.FOREIGN_KEYS_ON)
+        except BaseException:
+            conn.close()
+            raise
+        with self._lock:
+            if self.closed:
+                conn.close()
+                raise StoreError(f"{self.path}: the store is closed")
+            self._connections.append(conn)
+        self.local.conn = conn
+        return conn
+
+    @contextmanager
+    def guard(self, what: str) -> Iterator[None]:
+        """Translate driver errors into StoreError naming the path; let ours through."""
+        try:
+            yield
+        except StatecoreError:
+            raise
+        except (sqlite3.Error, OSError) as exc:
+            raise self.error(exc, what) from exc
+
+    def error(self, exc: BaseException, what: str) -> StoreError:
+        """The StoreError for a driver failure during ``what`` (chain it with ``from``)."""
+        message = str(exc)
+        if "not a database" in message or "malformed" in message:
+            return StoreError(f"{self.path}: not a usable SQLite database ({message})")
+        if "locked" in message or "busy" in message:
+            return StoreError(
+                f"{self.path}: database locked for longer than the busy timeout "
+                f"({self.busy_ms} ms) during {what}"
+            )
+        return StoreError(f"{self.path}: {what} failed: {message}")
+
+    @property
+    def opened(self) -> tuple[sqlite3.Connection, ...]:
+        """The connections open now, one per thread that has used the store."""
+        with self._lock:
+            return tuple(self._connections)
+
+    def close(self) -> None:
+        """Close every thread's connection; later uses raise ``StoreError``.  Idempotent."""
+        with self._lock:
+            self.closed = True
+            connections, self._connections = self._connections, []
+        for conn in connections:
+            with contextlib.suppress(sqlite3.Error):  # closing is best effort
+                conn.close()
+        self.local = _Local()
+
+
+class Txn:
+    """One (possibly nested) transaction on the calling thread's connection.
+
+    A plain class rather than a generator context manager: it sits on every write's hot path.
+    Driver errors anywhere inside are translated to StoreError after the rollback.  With
+    ``savepoint=False`` a nested use adds nothing to the enclosing transaction: a single
+    guarded write either matches (and writes) or changes nothing, and a driver error fails the
+    enclosing block anyway.
+    """
+
+    __slots__ = ("conn", "db", "depth", "joined", "savepoint", "what")
+
+    def __init__(self, db: Connections, what: str, *, savepoint: bool = True) -> None:
+        self.db = db
+        self.what = what
+        self.savepoint = savepoint
+
+    def __enter__(self) -> None:
+        db = self.db
+        local = db.local
+        try:
+            conn = local.conn or db.conn()
+            depth = local.depth
+            self.joined = depth > 0 and not self.savepoint
+            if not self.joined:
+                conn.execute(sql.BEGIN if depth == 0 else sql.savepoint_sql(depth))
+        except sqlite3.Error as exc:
+            raise db.error(exc, f"{self.what} (begin)") from exc
+        self.conn, self.depth = conn, depth
+        if not self.joined:
+            local.depth = depth + 1
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        db, conn, depth = self.db, self.conn, self.depth
+        if self.joined:
+            if isinstance(exc, sqlite3.Error | OSError):
+                raise db.error(exc, self.what) from exc
+            return
+        db.local.depth = depth
+        if kind is None:
+            try:
+                conn.execute(sql.COMMIT if depth == 0 else sql.release_sql(depth))
+                return
+            except sqlite3.Error as error:
+                self._rollback()
+                raise db.error(error, f"{self.what} (commit)") from error
+        self._rollback()
+        if isinstance(exc, sqlite3.Error | OSError):
+            raise db.error(exc, self.what) from exc
+
+    def _rollback(self) -> None:
+        conn, depth = self.conn, self.depth
+        with contextlib.suppress(sqlite3.Error):
+            if depth == 0:
+                if conn.in_transaction:
+                    conn.execute(sql.ROLLBACK)
+            else:
+                conn.execute(sql.rollback_to_sql(depth))
+                conn.execute(sql.release_sql(depth))

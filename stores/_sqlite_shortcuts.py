@@ -1,0 +1,312 @@
+"""The SQLite store's speed shortcuts, all in one place: what it does faster than the plain path.
+
+Every shortcut here is an optimisation only; each admits exactly what the plain path would and
+writes exactly what it would:
+
+* :class:`CompiledKind` -- a kind's statement texts, built once at ``register()`` and then by
+  shape, and its row decoder (by column position, without a second check of values the store
+  already checked).
+* :class:`FastUpdate` -- a transition shape learned from its first full plan: a later call of
+  the same shape with plain values binds them directly instead of planning again.
+* :class:`Step`, :func:`distinct_runs`, :func:`pieces` -- a batch of moves or creations cut into
+  runs of one shape on distinct entities, each run into a few multi-row statements whose texts
+  repeat (and so stay in the driver's statement cache).
+
+No SQL is written here: every text comes from ``stores._sqlite_sql``, whose output is pinned by
+golden files.  Nothing here touches a connection either.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from enum import Enum
+from typing import Any, TypeVar
+
+import stores._sqlite_sql as sql
+from statecore.batch import Move
+from statecore.entity import EntityKind
+from statecore.errors import StoreError
+from statecore.store import Row, TransitionPlan, Where, plan_transition
+from statecore.trusted import trusted_constructor
+
+__all__ = [
+    "BATCH_PIECE",
+    "CompiledKind",
+    "FastUpdate",
+    "Step",
+    "distinct_runs",
+    "fast_key",
+    "learn",
+    "new_row",
+    "pieces",
+]
+
+_T = TypeVar("_T")
+
+BATCH_PIECE = 64
+"""Rows per multi-row statement of a batch (parameters stay well under any SQLite limit)."""
+
+new_row = trusted_constructor(Row)
+"""Builds a Row without checking it again: for values the store has just checked or decoded."""
+
+
+class CompiledKind:
+    """One registered kind's statement texts and row decoder, built once at register(); texts
+    that depend on a plan's shape are built on first use and kept."""
+
+    __slots__ = (
+        "column_values",
+        "columns",
+        "decoders",
+        "fast",
+        "get_sql",
+        "insert_sql",
+        "kind",
+        "select_cols",
+        "states",
+        "texts",
+    )
+
+    def __init__(self, kind: EntityKind[Any]) -> None:
+        self.kind = kind
+        self.columns = tuple(f.name for f in kind.fields)
+        self.select_cols = sql.select_cols(kind)
+        self.states: dict[str, Enum] = {s.value: s for s in kind.lifecycle.states}
+        self.get_sql = sql.get_sql(kind)
+        self.insert_sql = sql.insert_sql(kind)
+        # The declared fields' values of a checked mapping, in column order (itemgetter runs in
+        # C; one field needs a tuple of its own).
+        self.column_values: Callable[[Mapping[str, object]], tuple[Any, ...]] = (
+            operator.itemgetter(*self.columns)
+            if len(self.columns) > 1
+            else lambda values: tuple(values[n] for n in self.columns)
+        )
+        # Statement texts by shape: guarded updates, multi-row inserts, bulk updates.
+        self.texts: dict[tuple[Any, ...], str] = {}
+        # Shapes seen with plain values only: (event, unfenced?, expect keys, change keys).
+        self.fast: dict[tuple[Any, ...], FastUpdate] = {}
+        # SQLite may hand back a REAL column's whole number as an int (RETURNING does), and
+        # stores bools as ints: these columns are converted back on read.
+        self.decoders = tuple(
+            (f.name, position, bool if f.type is bool else float)
+            for position, f in enumerate(kind.fields, start=3)
+            if f.type in (bool, float)
+        )
+
+    def update_sql(self, plan: TransitionPlan[Any]) -> str:
+        """:func:`~stores._sqlite_sql.update_sql` for the plan's shape (built once per shape)."""
+        shape = (plan.event, plan.fence is not None, tuple(plan.changes), _where_shape(plan.expect))
+        text = self.texts.get(shape)
+        if text is None:
+            text = self.texts[shape] = sql.update_sql(plan)
+        return text
+
+    def insert_rows_sql(self, count: int) -> str:
+        """:func:`~stores._sqlite_sql.insert_rows_sql` for ``count`` rows (built once)."""
+        key = ("insert", count)
+        text = self.texts.get(key)
+        if text is None:
+            text = self.texts[key] = sql.insert_rows_sql(self.kind, count)
+        return text
+
+    def bulk_update_sql(self, shape: sql.BulkShape, rows: int) -> str:
+        """:func:`~stores._sqlite_sql.bulk_update_sql` for ``rows`` rows (built once)."""
+        key = ("bulk", shape, rows)
+        text = self.texts.get(key)
+        if text is None:
+            text = self.texts[key] = sql.bulk_update_sql(self.kind, shape, rows)
+        return text
+
+    def learn(self, key: tuple[Any, ...], plan: TransitionPlan[Any]) -> None:
+        """Remember the fast path for a plan first seen under ``key``, when it has one."""
+        learned = learn(self.kind, plan, self.update_sql(plan))
+        if learned is not None:
+            self.fast[key] = learned
+
+    def row(self, raw: Sequence[Any], path: str) -> Row[Any]:
+        """The Row a statement read or returned (a transition's trailing prev_state ignored);
+        raises ``StoreError`` naming ``path`` for a state this kind does not declare."""
+        try:
+            state = self.states[raw[1]]
+        except KeyError:
+            raise StoreError(
+                f"{path}: {self.kind.name} {raw[0]!r} has unknown state {raw[1]!r}"
+            ) from None
+        # raw may carry a trailing prev_state (RETURNING of a transition): zip stops before it.
+        values = dict(zip(self.columns, raw[3:], strict=False))
+        for name, position, decode in self.decoders:
+            value = raw[position]
+            if value is not None and type(value) is not decode:
+                values[name] = decode(value)
+        return new_row(raw[0], state, raw[2], values)
+
+
+def _where_shape(where: Where) -> tuple[tuple[str, str, bool, int], ...]:
+    """What of a condition list decides its SQL text (values are bound, not inlined)."""
+    return tuple(
+        (col, cmp.op, cmp.value is None, len(cmp.value) if cmp.op == "in" else 1)
+        for col, cmp in where
+    )
+
+
+def _plain(values: Mapping[str, object], types: tuple[type, ...], out: list[Any]) -> bool:
+    """Append ``values`` to ``out`` if each has exactly its expected type (text: ASCII)."""
+    for value, expected in zip(values.values(), types, strict=True):
+        if type(value) is not expected or (isinstance(value, str) and not value.isascii()):
+            return False
+        out.append(value)
+    return True
+
+
+class FastUpdate:
+    """A transition shape already planned once: its SQL and the exact type of each bound value.
+
+    A later call of the same shape whose values all have exactly those types (and text is plain
+    ASCII) is admitted by the very checks plan_transition would run, so it skips planning; any
+    other value (None, a comparison, a convertible type) takes the full path.
+    """
+
+    __slots__ = ("change_types", "expect_types", "sql")
+
+    def __init__(
+        self, sql: str, change_types: tuple[type, ...], expect_types: tuple[type, ...]
+    ) -> None:
+        self.sql = sql
+        self.change_types = change_types
+        self.expect_types = expect_types
+
+    def values(
+        self,
+        entity_id: object,
+        fence: object,
+        expect: Mapping[str, object] | None,
+        changes: Mapping[str, object] | None,
+        *,
+        bulk: bool,
+    ) -> list[Any] | None:
+        """The bound values, or None when any needs the full checks: in the order of
+        :func:`~stores._sqlite_sql.update_params` or, with ``bulk``, of a
+        :func:`~stores._sqlite_sql.bulk_row`."""
+        if type(entity_id) is not str or (fence is not None and type(fence) is not int):
+            return None
+        key: list[Any] = [entity_id] if fence is None else [entity_id, fence]
+        values: list[Any] = key if bulk else []
+        if changes and not _plain(changes, self.change_types, values):
+            return None
+        if not bulk:
+            values.extend(key)
+        if expect and not _plain(expect, self.expect_types, values):
+            return None
+        return values
+
+
+def learn(kind: EntityKind[Any], plan: TransitionPlan[Any], text: str) -> FastUpdate | None:
+    """The fast path for a plan's shape (whose UPDATE is ``text``), when every value it binds is
+    a plain, non-NULL value of a declared field compared by equality (the shape a ledger's
+    writes take); None otherwise."""
+    fields = kind.by_name
+    if not all(v is not None for v in plan.changes.values()):
+        return None
+    for column, cmp in plan.expect:
+        if column not in fields or cmp.op != "=" or cmp.value is None:
+            return None
+    return FastUpdate(
+        text,
+        tuple(fields[name].type for name in plan.changes),
+        tuple(fields[col].type for col, _ in plan.expect),
+    )
+
+
+def fast_key(
+    event: str,
+    fence: object,
+    expect: Mapping[str, object] | None,
+    changes: Mapping[str, object] | None,
+) -> tuple[Any, ...]:
+    """The key a call's :class:`FastUpdate` is learned and found under."""
+    return (event, fence is None, tuple(expect) if expect else (), tuple(changes or ()))
+
+
+class Step:
+    """One checked move of a batch: its bulk shape (None: it runs alone) and the values of its
+    bulk row (see :func:`~stores._sqlite_sql.bulk_row`)."""
+
+    __slots__ = ("index", "move", "plan", "shape", "values")
+
+    def __init__(
+        self,
+        index: int,
+        move: Move,
+        plan: TransitionPlan[Any] | None,
+        shape: sql.BulkShape | None,
+        values: list[Any],
+    ) -> None:
+        self.index = index
+        self.move = move
+        self.plan = plan
+        self.shape = shape
+        self.values = values
+
+    @classmethod
+    def of(cls, c: CompiledKind, index: int, move: Move) -> Step:
+        """Check ``move`` exactly as transition() would; raises its refusal."""
+        expect, changes = move.expect, move.changes
+        key = fast_key(move.event, move.fence, expect, changes)
+        fast = c.fast.get(key)
+        if fast is not None:
+            # A shape planned before, and plain values: admitted by the same checks (see
+            # FastUpdate), so the plan is made only if the move misses.
+            values = fast.values(move.entity_id, move.fence, expect, changes, bulk=True)
+            if values is not None:
+                known: sql.BulkShape = (move.event, move.fence is not None, key[3], key[2])
+                return cls(index, move, None, known, values)
+        plan = plan_transition(
+            c.kind, move.entity_id, move.event, fence=move.fence, expect=expect, changes=changes
+        )
+        if fast is None:
+            c.learn(key, plan)
+        shape = sql.bulk_shape(plan)
+        if shape is None:
+            return cls(index, move, plan, None, [])
+        return cls(index, move, plan, shape, sql.bulk_row(plan))
+
+    def planned(self, kind: EntityKind[Any]) -> TransitionPlan[Any]:
+        """The move's plan (made now if the fast check admitted it)."""
+        if self.plan is None:
+            m = self.move
+            self.plan = plan_transition(
+                kind, m.entity_id, m.event, fence=m.fence, expect=m.expect, changes=m.changes
+            )
+        return self.plan
+
+
+def distinct_runs(items: list[_T], key: Callable[[_T], tuple[str, object]]) -> list[list[_T]]:
+    """Split ``items`` into consecutive runs of one shape (``key``'s second part) without a
+    repeated id (its first part): a later write of the same entity must see the earlier one.
+    An item whose shape is None is a run of its own."""
+    runs: list[list[_T]] = []
+    ids: set[str] = set()
+    shape: object = None
+    for item in items:
+        entity_id, item_shape = key(item)
+        if not runs or entity_id in ids or item_shape != shape or item_shape is None:
+            runs.append([])
+            ids = set()
+            shape = item_shape
+        runs[-1].append(item)
+        ids.add(entity_id)
+    return runs
+
+
+def pieces(run: list[_T]) -> list[list[_T]]:
+    """A run cut into statements of at most BATCH_PIECE rows, the largest power of two first
+    (statement texts then repeat, and stay cached)."""
+    out: list[list[_T]] = []
+    start = 0
+    while start < len(run):
+        left = len(run) - start
+        size = BATCH_PIECE if left >= BATCH_PIECE else 1 << (left.bit_length() - 1)
+        out.append(run[start : start + size])
+        start += size
+    return out

@@ -1,0 +1,437 @@
+"""The SQL text of the SQLite store: every statement it executes, built from a kind or a plan.
+
+This is the store's one SQL seam.  Its functions are pure (no driver calls, no caches): given an
+entity kind, a transition plan or a bulk shape they return the statement text, and, where the
+order of the bound values is part of the statement, the values in that order.  The text is
+pinned as golden files by ``tests/test_sqlite_sql_golden.py``, so a change to any statement shows
+up as a reviewed diff.  The store's speed shortcuts (``stores._sqlite_shortcuts``) cache this text
+per kind and shape; they never write SQL of their own.
+
+Values are always bound (``?``).  State names are the exception: they are validated identifiers
+(see :class:`~statecore.lifecycle.Lifecycle`), inlined as sorted literals so that SQLite can prove
+a query matches the partial indexes a kind declares, and so that the text of one shape is always
+the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from enum import Enum
+from typing import Any
+
+from statecore.entity import EntityKind, Field
+from statecore.store import Cmp, TransitionPlan, Where
+
+__all__ = [
+    "AUDIT_DELETE",
+    "AUDIT_INSERT",
+    "AUDIT_TABLE",
+    "BEGIN",
+    "COMMIT",
+    "FOREIGN_KEYS_ON",
+    "HISTORY",
+    "JOURNAL_WAL",
+    "ROLLBACK",
+    "USER_VERSION",
+    "BulkShape",
+    "add_field_sql",
+    "add_managed_sql",
+    "audit_schema_sql",
+    "bulk_row",
+    "bulk_shape",
+    "bulk_update_sql",
+    "busy_timeout_sql",
+    "count_sql",
+    "create_table_sql",
+    "get_sql",
+    "index_sql",
+    "insert_rows_sql",
+    "insert_sql",
+    "prune_sql",
+    "release_sql",
+    "rollback_to_sql",
+    "savepoint_sql",
+    "select_cols",
+    "select_sql",
+    "set_user_version_sql",
+    "synchronous_sql",
+    "table_info_sql",
+    "update_many_sql",
+    "update_params",
+    "update_sql",
+    "where_params",
+]
+
+AUDIT_TABLE = "statecore_audit"
+"""The one audit table every kind's moves are recorded in."""
+
+_SQL_TYPES = {str: "TEXT", int: "INTEGER", float: "REAL", bool: "INTEGER"}
+
+# Columns the store manages besides the id and state, as declared when a table is created and
+# when an older table lacks them.  fence: bumped by every transition; prev_state: the state a
+# transition left, read back by RETURNING for its audit entry.
+_MANAGED = {"fence": "fence INTEGER NOT NULL DEFAULT 0", "prev_state": "prev_state TEXT"}
+
+
+# -- connections and transactions -------------------------------------------------------------
+
+JOURNAL_WAL = "PRAGMA journal_mode = WAL"
+"""Switches the file to WAL journaling; returns the mode now in force."""
+
+FOREIGN_KEYS_ON = "PRAGMA foreign_keys = ON"
+USER_VERSION = "PRAGMA user_version"
+"""Reads the schema version a file was written with."""
+
+BEGIN = "BEGIN IMMEDIATE"
+"""Opens a write transaction: the write lock is taken at once, not at the first write."""
+
+COMMIT = "COMMIT"
+ROLLBACK = "ROLLBACK"
+
+
+def busy_timeout_sql(busy_ms: int) -> str:
+    """How long a connection waits for another's write lock before failing."""
+    return f"PRAGMA busy_timeout = {int(busy_ms)}"
+
+
+def synchronous_sql(level: str) -> str:
+    """The durability level (``NORMAL`` or ``FULL``; checked by the store)."""
+    return f"PRAGMA synchronous = {level}"
+
+
+def set_user_version_sql(version: int) -> str:
+    """Records the schema version of the layout this code writes."""
+    return f"PRAGMA user_version = {int(version)}"
+
+
+def savepoint_sql(depth: int) -> str:
+    """Opens the savepoint of a block nested ``depth`` deep."""
+    return f"SAVEPOINT sp{depth}"
+
+
+def release_sql(depth: int) -> str:
+    """Keeps the work of the block nested ``depth`` deep (its enclosing block commits it)."""
+    return f"RELEASE sp{depth}"
+
+
+def rollback_to_sql(depth: int) -> str:
+    """Undoes the work of the block nested ``depth`` deep (release it afterwards)."""
+    return f"ROLLBACK TO sp{depth}"
+
+
+# -- schema -----------------------------------------------------------------------------------
+
+
+def audit_schema_sql() -> tuple[str, str]:
+    """The audit table and its index (by kind and entity, in write order), if absent."""
+    return (
+        f"CREATE TABLE IF NOT EXISTS {AUDIT_TABLE} ("
+        "seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, entity_id TEXT NOT NULL, "
+        "event TEXT NOT NULL, from_state TEXT, to_state TEXT NOT NULL, "
+        "at REAL NOT NULL, owner TEXT, attempts INTEGER, reason TEXT)",
+        f"CREATE INDEX IF NOT EXISTS {AUDIT_TABLE}_entity ON {AUDIT_TABLE}(kind, entity_id, seq)",
+    )
+
+
+def table_info_sql(kind: EntityKind[Any]) -> str:
+    """Lists the columns ``kind``'s table has now (no rows when there is no table)."""
+    return f"PRAGMA table_info({kind.table})"
+
+
+def create_table_sql(kind: EntityKind[Any]) -> str:
+    """``kind``'s table: id, state, the managed columns, then one column per field."""
+    columns = [
+        f"{kind.id_field} TEXT PRIMARY KEY NOT NULL",
+        "state TEXT NOT NULL",
+        *_MANAGED.values(),
+        *(_column_sql(f, new_table=True) for f in kind.fields),
+    ]
+    return f"CREATE TABLE {kind.table} ({', '.join(columns)})"
+
+
+def add_managed_sql(kind: EntityKind[Any], column: str) -> str:
+    """Adds the managed ``column`` (``fence`` or ``prev_state``) to an older table."""
+    return f"ALTER TABLE {kind.table} ADD COLUMN {_MANAGED[column]}"
+
+
+def add_field_sql(kind: EntityKind[Any], field: Field) -> str:
+    """Adds a declared field to an older table; existing rows get the field's default."""
+    return f"ALTER TABLE {kind.table} ADD COLUMN {_column_sql(field, new_table=False)}"
+
+
+def index_sql(kind: EntityKind[Any]) -> list[str]:
+    """The declared indexes, if absent; an index over some states only is a partial index."""
+    statements = []
+    for index in kind.indexes:
+        name = f"{kind.table}_{'_'.join(index.fields)}"
+        partial = ""
+        if index.states:
+            name += "_" + "_".join(sorted(s.value for s in index.states))
+            partial = f" WHERE state IN ({_literals(index.states)})"
+        statements.append(
+            f"CREATE INDEX IF NOT EXISTS {name} ON {kind.table}({', '.join(index.fields)}){partial}"
+        )
+    return statements
+
+
+# -- reads ------------------------------------------------------------------------------------
+
+
+def select_cols(kind: EntityKind[Any]) -> str:
+    """The columns every row is read with: id, state, fence, then the fields in order."""
+    return ", ".join((kind.id_field, "state", "fence", *(f.name for f in kind.fields)))
+
+
+def get_sql(kind: EntityKind[Any]) -> str:
+    """Reads one entity by id (one bound value)."""
+    return f"SELECT {select_cols(kind)} FROM {kind.table} WHERE {kind.id_field} = ?"
+
+
+def select_sql(
+    kind: EntityKind[Any],
+    states: Iterable[Enum] | None,
+    where: Where,
+    order_by: str | None,
+    limit: int | None,
+) -> tuple[str, list[Any]]:
+    """Entities in ``states`` (None: any) matching ``where``, ordered by ``order_by`` (NULLs
+    first, SQLite's order) then id, at most ``limit``; with its bound values."""
+    clause, params = _where_sql(states, where)
+    order = kind.id_field if order_by is None else f"{order_by}, {kind.id_field}"
+    sql = f"SELECT {select_cols(kind)} FROM {kind.table}{clause} ORDER BY {order}"
+    if limit is not None:
+        sql += " LIMIT ?"
+        params.append(limit)
+    return sql, params
+
+
+def count_sql(
+    kind: EntityKind[Any], states: Iterable[Enum] | None, where: Where
+) -> tuple[str, list[Any]]:
+    """How many entities :func:`select_sql` would read without a limit; with its bound values."""
+    clause, params = _where_sql(states, where)
+    return f"SELECT COUNT(*) FROM {kind.table}{clause}", params
+
+
+HISTORY = (
+    "SELECT event, from_state, to_state, at, owner, attempts, reason "
+    f"FROM {AUDIT_TABLE} WHERE kind = ? AND entity_id = ? ORDER BY seq"
+)
+"""One entity's audit entries, oldest first (bound: kind name, entity id)."""
+
+
+# -- writes -----------------------------------------------------------------------------------
+
+AUDIT_INSERT = (
+    f"INSERT INTO {AUDIT_TABLE} (kind, entity_id, event, from_state, to_state, at, owner, "
+    "attempts, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+"""One audit entry (bound: kind name, entity id, event, source state or NULL for a creation,
+target state, then the Audit's at, owner, attempts and reason)."""
+
+AUDIT_DELETE = f"DELETE FROM {AUDIT_TABLE} WHERE kind = ? AND entity_id = ?"
+"""A pruned entity's audit history (bound: kind name, entity id)."""
+
+
+def insert_sql(kind: EntityKind[Any]) -> str:
+    """Creates one entity unless its id exists (bound: the :func:`select_cols` values)."""
+    return (
+        f"INSERT INTO {kind.table} ({select_cols(kind)}) "
+        f"VALUES ({', '.join('?' * (3 + len(kind.fields)))}) "
+        f"ON CONFLICT({kind.id_field}) DO NOTHING"
+    )
+
+
+def insert_rows_sql(kind: EntityKind[Any], count: int) -> str:
+    """Creates ``count`` entities, skipping ids that exist, and returns the rows created."""
+    one = f"({', '.join('?' * (3 + len(kind.fields)))})"
+    cols = select_cols(kind)
+    return (
+        f"INSERT INTO {kind.table} ({cols}) VALUES {', '.join([one] * count)} "
+        f"ON CONFLICT({kind.id_field}) DO NOTHING RETURNING {cols}"
+    )
+
+
+def update_sql(plan: TransitionPlan[Any]) -> str:
+    """The guarded single-row UPDATE of a plan's shape; bound as :func:`update_params` says.
+
+    It returns the row written plus its ``prev_state``, or nothing when the guard (id, source
+    states, fence, expected values) does not hold.
+    """
+    return _guarded_update(plan, f"{plan.kind.id_field} = ?")
+
+
+def update_params(plan: TransitionPlan[Any]) -> list[Any]:
+    """The bound values of :func:`update_sql`: changed values, id, fence (when fenced), then the
+    compared values."""
+    params: list[Any] = [*plan.changes.values(), plan.entity_id]
+    if plan.fence is not None:
+        params.append(plan.fence)
+    params.extend(where_params(plan.expect))
+    return params
+
+
+def update_many_sql(plan: TransitionPlan[Any], increments: Iterable[str], ids: int) -> str:
+    """The guarded UPDATE of ``ids`` entities at once (``transition_many``), adding to the
+    ``increments`` fields.  Bound: changed values, increments, the ids, the compared values."""
+    return _guarded_update(
+        plan, f"{plan.kind.id_field} IN ({', '.join('?' * ids)})", increments=increments
+    )
+
+
+BulkShape = tuple[str, bool, tuple[str, ...], tuple[str, ...]]
+"""What a bulk UPDATE's text depends on: (event, fenced?, changed fields, compared fields)."""
+
+
+def bulk_shape(plan: TransitionPlan[Any]) -> BulkShape | None:
+    """The bulk shape a plan's move may share a statement under, or None when it must run alone
+    (it compares other than by equality)."""
+    if any(cmp.op != "=" for _, cmp in plan.expect):
+        return None
+    return (
+        plan.event,
+        plan.fence is not None,
+        tuple(plan.changes),
+        tuple(c for c, _ in plan.expect),
+    )
+
+
+def bulk_row(plan: TransitionPlan[Any]) -> list[Any]:
+    """A plan's row of :func:`bulk_update_sql`: id, fence (when fenced), the changed values, the
+    compared values."""
+    row: list[Any] = [plan.entity_id]
+    if plan.fence is not None:
+        row.append(plan.fence)
+    row.extend(plan.changes.values())
+    row.extend(cmp.value for _, cmp in plan.expect)
+    return row
+
+
+def bulk_update_sql(kind: EntityKind[Any], shape: BulkShape, rows: int) -> str:
+    """``UPDATE ... FROM (VALUES ...) RETURNING`` moving ``rows`` distinct entities of one shape.
+
+    Each row is guarded by its own values, exactly as its own :func:`update_sql` would be: column1
+    is the id, then the fence (when fenced), the changed values and the compared values, in shape
+    order (see :func:`bulk_row`).  Comparisons use IS, which is the store's equality (``= None``
+    means IS NULL).
+    """
+    event, fenced, changed, compared = shape
+    moves = kind.lifecycle.moves(event)
+    sets = [_set_state(moves), "fence = fence + 1", "prev_state = state"]
+    conditions = [f"{kind.id_field} = v.column1", f"+state IN ({_literals(moves)})"]
+    column = 2
+    if fenced:
+        conditions.append(f"fence = v.column{column}")
+        column += 1
+    for name in changed:
+        sets.append(f"{name} = v.column{column}")
+        column += 1
+    for name in compared:
+        conditions.append(f"{name} IS v.column{column}")
+        column += 1
+    one = f"({', '.join('?' * (column - 1))})"
+    return (
+        f"UPDATE {kind.table} SET {', '.join(sets)} FROM (VALUES {', '.join([one] * rows)}) AS v "
+        f"WHERE {' AND '.join(conditions)} RETURNING {select_cols(kind)}, prev_state"
+    )
+
+
+def prune_sql(
+    kind: EntityKind[Any], sources: Iterable[Enum], where: Where, limit: int | None
+) -> tuple[str, list[Any]]:
+    """Deletes up to ``limit`` entities in the removable ``sources`` states matching ``where``,
+    lowest ids first, returning their ids; with its bound values."""
+    clause, params = _where_sql(sources, where)
+    inner = f"SELECT {kind.id_field} FROM {kind.table}{clause} ORDER BY {kind.id_field}"
+    if limit is not None:
+        inner += " LIMIT ?"
+        params.append(limit)
+    sql = f"DELETE FROM {kind.table} WHERE {kind.id_field} IN ({inner}) RETURNING {kind.id_field}"
+    return sql, params
+
+
+def where_params(where: Where) -> list[Any]:
+    """The bound values of a condition list, in the order its SQL places them."""
+    params: list[Any] = []
+    for _, cmp in where:
+        if cmp.op == "in":
+            params.extend(sorted(cmp.value, key=repr))
+        elif cmp.value is not None:
+            params.append(cmp.value)
+    return params
+
+
+# -- pieces -----------------------------------------------------------------------------------
+
+
+def _guarded_update(plan: TransitionPlan[Any], find: str, *, increments: Iterable[str] = ()) -> str:
+    kind = plan.kind
+    # Every SET expression reads the old row, so prev_state receives the state being left: the
+    # audit entry learns its source without a second read.
+    sets = [_set_state(plan.targets), "fence = fence + 1", "prev_state = state"]
+    sets += [f"{name} = ?" for name in plan.changes]
+    sets += [f"{name} = {name} + ?" for name in increments]
+    # The id finds the row(s); the state is only a guard.  Its unary + keeps SQLite from
+    # scanning a partial index on state instead of looking each id up (a bulk IN list would
+    # otherwise visit every owed row per statement).
+    conditions = [find, f"+state IN ({_literals(plan.targets)})"]
+    if plan.fence is not None:
+        conditions.append("fence = ?")
+    conditions.extend(_cmp_sql(column, cmp) for column, cmp in plan.expect)
+    return (
+        f"UPDATE {kind.table} SET {', '.join(sets)} WHERE {' AND '.join(conditions)} "
+        f"RETURNING {select_cols(kind)}, prev_state"
+    )
+
+
+def _set_state(moves: Mapping[Enum, Enum]) -> str:
+    """The new state: a literal, or a CASE over the source states (sorted, so one shape always
+    has one text) when the event moves different sources to different targets."""
+    targets = set(moves.values())
+    if len(targets) == 1:
+        return f"state = '{next(iter(targets)).value}'"
+    cases = " ".join(
+        f"WHEN '{s.value}' THEN '{t.value}'"
+        for s, t in sorted(moves.items(), key=lambda move: str(move[0].value))
+    )
+    return f"state = CASE state {cases} END"
+
+
+def _column_sql(f: Field, *, new_table: bool) -> str:
+    sql = f"{f.name} {_SQL_TYPES[f.type]}"
+    if not f.nullable and (new_table or f.default is not None):
+        sql += " NOT NULL"
+    if f.default is not None:
+        sql += f" DEFAULT {_literal(f.default)}"
+    return sql
+
+
+def _literal(value: object) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int | float):
+        return repr(value)
+    text = str(value).replace("'", "''")
+    return f"'{text}'"
+
+
+def _literals(states: Iterable[Enum]) -> str:
+    return ", ".join(sorted(f"'{s.value}'" for s in states))
+
+
+def _cmp_sql(column: str, cmp: Cmp) -> str:
+    if cmp.op == "=" and cmp.value is None:
+        return f"{column} IS NULL"
+    if cmp.op == "!=" and cmp.value is None:
+        return f"{column} IS NOT NULL"
+    if cmp.op == "in":
+        return f"{column} IN ({', '.join('?' * len(cmp.value))})" if cmp.value else "0"
+    return f"{column} {cmp.op} ?"
+
+
+def _where_sql(states: Iterable[Enum] | None, where: Where) -> tuple[str, list[Any]]:
+    parts = [_cmp_sql(column, cmp) for column, cmp in where]
+    if states is not None:
+        states = list(states)
+        parts.insert(0, f"state IN ({_literals(states)})" if states else "0")
+    return (" WHERE " + " AND ".join(parts) if parts else ""), where_params(where)
