@@ -180,3 +180,28 @@ def test_long_classes_say_why() -> None:
             if size > CLASS_LINES_MAX and CLASS_WHY not in " ".join(doc.split()):
                 unexplained[f"{name}.{node.name}"] = size
     assert unexplained == {}
+
+
+def test_the_tests_mirror_the_packages() -> None:
+    """Each folder of tests names a package (tests/relay/client tests relay.client, ...), apart
+    from golden files and the relay's conformance suite against original-contract peers."""
+    outside = {"golden", "conformance", "__pycache__"}
+    strays = [
+        str(folder.relative_to(ROOT))
+        for folder in (ROOT / "tests").rglob("*")
+        if folder.is_dir()
+        and not outside.intersection(folder.relative_to(ROOT / "tests").parts)
+        and not (ROOT / folder.relative_to(ROOT / "tests")).is_dir()
+    ]
+    assert strays == []
+
+
+def test_test_modules_never_import_each_other() -> None:
+    """Shared helpers live in fixture modules and conftest, never in another test module."""
+    offenders: dict[str, list[str]] = {}
+    for folder in sorted({path.parent for path in (ROOT / "tests").rglob("test_*.py")}):
+        for module, names in imported(folder, recursive=False).items():
+            tests = sorted(n for n in names if n.startswith("tests.") and "test_" in n)
+            if tests:
+                offenders[module] = tests
+    assert offenders == {}

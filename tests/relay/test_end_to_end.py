@@ -32,8 +32,8 @@ from statecore.clock import FakeClock
 from statecore.store import Store
 from stores.memory import InMemoryStore
 from stores.sqlite import SQLiteStore
-from tests.relay import waiting
-from tests.relay.connector_harness import is_live
+from tests import waiting
+from tests.relay.connector.connector_harness import is_live
 
 BOUND = 10.0
 """Real seconds any single wait may take before the test fails."""

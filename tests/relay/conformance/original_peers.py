@@ -42,7 +42,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.http11 import Request, Response
 
-from tests.relay.waiting import eventually
+from tests.waiting import eventually
 
 __all__ = [
     "BOT_ID",

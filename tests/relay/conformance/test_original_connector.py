@@ -25,6 +25,7 @@ from relay.client.requests import RequestOutcome
 from relay.wire.frames import InboundEvent, InterruptInbound
 from statecore.clock import FakeClock
 from stores.sqlite import SQLiteStore
+from tests.relay.client.connector_stub import next_sleep
 from tests.relay.conformance.original_peers import (
     BOT_ID,
     GATEWAY_ID,
@@ -33,7 +34,6 @@ from tests.relay.conformance.original_peers import (
     OriginalConnector,
     eventually,
 )
-from tests.relay.connector_stub import next_sleep
 
 BOUND = 5.0
 
