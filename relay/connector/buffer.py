@@ -12,7 +12,6 @@ mid-replay receives exactly the unacked tail again.  Entries older than the rete
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import threading
@@ -21,7 +20,7 @@ from enum import StrEnum
 
 import attrs
 
-from relay.wire.codec import buffered_inbound_line, encode_event
+from relay.wire.codec import buffered_inbound_line, decode_event, encode_event
 from relay.wire.frames import InboundEvent
 from statecore.batch import BatchStore, Creation
 from statecore.clock import Clock, SystemClock
@@ -348,7 +347,7 @@ def _entry(row: Row[BufferState]) -> BufferEntry:
         gateway_id=values["gateway_id"],
         platform=values["platform"],
         seq=values["seq"],
-        event=InboundEvent.from_wire(json.loads(values["event_json"])),
+        event=decode_event(values["event_json"]),
         created_at=values["created_at"],
         replays=values["replays"],
     )

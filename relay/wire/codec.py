@@ -29,6 +29,7 @@ from relay.wire.frames import (
     GATEWAY_TO_CONNECTOR,
     ErrorFrame,
     Frame,
+    InboundEvent,
     frame_from_wire,
 )
 
@@ -38,6 +39,7 @@ __all__ = [
     "FrameDecoder",
     "ack_lines",
     "buffered_inbound_line",
+    "decode_event",
     "encode",
     "encode_event",
     "error_frame_for",
@@ -126,6 +128,13 @@ def plain_acks(message: object) -> list[str] | None:
 
 encode_event: Final = _ENCODE
 """Compact JSON of a wire object (an event's ``to_wire()``), as :func:`encode` writes it."""
+
+
+def decode_event(event_json: str) -> InboundEvent:
+    """The event back from its :func:`encode_event` JSON (as kept by a buffer).  Raises
+    ``ValueError`` for text that is not such JSON, :class:`ProtocolError` for an object that is
+    not an event."""
+    return InboundEvent.from_wire(_DECODE(event_json))
 
 
 def buffered_inbound_line(buffer_id: str, event_json: str) -> str:
