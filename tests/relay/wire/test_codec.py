@@ -14,6 +14,7 @@ from relay.wire.codec import (
     FrameDecoder,
     ack_lines,
     buffered_inbound_line,
+    decode_event,
     encode,
     encode_event,
     error_frame_for,
@@ -519,3 +520,17 @@ def test_a_buffered_inbound_line_is_the_encoded_inbound(text: str, buffer_id: st
     event = InboundEvent(text, source=EventSource("p", "c1", "dm"))
     line = buffered_inbound_line(buffer_id, encode_event(event.to_wire()))
     assert line == encode(Inbound(event, buffer_id))
+
+
+def test_a_kept_event_reads_back_as_it_was_written() -> None:
+    """decode_event is encode_event's inverse for an event's wire form."""
+    source = EventSource("loopback", "c1", "dm")
+    event = InboundEvent("héllo \u2028", source=source, message_id="m1")
+    assert decode_event(encode_event(event.to_wire())) == event
+
+
+@pytest.mark.parametrize("text", ["not json", "NaN", '{"source": 1}', "[]"])
+def test_a_kept_event_that_is_not_one_is_refused(text: str) -> None:
+    """Text that is not an event's JSON raises (ValueError or ProtocolError), never returns."""
+    with pytest.raises((ValueError, ProtocolError)):
+        decode_event(text)
