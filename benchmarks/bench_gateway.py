@@ -143,7 +143,12 @@ async def restart_round(workdir: Path, n: int) -> tuple[float, int]:
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
     platform = LoopbackPlatform(PLATFORM)
-    connector = Connector(InMemoryStore(), secrets={"gw": [SECRET]}, drivers={PLATFORM: platform})
+    # The owed replies answer chats this fresh connector never received from: its provenance
+    # guard would decline them all.  This round measures the gateway's redelivery, so egress
+    # is open (as for a connector that kept its provenance across the restart).
+    connector = Connector(
+        InMemoryStore(), secrets={"gw": [SECRET]}, drivers={PLATFORM: platform}, open_egress=True
+    )
     await connector.start()
     try:
         start = time.perf_counter()
