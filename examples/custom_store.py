@@ -45,6 +45,7 @@ from statecore import (
     StoreError,
     TransitionRecord,
 )
+from statecore.batching import routes_through_overrides, transition_many_one_by_one
 from stores import InMemoryStore
 
 S = TypeVar("S", bound=Enum)
@@ -156,6 +157,18 @@ class ChangeFeedStore:
         changes: Mapping[str, object] | None = None,
         increments: Mapping[str, int] | None = None,
     ) -> list[Row[S]]:
+        if routes_through_overrides(self, "transition_many", "transition"):
+            # A subclass overrides transition(): every write must reach it.
+            return transition_many_one_by_one(
+                self,
+                kind,
+                entity_ids,
+                event,
+                audit=audit,
+                expect=expect,
+                changes=changes,
+                increments=increments,
+            )
         with self.atomic():
             rows = self.inner.transition_many(
                 kind,

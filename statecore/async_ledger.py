@@ -16,6 +16,10 @@ lock held by another process, or a batch of this ledger in progress, neither fai
 them; the in-memory store, guarded by one lock, makes a read wait for a batch in progress.  A
 read sees every write whose call has returned -- a caller that awaited its write reads it -- but
 it is not ordered after writes that are still queued.
+
+Given ``metrics``, the ledger reports what it writes exactly as :class:`Ledger` does, batched
+writes one per row; the writer holds what a transaction reports until it commits, so a rolled
+back write is never counted as done (see :class:`~statecore.metrics.HeldMetrics`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from statecore.checks import require_positive
 from statecore.clock import Clock
 from statecore.errors import StoreError
 from statecore.ledger import Ledger
+from statecore.metrics import NO_METRICS, HeldMetrics, Metrics
 from statecore.obligation import Claim, Obligation
 from statecore.ownership import Incarnation, ProcessProbe
 from statecore.policy import ErrorKind, LedgerPolicy
@@ -56,10 +61,11 @@ class AsyncLedger:
     reads on reader threads outside any write transaction (see the module docs).
 
     ``AsyncLedger(store, *, policy=None, clock=None, incarnation=None, probe=None,
-    max_batch=512)``.  Close it with :meth:`aclose` (or ``async with``): queued operations
-    finish first.  A caller cancelled before the writer reaches its operation has it skipped
-    (nothing written); once the writer has started the operation it runs to the end (its
-    outcome is then visible in the store).
+    metrics=NO_METRICS, max_batch=512)``.  ``metrics`` is passed to the ledger, its reports
+    held by the writer until their transaction commits.  Close it with :meth:`aclose` (or
+    ``async with``): queued operations finish first.  A caller cancelled before the writer
+    reaches its operation has it skipped (nothing written); once the writer has started the
+    operation it runs to the end (its outcome is then visible in the store).
 
     The class is long because it mirrors every public method of the ledger, each a few lines
     that hand the call to the writer or a reader thread; the group commit itself is a few
@@ -74,12 +80,21 @@ class AsyncLedger:
         clock: Clock | None = None,
         incarnation: Incarnation | None = None,
         probe: ProcessProbe | None = None,
+        metrics: Metrics = NO_METRICS,
         max_batch: int = 512,
     ) -> None:
         if not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be a positive int, not {max_batch!r}")
+        # What the writer's transactions report waits here for their commit (None: nothing
+        # is reported, and the writer pays nothing for it).
+        self._held = None if metrics is NO_METRICS else HeldMetrics(metrics)
         self.ledger = Ledger(
-            store, policy=policy, clock=clock, incarnation=incarnation, probe=probe
+            store,
+            policy=policy,
+            clock=clock,
+            incarnation=incarnation,
+            probe=probe,
+            metrics=metrics if self._held is None else self._held,
         )
         self.store = store
         self._max_batch = max_batch
@@ -332,7 +347,10 @@ class AsyncLedger:
         """
         pending = batch
         grouped = True
+        held = self._held
         while pending:
+            if held is not None:
+                held.hold()
             try:
                 outcomes = self._attempt(pending, grouped=grouped)
                 self.batches += 1
@@ -341,6 +359,9 @@ class AsyncLedger:
                 # Nothing of this attempt was committed: the fences the ledger remembered from
                 # it are not the store's, so forget them all (ownership still guards).
                 self.ledger.forget_fences()
+                if held is not None:
+                    # Replayed: its reports come again, but for the failed operation's own.
+                    held.rollback(keep_errors=rollback.index is not None)
                 if rollback.index is None:
                     grouped = False  # find the failing operation one by one
                     continue
@@ -349,6 +370,8 @@ class AsyncLedger:
                 continue
             except Exception as exc:
                 self.ledger.forget_fences()
+                if held is not None:
+                    held.fail()
                 error = (
                     exc
                     if isinstance(exc, StoreError)
@@ -357,6 +380,9 @@ class AsyncLedger:
                 if error is not exc:
                     error.__cause__ = exc
                 outcomes = [(False, error)] * len(pending)
+            else:
+                if held is not None:
+                    held.commit()
             _deliver(pending, outcomes)
             return
 

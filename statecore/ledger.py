@@ -13,6 +13,13 @@ its rows were re-claimed cannot settle them.
 
 This module holds :class:`Ledger`, the public face of the ledger, and its settle path; the
 decisions and writes of the sweeps are :mod:`statecore.sweeps`.
+
+Observability: the ledger logs to the ``statecore.ledger`` logger (one INFO line per sweep that
+claimed or abandoned anything, a WARNING per abandonment; see :mod:`statecore.sweeps`) and, given
+a :class:`~statecore.metrics.Metrics`, reports every guarded write it makes with its outcome
+(batched writes one per row, as single ones), the claim latency of each sweep chunk, the settle
+latency of each send and every sweep.  Without one (:data:`~statecore.metrics.NO_METRICS`) the
+hot path builds no report at all.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from statecore.clock import Clock, SystemClock
 from statecore.errors import StoreError, UnknownEntity
 from statecore.failures import chosen_kind, first_reconnect_error, stored_kind
 from statecore.lifecycles import OBLIGATION, ObligationState
+from statecore.metrics import NO_METRICS, Metrics, TransitionMeter
 from statecore.obligation import OBLIGATION_KIND, Claim, Obligation
 from statecore.ownership import Incarnation, ProcessProbe, PsutilProbe
 from statecore.policy import ErrorKind, LedgerPolicy
@@ -47,10 +55,11 @@ _K = OBLIGATION_KIND
 class Ledger:
     """The delivery ledger over ``store`` (synchronous; see ``AsyncLedger`` for asyncio).
 
-    ``Ledger(store, *, policy=None, clock=None, incarnation=None, probe=None)``.  The
-    incarnation (default: this process's) is recorded as the owner of every row this ledger
-    records or claims; the probe answers whether other owners are alive.  Safe to use from
-    several threads.
+    ``Ledger(store, *, policy=None, clock=None, incarnation=None, probe=None,
+    metrics=NO_METRICS)``.  The incarnation (default: this process's) is recorded as the owner
+    of every row this ledger records or claims; the probe answers whether other owners are
+    alive; ``metrics`` receives what the ledger does (see the module docs; durations are
+    measured on ``clock.monotonic()``).  Safe to use from several threads.
 
     The class is long because it is the ledger's whole public surface, each method stating its
     full contract, and because the settle path (the guarded move and the fence memory) stays
@@ -67,8 +76,10 @@ class Ledger:
         clock: Clock | None = None,
         incarnation: Incarnation | None = None,
         probe: ProcessProbe | None = None,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         self.store = store
+        self.metrics = metrics
         self.policy = policy or LedgerPolicy()
         self.clock: Clock = clock or SystemClock()
         self.probe: ProcessProbe = probe or PsutilProbe()
@@ -78,6 +89,18 @@ class Ledger:
         # by that fence, on top of the owner guard.  Forgotten when the row settles.
         self._fences: dict[str, tuple[int, int]] = {}
         self._fence_lock = threading.Lock()
+        # Counts this ledger's writes and times its sends; None when nothing is reported.
+        self._meter = (
+            None
+            if metrics is NO_METRICS
+            else TransitionMeter(
+                metrics,
+                OBLIGATION.name,
+                self.clock.monotonic,
+                begins=("attempt", "claim"),
+                settles=("deliver", "fail"),
+            )
+        )
         store.register(_K)
 
     # -- recording and settling --------------------------------------------------------------
@@ -118,25 +141,38 @@ class Ledger:
             reply_to=reply_to,
             adapter_profile=adapter_profile,
         )
-        return self._recorded(creation.apply(self.store, _K))
+        if self._meter is None:
+            return self._recorded(creation.apply(self.store, _K))
+        # Counted in _recorded when created: a repeated record writes nothing.
+        return self._meter.write(
+            "record", lambda: self._recorded(creation.apply(self.store, _K)), counted=True
+        )
 
     def _record_each(self, requests: Sequence[Mapping[str, Any]]) -> list[Obligation | Exception]:
         """:meth:`record` for each keyword set, in one store batch (group commit); each
         outcome is the obligation or the refusal that record would have raised."""
         store = self.store
-        return batched(
-            requests,
-            lambda request: plan_record(
-                self.clock, self.policy, self.incarnation, self._owner_label, **request
-            ),
-            lambda creations: insert_each(store, _K, creations),
-            self._recorded,
-        )
+
+        def write() -> list[Obligation | Exception]:
+            return batched(
+                requests,
+                lambda request: plan_record(
+                    self.clock, self.policy, self.incarnation, self._owner_label, **request
+                ),
+                lambda creations: insert_each(store, _K, creations),
+                self._recorded,
+            )
+
+        if self._meter is None:
+            return write()
+        return self._meter.batch(["record"] * len(requests), write, counted=True)
 
     def _recorded(self, written: tuple[Row[ObligationState], bool]) -> Obligation:
         row, created = written
         if created:
             self._remember(row)
+            if self._meter is not None:
+                self._meter.count("record")
         return Obligation.from_row(row)
 
     def mark_attempting(self, obligation_id: str) -> Obligation:
@@ -146,7 +182,11 @@ class Ledger:
         another owner holds it or it changed since this ledger last wrote it,
         :class:`UnknownEntity` for an unknown id.
         """
-        return self._settle(obligation_id, "attempt", {})
+        if self._meter is None:
+            return self._settle(obligation_id, "attempt", {})
+        return self._meter.write(
+            "attempt", lambda: self._settle(obligation_id, "attempt", {}), obligation_id
+        )
 
     def mark_delivered(self, obligation_id: str) -> Obligation:
         """The platform acknowledged the send: attempting -> delivered (terminal).
@@ -154,7 +194,11 @@ class Ledger:
         Raises as :meth:`mark_attempting`; a row that is not attempting raises
         :class:`InvalidTransition` and is unchanged.
         """
-        return self._settle(obligation_id, "deliver", {})
+        if self._meter is None:
+            return self._settle(obligation_id, "deliver", {})
+        return self._meter.write(
+            "deliver", lambda: self._settle(obligation_id, "deliver", {}), obligation_id
+        )
 
     def mark_failed(
         self,
@@ -178,6 +222,15 @@ class Ledger:
         Raises as :meth:`mark_delivered`, ``TypeError`` for a non-text error or a kind that is
         not an :class:`ErrorKind`.
         """
+        if self._meter is None:
+            return self._fail(obligation_id, error, kind, ambiguous)
+        return self._meter.write(
+            "fail", lambda: self._fail(obligation_id, error, kind, ambiguous), obligation_id
+        )
+
+    def _fail(
+        self, obligation_id: str, error: str, kind: ErrorKind | None, ambiguous: bool
+    ) -> Obligation:
         if not isinstance(error, str):
             raise TypeError(f"error must be a str, not {type(error).__name__}")
         kind = chosen_kind(self.policy, error, kind)
@@ -209,6 +262,13 @@ class Ledger:
         error (``send_path_degraded``), so the runtime sweep resends it as soon as its adapter
         (re)connects.  Raises as :meth:`mark_failed`.
         """
+        if self._meter is None:
+            return self._release(obligation_id, error, kind)
+        return self._meter.write(
+            "release", lambda: self._release(obligation_id, error, kind), obligation_id
+        )
+
+    def _release(self, obligation_id: str, error: str | None, kind: ErrorKind | None) -> Obligation:
         if error is not None and not isinstance(error, str):
             raise TypeError(f"error must be a str or None, not {type(error).__name__}")
         row = self._row(obligation_id)
@@ -340,6 +400,7 @@ class Ledger:
             owner_label=self._owner_label,
             remember=self._remember,
             forget=self._forget,
+            meter=self._meter,
         )
 
     def prune(self, *, now: float | None = None) -> int:
@@ -472,11 +533,19 @@ class Ledger:
 
     def _settle_run(self, requests: Sequence[tuple[str, str]]) -> list[Obligation | Exception]:
         store = self.store
-        return batched(
-            requests,
-            lambda r: self._move(r[0], r[1], {}),
-            lambda moves: transition_each(store, _K, moves),
-            self._settled,
+
+        def write() -> list[Obligation | Exception]:
+            return batched(
+                requests,
+                lambda r: self._move(r[0], r[1], {}),
+                lambda moves: transition_each(store, _K, moves),
+                self._settled,
+            )
+
+        if self._meter is None:
+            return write()
+        return self._meter.batch(
+            [event for _, event in requests], write, [oid for oid, _ in requests]
         )
 
     def _remember(self, row: Row[ObligationState]) -> None:
@@ -490,3 +559,5 @@ class Ledger:
         """Drop the fence remembered for one row (it was abandoned)."""
         with self._fence_lock:
             self._fences.pop(obligation_id, None)
+        if self._meter is not None:
+            self._meter.forget(obligation_id)

@@ -6,25 +6,38 @@ retryable failures, once due) and :meth:`Sweeper.stuck_own` (this incarnation's 
 a failed store write left pending or attempting).  Rows past their budget or age are abandoned,
 visibly, with the reason in their history.  Every claim and abandonment is one guarded write
 under the fence the row was read with, so of several sweepers exactly one wins each row.
+
+Every sweep that claimed or abandoned anything writes one INFO line to the ``statecore.ledger``
+logger with its counts and duration, and every abandonment a WARNING naming the obligation, its
+chat and platform and the reason; both carry their values as structured fields (``extra=``:
+``sweep``, ``claimed``, ``labelled``, ``abandoned``, ``duration_s``; ``obligation_id``,
+``chat_id``, ``platform``, ``reason``, ``attempts``), so a JSON formatter gets them as keys.
+With metrics, each sweep reports its transitions, each chunk's claim latency and itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+import logging
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from statecore.batching import chunks
+from statecore.batching import chunks, transition_many
 from statecore.checks import require_positive, require_text
 from statecore.clock import Clock
 from statecore.errors import StaleState
 from statecore.failures import stored_kind
 from statecore.lifecycles import OBLIGATION, ObligationState
+from statecore.metrics import Outcome, TransitionMeter
 from statecore.obligation import DEFAULT_PROFILE, OBLIGATION_KIND, Claim, Obligation
 from statecore.ownership import Incarnation, LivenessCache, ProcessProbe, recorded_owner_alive
 from statecore.policy import ErrorKind, LedgerPolicy
 from statecore.store import Audit, Row, Store, lt
 
 __all__ = ["Sweeper"]
+
+log = logging.getLogger("statecore.ledger")
+"""The ledger's logger: the sweeps are part of the ledger's public face."""
 
 _S = ObligationState
 _K = OBLIGATION_KIND
@@ -37,23 +50,34 @@ _UNSETTLED_SEND = frozenset({ObligationState.PENDING, ObligationState.ATTEMPTING
 class Sweeper:
     """The sweeps of one ledger, over its collaborators, given explicitly.
 
-    ``Sweeper(store, policy, probe, incarnation, clock, *, owner_label, remember, forget)``:
-    claims are written under ``incarnation`` (audited as ``owner_label``), other owners are
-    probed with ``probe``, budgets and ages come from ``policy`` and the time from ``clock``
-    unless a sweep is given ``now``.  ``remember`` is called with every row claimed and
-    ``forget`` with the id of every row abandoned, so the ledger's fence memory follows.
-    Each sweep is documented in full on the :class:`~statecore.Ledger` method it implements.
+    ``Sweeper(store, policy, probe, incarnation, clock, *, owner_label, remember, forget,
+    meter=None)``: claims are written under ``incarnation`` (audited as ``owner_label``), other
+    owners are probed with ``probe``, budgets and ages come from ``policy`` and the time from
+    ``clock`` unless a sweep is given ``now`` (durations are measured on
+    ``clock.monotonic()``).  ``remember`` is called with every row claimed and ``forget`` with
+    the id of every row abandoned, so the ledger's fence memory follows.  ``meter`` (the
+    ledger's, None when it reports no metrics) counts the claims and abandonments, starts a
+    send per claim, and gets each chunk's claim latency and each sweep.  Each sweep is
+    documented in full on the :class:`~statecore.Ledger` method it implements.
+
+    The class is long because it holds the three sweeps, each a loop of decisions over one
+    chunk per transaction, together with what they share: the guarded claim and abandonment
+    writes, and the chunk-by-chunk reports (logs and metrics) that must follow each chunk's
+    commit.
     """
 
     __slots__ = (
+        "_abandoned",
         "_clock",
         "_forget",
         "_incarnation",
         "_label",
+        "_meter",
         "_policy",
         "_probe",
         "_remember",
         "_store",
+        "_tally",
     )
 
     def __init__(
@@ -67,6 +91,7 @@ class Sweeper:
         owner_label: str,
         remember: Callable[[Row[ObligationState]], None],
         forget: Callable[[str], None],
+        meter: TransitionMeter | None = None,
     ) -> None:
         self._store = store
         self._policy = policy
@@ -76,6 +101,12 @@ class Sweeper:
         self._label = owner_label
         self._remember = remember
         self._forget = forget
+        self._meter = meter
+        # Rows abandoned by the sweep under way (its chunks that committed).
+        self._abandoned = 0
+        # Transitions counted inside the chunk under way, reported once it committed: (event,
+        # outcome, rows).  None outside a chunk (a claim made alone reports at once).
+        self._tally: list[tuple[str, str, int]] | None = None
 
     # -- the sweeps --------------------------------------------------------------------------
 
@@ -87,23 +118,25 @@ class Sweeper:
         now: float | None = None,
     ) -> list[Claim]:
         """Claim owed rows whose owner is dead (``Ledger.sweep_recoverable``)."""
+        started = self._clock.monotonic()
         when = self._clock.now() if now is None else now
         platforms = None if deliverable_platforms is None else frozenset(deliverable_platforms)
         targets = None if deliverable_targets is None else frozenset(deliverable_targets)
         store = self._store
         liveness = LivenessCache(self._probe)
         claims: list[Claim] = []
+        self._abandoned = 0
         candidates = store.select(_K, states=_OWED, order_by="created_at")
         for chunk in chunks(candidates, self._policy.sweep_chunk):
             # Rows that differ only in id are claimed by one bulk transition (a crash leaves
             # many rows of one owner at the same fence and attempt count).
             groups: dict[tuple[Any, ...], list[Row[ObligationState]]] = {}
-            with store.atomic():
+            with self._chunk("startup") as gone:
                 for row in chunk:
                     if recorded_owner_alive(row.values, self._incarnation, liveness, when):
                         continue
                     if self._over_budget_or_stale(row, when):
-                        self._abandon(row, when)
+                        self._abandon(row, when, gone)
                         continue
                     profile = row["adapter_profile"] or DEFAULT_PROFILE
                     if platforms is not None and row["platform"] not in platforms:
@@ -127,6 +160,7 @@ class Sweeper:
                         claimed[claim.obligation_id] = claim
             # In the order the rows were found (oldest first), whatever their group.
             claims.extend(claimed[row.id] for row in chunk if row.id in claimed)
+        self._sweep_done("startup", started, claims)
         return claims
 
     def failed_for_runtime(
@@ -139,9 +173,11 @@ class Sweeper:
         me = self._incarnation
         if me.started_at is None:
             return []
+        started = self._clock.monotonic()
         when = self._clock.now() if now is None else now
         store = self._store
         claims: list[Claim] = []
+        self._abandoned = 0
         rows = store.select(
             _K,
             states=(_S.FAILED,),
@@ -154,13 +190,13 @@ class Sweeper:
             order_by="created_at",
         )
         for chunk in chunks(rows, self._policy.sweep_chunk):
-            with store.atomic():
+            with self._chunk("runtime") as gone:
                 for row in chunk:
                     # pid and start time were matched by the select; the host is checked here.
                     if row["owner_host"] not in (None, me.host):
                         continue
                     if self._over_budget_or_stale(row, when):
-                        self._abandon(row, when)
+                        self._abandon(row, when, gone)
                         continue
                     kind = stored_kind(self._policy, row)
                     if kind is ErrorKind.PERMANENT:
@@ -173,6 +209,7 @@ class Sweeper:
                     claim = self.claim(row, when, True, reason)
                     if claim is not None:
                         claims.append(claim)
+        self._sweep_done("runtime", started, claims)
         return claims
 
     def stuck_own(
@@ -185,18 +222,20 @@ class Sweeper:
     ) -> list[Claim]:
         """Re-claim this incarnation's own sends that are stuck (``Ledger.sweep_stuck_own``)."""
         require_positive("older_than_s", older_than_s)
+        started = self._clock.monotonic()
         when = self._clock.now() if now is None else now
         skip = frozenset(exclude)
         targets = None if deliverable_targets is None else frozenset(deliverable_targets)
         claims: list[Claim] = []
+        self._abandoned = 0
         rows = self.stuck_rows(older_than_s, when)
         for chunk in chunks(rows, self._policy.sweep_chunk):
-            with self._store.atomic():
+            with self._chunk("stuck") as gone:
                 for row in chunk:
                     if row.id in skip:
                         continue
                     if self._over_budget_or_stale(row, when):
-                        self._abandon(row, when)
+                        self._abandon(row, when, gone)
                         continue
                     profile = row["adapter_profile"] or DEFAULT_PROFILE
                     if targets is not None and (row["platform"], profile) not in targets:
@@ -205,6 +244,7 @@ class Sweeper:
                     claim = self.claim(row, when, needs_marker, "stuck", why="stuck")
                     if claim is not None:
                         claims.append(claim)
+        self._sweep_done("stuck", started, claims)
         return claims
 
     def stuck_rows(self, older_than_s: float, now: float) -> list[Row[ObligationState]]:
@@ -265,7 +305,8 @@ class Sweeper:
         gives the label, or ``why`` for a plain claim."""
         me = self._incarnation
         label = reason if needs_marker else None
-        claimed = self._store.transition_many(
+        claimed = transition_many(
+            self._store,
             _K,
             [row.id for row in rows],
             "claim",
@@ -282,9 +323,15 @@ class Sweeper:
             },
             increments={"attempts": 1},
         )
+        self._count("claim", Outcome.OK, len(claimed))
+        # The others changed since they were read: another writer won them.
+        self._count("claim", Outcome.STALE, len(rows) - len(claimed))
+        meter = self._meter
         claims = []
         for row in claimed:
             self._remember(row)
+            if meter is not None:
+                meter.began(row.id)  # a resend starts now
             claims.append(
                 Claim(
                     Obligation.from_row(row),
@@ -296,9 +343,15 @@ class Sweeper:
             )
         return claims
 
-    def _abandon(self, row: Row[ObligationState], now: float) -> None:
-        """Abandon the row under the fence it was read with, saying why in its history; a row
-        that changed since (another sweeper got there first) is left alone."""
+    def _abandon(
+        self,
+        row: Row[ObligationState],
+        now: float,
+        gone: list[tuple[Row[ObligationState], str]],
+    ) -> None:
+        """Abandon the row under the fence it was read with, saying why in its history, and
+        add it with the reason to ``gone`` (reported once its chunk committed); a row that
+        changed since (another sweeper got there first) is left alone."""
         policy = self._policy
         over = row["attempts"] >= policy.max_attempts
         reason = (
@@ -316,8 +369,94 @@ class Sweeper:
                 changes={"updated_at": now},
             )
         except StaleState:
+            self._count("abandon", Outcome.STALE, 1)
             return
         self._forget(row.id)
+        self._count("abandon", Outcome.OK, 1)
+        gone.append((row, reason))
+
+    # -- reports -------------------------------------------------------------------------------
+
+    def _count(self, event: str, outcome: str, rows: int) -> None:
+        """Count ``rows`` transitions of ``event`` with ``outcome``: held while a chunk is under
+        way (they are reported once it commits), else reported at once."""
+        if self._meter is None or not rows:
+            return
+        if self._tally is None:
+            self._meter.count(event, outcome, rows)
+        else:
+            self._tally.append((event, outcome, rows))
+
+    @contextmanager
+    def _chunk(self, sweep: str) -> Iterator[list[tuple[Row[ObligationState], str]]]:
+        """One chunk of ``sweep``, in one store transaction; yields the list ``_abandon`` adds
+        each abandoned row to, with its reason.
+
+        Once the transaction committed: its counted transitions and claim latency go to the
+        metrics, each abandonment to the log (a WARNING) and the sweep's tally.  When it fails,
+        nothing of it was written: its claims and abandonments are counted as errors, nothing
+        is logged, and the exception propagates.
+        """
+        gone: list[tuple[Row[ObligationState], str]] = []
+        started = self._clock.monotonic()
+        self._tally = []
+        try:
+            with self._store.atomic():
+                yield gone
+        except BaseException:
+            tally, self._tally = self._tally, None
+            for event, outcome, rows in tally:
+                if outcome == Outcome.OK:
+                    self._count(event, Outcome.ERROR, rows)
+            raise
+        tally, self._tally = self._tally, None
+        if self._meter is not None:
+            self._meter.metrics.latency("claim", self._clock.monotonic() - started)
+            for event, outcome, rows in tally:
+                self._meter.count(event, outcome, rows)
+        self._abandoned += len(gone)
+        for row, reason in gone:
+            log.warning(
+                "abandoned obligation %s (chat %s on %s): %s",
+                row.id,
+                row["chat_id"],
+                row["platform"],
+                reason,
+                extra={
+                    "sweep": sweep,
+                    "obligation_id": row.id,
+                    "chat_id": row["chat_id"],
+                    "platform": row["platform"],
+                    "reason": reason,
+                    "attempts": row["attempts"],
+                },
+            )
+
+    def _sweep_done(self, sweep: str, started: float, claims: list[Claim]) -> None:
+        """Report a finished sweep: one INFO line when it claimed or abandoned anything, and
+        the sweep itself to the metrics."""
+        abandoned = self._abandoned
+        seconds = self._clock.monotonic() - started
+        if self._meter is not None:
+            self._meter.metrics.sweep(sweep, len(claims), abandoned, seconds)
+        if claims or abandoned:
+            labelled = sum(1 for claim in claims if claim.needs_marker)
+            log.info(
+                "ledger %s sweep: claimed %d (%d labelled as possible repeats), abandoned %d "
+                "in %.3f s",
+                sweep,
+                len(claims),
+                labelled,
+                abandoned,
+                seconds,
+                extra={
+                    "sweep": sweep,
+                    "claimed": len(claims),
+                    "labelled": labelled,
+                    "abandoned": abandoned,
+                    "duration_s": seconds,
+                },
+            )
 
     def _over_budget_or_stale(self, row: Row[ObligationState], now: float) -> bool:
         """Whether the row spent its attempt budget or outlived the policy's age limit."""

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from enum import Enum
 from typing import Any, TypeVar
 
+from statecore.batching import routes_through_overrides, transition_many_one_by_one
 from statecore.entity import EntityKind
 from statecore.errors import StoreError
 from statecore.store import (
@@ -34,6 +35,7 @@ from statecore.store import (
     rows_matching,
     valid_states,
 )
+from stores._closing import ClosesOnExit
 
 __all__ = ["InMemoryStore"]
 
@@ -57,10 +59,15 @@ class _Table:
         self.audit: dict[str, list[_AuditRec]] = {}
 
 
-class InMemoryStore:
+class InMemoryStore(ClosesOnExit):
     """A :class:`~statecore.store.Store` in process memory; thread-safe under one re-entrant
     lock.  ``atomic()`` blocks hold the lock until the outermost block ends and undo their own
-    writes if an exception escapes them."""
+    writes if an exception escapes them.
+
+    InMemoryStore is long because it is the whole Store protocol in one class, one method per
+    operation over the shared tables and undo journal; the guard itself is planned and
+    evaluated in :mod:`statecore.store`.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -240,7 +247,22 @@ class InMemoryStore:
         changes: Mapping[str, object] | None = None,
         increments: Mapping[str, int] | None = None,
     ) -> list[Row[S]]:
-        """The guarded transition for each listed entity the guard admits (others skipped)."""
+        """The guarded transition for each listed entity the guard admits (others skipped).
+
+        In a subclass that overrides :meth:`transition` (and not this method) every entity is
+        moved by that override instead, in one transaction, so the subclass sees each write.
+        """
+        if routes_through_overrides(self, "transition_many", "transition"):
+            return transition_many_one_by_one(
+                self,
+                kind,
+                entity_ids,
+                event,
+                audit=audit,
+                expect=expect,
+                changes=changes,
+                increments=increments,
+            )
         if isinstance(entity_ids, str):
             raise TypeError("entity_ids must be a sequence of ids, not one str")
         ids = list(dict.fromkeys(entity_ids))

@@ -27,7 +27,14 @@ from enum import Enum
 from typing import Any, Literal, TypeVar
 
 import stores._sqlite_sql as sql
-from statecore.batch import REFUSALS, Creation, Move
+from statecore.batch import (
+    REFUSALS,
+    Creation,
+    Move,
+    insert_each_sequentially,
+    transition_each_sequentially,
+)
+from statecore.batching import routes_through_overrides, transition_many_one_by_one
 from statecore.entity import EntityKind
 from statecore.errors import StoreError
 from statecore.store import (
@@ -45,6 +52,7 @@ from statecore.store import (
     removal_sources,
     valid_states,
 )
+from stores._closing import ClosesOnExit
 from stores._sqlite_conn import Connections, Txn, check_header
 from stores._sqlite_shortcuts import (
     CompiledKind,
@@ -89,7 +97,7 @@ def _audit_row(
     )
 
 
-class SQLiteStore:
+class SQLiteStore(ClosesOnExit):
     """A :class:`~statecore.store.Store` in one SQLite file (see the module docs).
 
     ``SQLiteStore(path, synchronous="NORMAL" | "FULL", busy_timeout_s=5.0)``.  Opening checks
@@ -390,7 +398,22 @@ class SQLiteStore:
         increments: Mapping[str, int] | None = None,
     ) -> list[Row[S]]:
         """One guarded ``UPDATE ... WHERE id IN (...) RETURNING`` per chunk of ids, plus their
-        audit entries, all in one transaction; entities the guard does not admit are skipped."""
+        audit entries, all in one transaction; entities the guard does not admit are skipped.
+
+        In a subclass that overrides :meth:`transition` (and not this method) every entity is
+        moved by that override instead, in one transaction, so the subclass sees each write.
+        """
+        if routes_through_overrides(self, "transition_many", "transition"):
+            return transition_many_one_by_one(
+                self,
+                kind,
+                entity_ids,
+                event,
+                audit=audit,
+                expect=expect,
+                changes=changes,
+                increments=increments,
+            )
         c = self._compiled(kind)
         if isinstance(entity_ids, str):
             raise TypeError("entity_ids must be a sequence of ids, not one str")
@@ -441,7 +464,13 @@ class SQLiteStore:
         self, kind: EntityKind[S], creations: Sequence[Creation]
     ) -> list[tuple[Row[S], bool] | Exception]:
         """Every creation as :meth:`insert` would, in one transaction, with one multi-row
-        ``INSERT ... RETURNING`` per run of distinct ids (see BatchStore)."""
+        ``INSERT ... RETURNING`` per run of distinct ids (see BatchStore).
+
+        In a subclass that overrides :meth:`insert` (and not this method) every creation is
+        made by that override instead, in one transaction, so the subclass sees each write.
+        """
+        if routes_through_overrides(self, "insert_each", "insert"):
+            return insert_each_sequentially(self, kind, creations)
         c = self._compiled(kind)
         outcomes: list[Any] = [None] * len(creations)
         ready: list[tuple[int, Creation, Enum, list[Any]]] = []
@@ -490,8 +519,12 @@ class SQLiteStore:
         Runs of moves of one shape (event, fenced or not, the changed fields, the compared
         fields, equality only) on distinct entities share one ``UPDATE ... FROM (VALUES ...)
         RETURNING``: each row is guarded by its own id, fence and values, exactly as its own
-        UPDATE would be.  Any other move runs alone.
+        UPDATE would be.  Any other move runs alone.  In a subclass that overrides
+        :meth:`transition` (and not this method) every move is made by that override instead,
+        in one transaction, so the subclass sees each write.
         """
+        if routes_through_overrides(self, "transition_each", "transition"):
+            return transition_each_sequentially(self, kind, moves)
         c = self._compiled(kind)
         outcomes: list[Any] = [None] * len(moves)
         steps: list[Step] = []

@@ -23,6 +23,7 @@ import attrs
 from relay.wire.codec import buffered_inbound_line, decode_event, encode_event
 from relay.wire.frames import InboundEvent
 from statecore.batch import BatchStore, Creation
+from statecore.batching import has_batch, transition_many
 from statecore.clock import Clock, SystemClock
 from statecore.entity import EntityKind, Field, Index
 from statecore.errors import InvalidTransition, StaleState
@@ -124,7 +125,9 @@ class InboundBuffer:
         self.expired_total = 0
         """Entries expired by this process (also logged at WARNING)."""
         store.register(BUFFER_KIND)
-        self._batch = isinstance(store, BatchStore)  # a protocol check: too slow per call
+        # Decided once: whether the store's class runs multi-row inserts itself (a wrapper that
+        # only delegates gets single writes, which its own overrides then see).
+        self._batch = has_batch(store, "insert_each")
         self._lock = threading.Lock()
         self._prefix = secrets.token_hex(3)
         # The last seq handed out; None until the first append reads the store for a floor.
@@ -261,7 +264,8 @@ class InboundBuffer:
         if not buffer_ids:
             return
         now = self.clock.now()
-        self.store.transition_many(
+        transition_many(
+            self.store,
             BUFFER_KIND,
             buffer_ids,
             "send",
@@ -289,7 +293,8 @@ class InboundBuffer:
         if not wanted:
             return 0
         now = self.clock.now()
-        retired = self.store.transition_many(
+        retired = transition_many(
+            self.store,
             BUFFER_KIND,
             wanted,
             "ack",
@@ -334,8 +339,21 @@ class InboundBuffer:
         """Unacked entries of ``gateway_id``."""
         return self.store.count(BUFFER_KIND, states=_UNACKED, where={"gateway_id": gateway_id})
 
+    def backlog_stats(self, gateway_id: str | None = None) -> tuple[int, float | None]:
+        """The unacked entries of ``gateway_id`` (None: of every gateway): how many, and when
+        the oldest of them was appended (wall clock; None when there is none)."""
+        where = None if gateway_id is None else {"gateway_id": gateway_id}
+        depth = self.store.count(BUFFER_KIND, states=_UNACKED, where=where)
+        if not depth:
+            return 0, None
+        oldest = self.store.select(
+            BUFFER_KIND, states=_UNACKED, where=where, order_by="seq", limit=1
+        )
+        return depth, (float(oldest[0].values["created_at"]) if oldest else None)
+
     def prune(self, *, older_than_s: float) -> int:
-        """Delete acked and expired entries settled more than ``older_than_s`` ago."""
+        """Delete acked and expired entries settled more than ``older_than_s`` ago; an unacked
+        entry is never deleted (it expires first, see :meth:`expire`)."""
         cutoff = self.clock.now() - older_than_s
         return self.store.prune(BUFFER_KIND, "prune", where={"updated_at": lt(cutoff)})
 

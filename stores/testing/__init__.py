@@ -28,10 +28,13 @@ store with the kit's kinds registered.  The tests use no sleeps: time comes from
 The contract is split into one class per section (``stores.testing.insert``,
 ``stores.testing.transition``, ...); a store may run one section alone by subclassing it.
 
-This package imports pytest: it is test-support code, installed with the package but used only
-where the dev dependencies are installed.  For pytest's detailed assertion messages from the
-kit's own asserts, call ``pytest.register_assert_rewrite("stores.testing")`` (in a
-``conftest.py``, or before the first import of this package).
+This package imports pytest and no pytest plugin (no pytest-asyncio, no hypothesis): it is
+test-support code, installed with the package and usable once pytest is installed (the
+``statecore[testing]`` extra).  Keep every section synchronous and plugin-free, so that a
+project running the kit gets no plugin and no warnings from it.  For pytest's detailed
+assertion messages from the kit's own asserts, call
+``pytest.register_assert_rewrite("stores.testing")`` (in a ``conftest.py``, or before the
+first import of this package).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from stores.testing.bulk import BulkTransitionContract
 from stores.testing.insert import InsertContract
 from stores.testing.isolation import IsolationContract
 from stores.testing.obligations import ObligationContract
+from stores.testing.overrides import OverrideContract
 from stores.testing.prune import PruneContract
 from stores.testing.races import RaceContract
 from stores.testing.registration import RegistrationContract
@@ -66,6 +70,7 @@ class StoreContract(
     TransitionContract,
     BulkTransitionContract,
     BatchContract,
+    OverrideContract,
     RaceContract,
     AuditContract,
     SelectContract,
