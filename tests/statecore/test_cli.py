@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import io
+import json
 import re
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from importlib.metadata import entry_points, version
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import statecore.cli as cli_module
 from relay.client.lifecycle import TRANSPORT
 from statecore.cli import all_lifecycles, main
+from statecore.cli.lifecycles import lifecycle_json
+from statecore.cli.plugin import forwarding
 from statecore.lifecycle import Lifecycle
 from statecore.lifecycles import DECLARED_LIFECYCLES, OBLIGATION
 
@@ -206,3 +211,142 @@ def test_console_script_without_subcommand_exits_2() -> None:
     )
     assert result.returncode == 2
     assert "usage: statecore" in result.stdout
+
+
+# -- the command line as a whole: version, module entry, plugins, JSON ---------------------------
+
+
+def test_version_is_the_installed_distributions() -> None:
+    """'statecore --version' (the script) and 'python -m statecore --version' print the
+    installed version and exit 0."""
+    expected = f"statecore {version('statecore')}\n"
+    script = run("--version")
+    assert (script.returncode, script.stdout, script.stderr) == (0, expected, "")
+    module = subprocess.run(
+        [sys.executable, "-m", "statecore", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+        cwd=REPO,
+        check=False,
+    )
+    assert (module.returncode, module.stdout) == (0, expected)
+
+
+def test_python_dash_m_statecore_runs_the_same_command_line() -> None:
+    """'python -m statecore lifecycles' prints what the console script prints."""
+    module = subprocess.run(
+        [sys.executable, "-m", "statecore", "lifecycles", "--format", "dot"],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+        cwd=REPO,
+        check=False,
+    )
+    assert module.returncode == 0, module.stderr
+    assert module.stdout == run("lifecycles", "--format", "dot").stdout
+
+
+def test_help_lists_the_commands_installed_packages_add() -> None:
+    """The kernel's commands and those found through the 'statecore.cli' entry point group
+    (relay: buffer, undeliverable; gateway: sessions, delegations) are all offered."""
+    result = run("--help")
+    assert result.returncode == 0
+    listed = set(re.findall(r"^    (\w+)", result.stdout, re.MULTILINE))
+    expected = {"lifecycles", "ledger", "doctor", "buffer", "undeliverable", "sessions"}
+    assert expected | {"delegations"} <= listed
+    registered = {e.name for e in entry_points(group="statecore.cli")}
+    assert registered <= listed
+
+
+def test_a_command_group_without_its_subcommand_prints_its_help_and_exits_2() -> None:
+    """'statecore ledger' alone shows the ledger's subcommands."""
+    result = run("ledger")
+    assert result.returncode == 2
+    assert result.stdout.startswith("usage: statecore ledger")
+    for sub in ("ls", "show", "history", "stats", "retry", "abandon", "prune"):
+        assert re.search(rf"^    {sub} ", result.stdout, re.MULTILINE), sub
+
+
+def test_lifecycles_json_is_the_declarations() -> None:
+    """'lifecycles --json' prints each lifecycle's states and transitions as data."""
+    data = json.loads(_run("lifecycles", "obligation", "--json"))
+    assert data == [lifecycle_json(OBLIGATION)]
+    [obligation] = data
+    assert obligation["initial"] == "pending"
+    assert obligation["terminal"] == ["abandoned", "delivered"]
+    assert {"event": "record", "from": [], "to": "pending"} in obligation["transitions"]
+    assert {"event": "prune", "from": ["delivered", "abandoned"], "to": None} in obligation[
+        "transitions"
+    ]
+    everything = json.loads(_run("lifecycles", "--json"))
+    assert [lc["name"] for lc in everything] == [lc.name for lc in all_lifecycles()]
+
+
+def test_main_reports_a_refusal_on_err_and_returns_2() -> None:
+    """In process: a refusal is one line on the error stream and status 2; the store URL
+    comes from the given environment."""
+    out, err = io.StringIO(), io.StringIO()
+    status = main(["ledger", "stats"], out=out, err=err, env={"STATECORE_STORE_URL": "x://y"})
+    assert status == 2
+    assert out.getvalue() == ""
+    assert err.getvalue().startswith("statecore: error: unknown store URL scheme 'x' in 'x://y'")
+    assert main(["ledger", "stats", "--json"], out=out, err=err, env={}) == 2
+    assert "no store given" in err.getvalue()
+    status = main(["ledger", "stats", "--json", "--store", "memory://"], out=out, err=err)
+    assert status == 0
+    assert json.loads(out.getvalue())["total"] == 0
+
+
+def test_store_urls_are_found_through_the_entry_point_group() -> None:
+    """The kernel names no store: sqlite and memory are registered by the stores package."""
+    openers = {e.name: e.value for e in entry_points(group="statecore.stores")}
+    assert openers == {"memory": "stores.cli:open_memory", "sqlite": "stores.cli:open_sqlite"}
+
+
+def run(*argv: str) -> subprocess.CompletedProcess[str]:
+    """The console script with ``argv``."""
+    return subprocess.run(
+        [_console_script(), *argv],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+        cwd=REPO,
+        check=False,
+    )
+
+
+def test_the_cli_page_documents_every_command() -> None:
+    """docs/cli.md names every command and every ledger, buffer, sessions and delegations
+    subcommand the installed command line offers."""
+    page = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
+    commands = re.findall(r"^    (\w+)", run("--help").stdout, re.MULTILINE)
+    assert commands
+    for command in commands:
+        subcommands = re.findall(r"^    (\w+) ", run(command, "--help").stdout, re.MULTILINE)
+        if command == "lifecycles":
+            subcommands = []
+        named = [f"{command} {sub}" for sub in subcommands] or [command]
+        for name in named:
+            assert f"`{name}" in page, name
+
+
+def test_a_forwarding_command_gets_every_argument_after_its_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A runner with its own parser (plugin.forwarding) receives the rest of the command line
+    untouched and its status is the exit status; it is listed in the help like any command."""
+    seen: list[list[str]] = []
+
+    def runner(argv: list[str]) -> int:
+        seen.append(argv)
+        return 3
+
+    command = forwarding("runner", "run something", runner)
+    monkeypatch.setattr(cli_module, "_plugins", lambda: [command])
+    assert main(["runner", "--config", "c.toml", "--json", "x"], out=io.StringIO()) == 3
+    assert seen == [["--config", "c.toml", "--json", "x"]]
+    listing = io.StringIO()
+    assert main([], out=listing) == 2
+    assert "runner" in listing.getvalue()
+    assert "run something" in listing.getvalue()

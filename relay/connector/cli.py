@@ -1,0 +1,142 @@
+"""``statecore buffer``: what the connector's durable inbound buffer holds for sleeping gateway
+instances (registered through the ``statecore.cli`` entry point group).
+
+``buffer ls`` lists entries (unacked by default), ``buffer stats`` counts them per state and,
+for each gateway instance, its unacked depth and the age of its oldest unacked entry: a depth
+that keeps growing is an instance that never comes back for its backlog.  Both only read.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from relay.connector.buffer import BUFFER, BUFFER_KIND, BufferState
+from statecore.cli.output import age, duration, table
+from statecore.cli.plugin import EXIT_OK, Command, Context, add_leaf
+from statecore.store import Row
+
+__all__ = ["BUFFER_COMMAND", "entry_json"]
+
+_UNACKED = BUFFER.sources("ack")
+_GROUPS: dict[str, frozenset[BufferState]] = {
+    "unacked": _UNACKED,
+    "settled": BUFFER.terminal,
+    "all": frozenset(BUFFER.states),
+}
+
+
+def entry_json(row: Row[BufferState]) -> dict[str, Any]:
+    """One buffer entry as a JSON-ready object (the event itself as its kept JSON text)."""
+    return {
+        "buffer_id": row.id,
+        "state": row.state.value,
+        "gateway_id": row["gateway_id"],
+        "platform": row["platform"],
+        "seq": row["seq"],
+        "created_at": row["created_at"],
+        "updated_at": row["updated_at"],
+        "replays": row["replays"],
+        "event_json": row["event_json"],
+    }
+
+
+def _states(names: list[str] | None) -> frozenset[BufferState]:
+    chosen: set[BufferState] = set()
+    for name in names or ["unacked"]:
+        chosen.update(_GROUPS[name] if name in _GROUPS else (BufferState(name),))
+    return frozenset(chosen)
+
+
+def _ls(args: argparse.Namespace, ctx: Context) -> int:
+    store = ctx.open_store()
+    store.register(BUFFER_KIND)
+    states = _states(args.state)
+    where = None if args.gateway is None else {"gateway_id": args.gateway}
+    limit = args.limit or None
+    rows = store.select(BUFFER_KIND, states=states, where=where, order_by="seq", limit=limit)
+    total = store.count(BUFFER_KIND, states=states, where=where)
+    now = ctx.now()
+
+    def text() -> str:
+        if not rows:
+            return "no buffer entries in state " + ", ".join(sorted(s.value for s in states)) + "\n"
+        shown = table(
+            ("ID", "STATE", "GATEWAY", "PLATFORM", "SEQ", "AGE", "REPLAYS"),
+            [
+                (
+                    r.id,
+                    r.state.value,
+                    r["gateway_id"],
+                    r["platform"],
+                    r["seq"],
+                    age(r["created_at"], now),
+                    r["replays"],
+                )
+                for r in rows
+            ],
+        )
+        if len(rows) < total:
+            shown += f"{len(rows)} of {total} shown (--limit 0 shows all)\n"
+        return shown
+
+    ctx.emit({"total": total, "entries": [entry_json(r) for r in rows]}, text)
+    return EXIT_OK
+
+
+def _stats(args: argparse.Namespace, ctx: Context) -> int:
+    store = ctx.open_store()
+    store.register(BUFFER_KIND)
+    now = ctx.now()
+    counts = {s.value: store.count(BUFFER_KIND, states=(s,)) for s in BUFFER.states}
+    gateways: dict[str, dict[str, Any]] = {}
+    for row in store.select(BUFFER_KIND, states=_UNACKED, order_by="created_at"):
+        seen = gateways.setdefault(
+            row["gateway_id"], {"unacked": 0, "oldest_unacked_age_s": now - row["created_at"]}
+        )
+        seen["unacked"] += 1
+    data = {"states": counts, "total": sum(counts.values()), "gateways": gateways}
+
+    def text() -> str:
+        shown = table(("STATE", "ENTRIES"), [*counts.items(), ("total", data["total"])])
+        if not gateways:
+            return shown + "no gateway instance has unacked entries\n"
+        return (
+            shown
+            + "\n"
+            + table(
+                ("GATEWAY", "UNACKED", "OLDEST"),
+                [
+                    (g, v["unacked"], duration(v["oldest_unacked_age_s"]))
+                    for g, v in sorted(gateways.items())
+                ],
+            )
+        )
+
+    ctx.emit(data, text)
+    return EXIT_OK
+
+
+def _build(parser: argparse.ArgumentParser) -> None:
+    commands = parser.add_subparsers(dest="buffer_command", metavar="COMMAND")
+    ls = add_leaf(commands, "ls", "list buffer entries in replay order", _ls)
+    ls.add_argument(
+        "--state",
+        action="append",
+        choices=[*(s.value for s in BUFFER.states), *_GROUPS],
+        help="only this state, or unacked (default), settled, all; may be repeated",
+    )
+    ls.add_argument("--gateway", metavar="ID", help="only this gateway instance's entries")
+    ls.add_argument(
+        "--limit",
+        type=int,
+        default=50,
+        metavar="N",
+        help="show at most N entries (default 50; 0: all)",
+    )
+    add_leaf(commands, "stats", "count entries per state, and unacked ones per gateway", _stats)
+
+
+BUFFER_COMMAND = Command(
+    "buffer", "list and count the connector's inbound buffer for sleeping gateways", _build
+)

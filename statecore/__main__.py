@@ -1,0 +1,6 @@
+"""``python -m statecore``: the ``statecore`` command line."""
+
+from statecore.cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
