@@ -2,8 +2,9 @@
 
 ``RelayAdapter`` adopts the connector's capability descriptor, turns sends into relay requests
 with typed results, remembers per chat the tenant discriminators (``scope_id``, ``user_id``)
-learned from inbound traffic and attaches them to outbound metadata, and tears its transport
-down within a budget it measures itself.
+learned from inbound traffic and attaches them to outbound metadata, tears its transport
+down within a budget it measures itself, and hands the gateway's housekeeping the jobs that
+prune its transport's dedupe store (handled-replay keys, dismissed undeliverable records).
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ class RelayAdapter:
         delivers_inbound=True,
         announces_reconnects=True,
         primes_routes=True,
+        keeps_house=True,
     )
     """Everything the runtime may ask of an adapter."""
 
@@ -260,6 +262,17 @@ class RelayAdapter:
             return SendResult.failed(error, ambiguous=True)
         # The platform's own refusal: its code when it is one we know, else its text decides.
         return SendResult.failed(error, kind=_KIND_OF_CODE.get(result.code or ""))
+
+    # -- housekeeping --------------------------------------------------------------------------
+
+    def housekeeping(self, retention_s: float) -> dict[str, Callable[[], Awaitable[int]]]:
+        """The jobs that prune the transport's dedupe store for the gateway's housekeeping:
+        ``dedupe`` (keys handled more than ``retention_s`` ago) and ``undeliverable`` (records
+        dismissed more than ``retention_s`` ago), when the transport has a dedupe that names
+        its jobs (:meth:`relay.StoreBufferDedupe.housekeeping`); else none."""
+        dedupe = getattr(self.transport, "dedupe", None)
+        jobs = getattr(dedupe, "housekeeping", None)
+        return dict(jobs(retention_s)) if callable(jobs) else {}
 
     # -- idle, dormancy, teardown --------------------------------------------------------------
 

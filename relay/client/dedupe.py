@@ -9,6 +9,11 @@ A buffered delivery that can never be handled (a *poison* event: no usable ``cha
 original-contract frame nobody handles) is recorded here as :class:`Undeliverable` -- the raw
 line as received and the reason -- before it is acked, so a buffer never stalls behind it and
 an operator can still see (:meth:`StoreBufferDedupe.undeliverable`) what was not delivered.
+
+Both tables are pruned by the gateway's housekeeping: :meth:`StoreBufferDedupe.housekeeping`
+names the two jobs (``dedupe``: keys handled longer ago than the retention, which must exceed
+the connector's buffer retention; ``undeliverable``: records an operator dismissed longer ago
+than the retention).  A record nobody dismissed is never pruned.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import asyncio
 import contextlib
 import queue
 import threading
+from collections.abc import Awaitable, Callable
 from enum import StrEnum
 
 import attrs
@@ -110,6 +116,8 @@ UNDELIVERABLE_KIND: EntityKind[UndeliverableState] = EntityKind(
         Field("reason", str, nullable=False, immutable=True),
         Field("raw_line", str, nullable=False, immutable=True),
         Field("recorded_at", float, nullable=False, immutable=True),
+        # When an operator dismissed it (None: not dismissed, or dismissed before this field).
+        Field("dismissed_at", float),
     ),
     indexes=(Index(("recorded_at",)),),
 )
@@ -266,9 +274,37 @@ class StoreBufferDedupe:
     def dismiss(self, buffer_id: str) -> None:
         """Mark one undeliverable record as seen by an operator.  Raises ``InvalidTransition``
         when it is unknown or already dismissed."""
+        now = self.clock.now()
         self.store.transition(
-            UNDELIVERABLE_KIND, buffer_id, "dismiss", audit=Audit(self.clock.now())
+            UNDELIVERABLE_KIND,
+            buffer_id,
+            "dismiss",
+            audit=Audit(now),
+            changes={"dismissed_at": now},
         )
+
+    def prune_dismissed(self, older_than_s: float) -> int:
+        """Delete undeliverable records dismissed more than ``older_than_s`` seconds ago, with
+        their history; return how many.  A record not dismissed is never deleted."""
+        cutoff = self.clock.now() - older_than_s
+        return self.store.prune(UNDELIVERABLE_KIND, "prune", where={"dismissed_at": lt(cutoff)})
+
+    def housekeeping(self, retention_s: float) -> dict[str, Callable[[], Awaitable[int]]]:
+        """The gateway's housekeeping jobs for this memory (see the module docs): ``dedupe``
+        forgets keys handled more than ``retention_s`` ago, ``undeliverable`` deletes records
+        dismissed more than ``retention_s`` ago; each runs on a worker thread and returns how
+        many rows it deleted.  ``retention_s`` must exceed the connector's buffer retention
+        (``ValueError`` when it is not positive)."""
+        if isinstance(retention_s, bool) or not retention_s > 0:
+            raise ValueError(f"retention_s must be positive, not {retention_s!r}")
+
+        async def dedupe() -> int:
+            return await asyncio.to_thread(self.forget_older_than, retention_s)
+
+        async def undeliverable() -> int:
+            return await asyncio.to_thread(self.prune_dismissed, retention_s)
+
+        return {"dedupe": dedupe, "undeliverable": undeliverable}
 
     def forget_older_than(self, seconds: float) -> int:
         """Drop keys handled more than ``seconds`` ago (longer than the connector's buffer

@@ -11,7 +11,7 @@ from enum import StrEnum
 
 from statecore.lifecycle import Lifecycle, Transition
 
-__all__ = ["SERVING", "TRANSPORT", "TransportState"]
+__all__ = ["SERVING", "TRANSPORT", "TransportState", "unserved_reason"]
 
 
 class TransportState(StrEnum):
@@ -73,3 +73,15 @@ TRANSPORT: Lifecycle[TransportState] = Lifecycle(
 
 SERVING = frozenset({_T.CONNECTED, _T.GOING_IDLE})
 """The states in which a transport sends requests (and acks): connected or going idle."""
+
+
+def unserved_reason(state: TransportState) -> str | None:
+    """Why a request cannot be sent in ``state`` (None: it can, the state is serving): the
+    transport is closed or closing, its credentials were revoked, or it is not connected."""
+    if state in SERVING:
+        return None
+    if state is _T.REVOKED:
+        return "relay credentials revoked"
+    if state in TRANSPORT.terminal or state is _T.CLOSING:
+        return "relay transport closed"
+    return "relay not connected"

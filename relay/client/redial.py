@@ -6,6 +6,12 @@ it what to do next (end revoked, end replaced, re-dial now or after how long).  
 every piece of state those decisions read: the backoff ladder, the one-shot allowances of the
 close rules, the grace for refusals at start-up and the measured clock offset.  It performs no
 I/O and never sleeps, so it is tested on a :class:`~statecore.clock.FakeClock` alone.
+
+It is also where a connection's comings and goings are told to operators: a loss, every
+handshake (the first one, a reconnection after a loss with how long it was down and how many
+dials it took, a wake-up after dormancy with how long it slept) at INFO with ``extra`` fields
+(``relay_url``, ``down_s``, ``attempt``, ``dormant_s``), and to the metrics hook
+(``reconnect(url)``, ``dormant(url, seconds)``).
 """
 
 from __future__ import annotations
@@ -17,12 +23,24 @@ import attrs
 
 from relay.wire.urls import CloseKind, classify_close, connector_time
 from statecore.clock import Clock
+from statecore.metrics import NO_METRICS, Metrics
 
-__all__ = ["LostVerdict", "RedialPolicy"]
+__all__ = ["LostVerdict", "RedialPolicy", "durations"]
 
 log = logging.getLogger(__name__)
 
 _CLOCK_OFFSET_MIN_S = 5.0  # smaller offsets are rounding and latency, not a wrong clock
+
+
+def durations(**values: object) -> dict[str, float]:
+    """The transport's timing settings as floats, by name; ``ValueError`` naming the first one
+    that is not a non-negative number (a bool is not one)."""
+    checked: dict[str, float] = {}
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ValueError(f"{name} must be a non-negative number, not {value!r}")
+        checked[name] = float(value)
+    return checked
 
 
 @attrs.frozen
@@ -39,8 +57,9 @@ class RedialPolicy:
     """The decisions behind every re-dial of one transport (see the module docs).
 
     ``RedialPolicy(clock, rng, *, backoff_s, max_s, dormant_s, stable_after_s,
-    refusal_grace_s, label="relay")`` (``label`` names the connection in log lines): jittered
-    exponential backoff uniform in ``[d/2, d]`` with ``d = min(max_s, backoff_s * 2**attempt)``;
+    refusal_grace_s, label="relay", metrics=NO_METRICS)`` (``label`` names the connection in
+    log lines and metrics): jittered exponential backoff uniform in ``[d/2, d]`` with
+    ``d = min(max_s, backoff_s * 2**attempt)``;
     the ladder starts again after a connection that lasted ``stable_after_s``; a dormant
     transport re-dials every ``dormant_s``; credential refusals before the first handshake are
     retried for ``refusal_grace_s``.
@@ -57,9 +76,11 @@ class RedialPolicy:
         stable_after_s: float,
         refusal_grace_s: float,
         label: str = "relay",
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         self._clock = clock
         self.label = label
+        self.metrics = metrics
         self._rng = rng
         self.backoff_s = backoff_s
         self.max_s = max_s
@@ -79,21 +100,77 @@ class RedialPolicy:
         self._redial_now = False
         # When the current run of pre-handshake refusals began (monotonic), if one is running.
         self._refused_since: float | None = None
+        # Since when the connection is down (lost, or never made) or dormant (monotonic), and
+        # how many dials were armed since: what the next handshake reports.
+        self._down_since: float | None = clock.monotonic()
+        self._dormant_since: float | None = None
+        self._dials = 0
 
     # -- what happened ---------------------------------------------------------------------
 
     def established(self) -> None:
-        """A handshake completed: the one-shot allowances and the refusal grace start over."""
+        """A handshake completed: the one-shot allowances and the refusal grace start over;
+        the connection (a first one, a reconnection or a wake-up) is logged and reported."""
+        now = self._clock.monotonic()
         self.connections += 1
         self._refused_since = None
-        self._connected_at = self._clock.monotonic()
+        self._connected_at = now
         self._legacy_retry_used = False
         self._immediate_retry_used = False
+        self._report(now)
+
+    def went_dormant(self) -> None:
+        """The connection was closed to sleep (dormant): the next handshake is a wake-up."""
+        self._dormant_since = self._clock.monotonic()
+
+    def _report(self, now: float) -> None:
+        """Log (INFO) and report the connection just established."""
+        # Every re-dial follows a wait (next_wait); the very first dial is connect()'s own.
+        dials = self._dials + (1 if self.connections == 1 else 0)
+        self._dials = 0
+        dormant_since, self._dormant_since = self._dormant_since, None
+        down_since, self._down_since = self._down_since, None
+        url = self.label
+        if dormant_since is not None:
+            slept = now - dormant_since
+            log.info(
+                "relay %s: woke after %.1f s dormant",
+                url,
+                slept,
+                extra={"relay_url": url, "dormant_s": slept, "attempt": dials},
+            )
+            self.metrics.dormant(url, slept)
+        elif self.connections == 1:
+            log.info(
+                "relay %s: connected (attempt %d)",
+                url,
+                dials,
+                extra={"relay_url": url, "attempt": dials},
+            )
+        else:
+            down = 0.0 if down_since is None else now - down_since
+            log.info(
+                "relay %s: reconnected after %.1f s (attempt %d)",
+                url,
+                down,
+                dials,
+                extra={"relay_url": url, "down_s": down, "attempt": dials},
+            )
+            self.metrics.reconnect(url)
 
     def lost(self, code: int | None, reason: str | None) -> LostVerdict:
         """The connection closed unexpectedly with ``code`` and ``reason`` (None: no close
         frame).  Returns the verdict; when it is a re-dial, :meth:`next_wait` knows how soon."""
         self.last_close = (code, reason)
+        if self._down_since is None:  # down since the first loss, through failed re-dials
+            self._down_since = self._clock.monotonic()
+        log.info(
+            "relay %s: connection lost (close %s %s)",
+            self.label,
+            code,
+            reason or "",
+            extra={"relay_url": self.label, "close_code": code, "close_reason": reason},
+        )
         self.measure_clock(reason)
         # A handshake since the last legacy re-dial grants one more (see classify_close).
         handshaken = self.connections > 0 and not self._legacy_retry_used
@@ -164,6 +241,7 @@ class RedialPolicy:
     def next_wait(self, *, dormant: bool) -> float:
         """How long to wait before the next dial: the dormant cadence, once nothing after a
         close that allows an immediate re-dial, else the next step of the backoff ladder."""
+        self._dials += 1  # a dial follows every wait
         if dormant:
             return self.dormant_s  # independent of the backoff
         if self._redial_now:

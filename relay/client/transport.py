@@ -34,9 +34,9 @@ from relay.client.delivery import (
 )
 from relay.client.dialer import Dialer, UpgradeRefused
 from relay.client.dispatch import DEFAULT_MAX_IN_FLIGHT, InboundDispatcher
-from relay.client.lifecycle import SERVING, TRANSPORT, TransportState
+from relay.client.lifecycle import SERVING, TRANSPORT, TransportState, unserved_reason
 from relay.client.reader import ConnectionReader, close_of
-from relay.client.redial import RedialPolicy
+from relay.client.redial import RedialPolicy, durations
 from relay.client.requests import PendingRequests, RequestOutcome, RequestResult
 from relay.client.teardown import (
     MAX_TEARDOWN_S,
@@ -58,6 +58,7 @@ from relay.wire.urls import CloseKind, relay_url
 from statecore.checks import require_text
 from statecore.clock import Clock, Deadline, SystemClock
 from statecore.errors import InvalidTransition
+from statecore.metrics import NO_METRICS, Metrics
 
 __all__ = ["WebSocketRelayTransport"]
 
@@ -86,7 +87,8 @@ class WebSocketRelayTransport:
     ``error`` frames go only to a connector whose descriptor announced ``error_frames``.  A 4401
     (or HTTP 401/403) before the first successful handshake is retried with backoff for
     ``refusal_grace_s`` before the transport ends ``revoked``.  ``dedupe`` remembers handled
-    bufferIds and records undeliverable ones.
+    bufferIds and records undeliverable ones.  Every loss, reconnection and wake-up is logged at
+    INFO and reported to ``metrics`` (``reconnect``, ``dormant``; see :mod:`relay.client.redial`).
 
     Time: ``clock`` drives every protocol timer (backoff, dormant cadence, request and
     handshake timeouts, token minting).  ``teardown_clock`` (default: the system clock) bounds
@@ -135,20 +137,19 @@ class WebSocketRelayTransport:
         refusal_grace_s: float = 120.0,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         teardown_clock: Clock | None = None,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
-        for name, value in (
-            ("reconnect_backoff_s", reconnect_backoff_s),
-            ("reconnect_max_s", reconnect_max_s),
-            ("dormant_redial_s", dormant_redial_s),
-            ("request_timeout_s", request_timeout_s),
-            ("handshake_timeout_s", handshake_timeout_s),
-            ("open_timeout_s", open_timeout_s),
-            ("stable_after_s", stable_after_s),
-            ("refusal_grace_s", refusal_grace_s),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ValueError(f"{name} must be a non-negative number, not {value!r}")
-            setattr(self, name, float(value))
+        for name, value in durations(
+            reconnect_backoff_s=reconnect_backoff_s,
+            reconnect_max_s=reconnect_max_s,
+            dormant_redial_s=dormant_redial_s,
+            request_timeout_s=request_timeout_s,
+            handshake_timeout_s=handshake_timeout_s,
+            open_timeout_s=open_timeout_s,
+            stable_after_s=stable_after_s,
+            refusal_grace_s=refusal_grace_s,
+        ).items():
+            setattr(self, name, value)
         require_text("platform", platform)
         require_text("bot_id", bot_id)
         self.url = relay_url(url)
@@ -179,6 +180,7 @@ class WebSocketRelayTransport:
             stable_after_s=self.stable_after_s,
             refusal_grace_s=self.refusal_grace_s,
             label=self.url,
+            metrics=metrics,
         )
         # What entering and leaving states must do hangs on the machine itself: a waiting
         # state arms the one dialer; leaving the serving states for anything but a deliberate
@@ -221,6 +223,11 @@ class WebSocketRelayTransport:
         """Deliveries that could never be handled: recorded and acked when buffered, logged
         and counted when live."""
         return self._deliveries.undeliverable_count
+
+    @property
+    def dedupe(self) -> BufferDedupe | None:
+        """The memory of handled and undeliverable deliveries (None: none configured)."""
+        return self._deliveries.dedupe
 
     @property
     def clock_offset_s(self) -> float:
@@ -440,11 +447,8 @@ class WebSocketRelayTransport:
         if state is T.HANDSHAKING:
             await self._wait_leave(_DIALING, min(timeout, self.handshake_timeout_s))
             state = self._current()
-        if state not in SERVING:
-            closed = state in _FINISHED or state is T.CLOSING
-            reason = "relay transport closed" if closed else "relay not connected"
-            if state is T.REVOKED:
-                reason = "relay credentials revoked"
+        reason = unserved_reason(state)
+        if reason is not None:
             return RequestResult(RequestOutcome.NOT_SENT, error=reason)
         assert self._ws is not None
         outbound = dict(action)
@@ -493,6 +497,7 @@ class WebSocketRelayTransport:
         ws, self._ws = self._ws, None
         # Leaving going-idle fails what is pending; entering dormant arms the dialer.
         self._fire("sleep")
+        self._redial.went_dormant()
         if ws is not None:
             await bounded(ws.close(1000, "dormant"), TEARDOWN_AWAIT_S)
         return True

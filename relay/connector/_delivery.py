@@ -2,7 +2,9 @@
 live pump (a gateway that acks live deliveries), its acks, and the record of what it was shown.
 
 Both paths send the line the buffer made, with its bufferId, in seq order; ``last_sent_seq``
-is the one cursor they share, so that no line goes out twice on one connection.
+is the one cursor they share, so that no line goes out twice on one connection.  A replay that
+sent anything is logged once at INFO with its count and duration (``extra``: ``gateway_id``,
+``replayed``, ``duration_s``); as it starts, the backlog's depth and age go to the metrics hook.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from relay.connector._instance import Instance
 from relay.connector._settings import DeliverySettings
 from relay.connector._store_thread import StoreThread
 from relay.connector._tasks import Tasks
+from statecore.metrics import NO_METRICS
 
 __all__ = ["Delivery"]
 
@@ -121,6 +124,12 @@ class Delivery:
         # A small first chunk starts the replay quickly; larger ones then keep the store calls
         # (and, on a store without an ordered index, the scans) few.
         limit = _REPLAY_FIRST_CHUNK
+        began, replayed = self._connector.clock.monotonic(), 0
+        if self._connector.metrics is not NO_METRICS:
+            # Reported from the store thread; the replay does not wait for it.
+            self._tasks.spawn(
+                self._store.run(functools.partial(self._store.report_backlog, gateway_id))
+            )
         try:
             while instance.is_replaying():  # going_idle or a close ends the replay
                 instance.appended = 0
@@ -153,6 +162,7 @@ class Delivery:
                         if windowed:
                             instance.unacked.add(buffer_id)
                         await send(line)
+                        replayed += 1
                 except ConnectionClosed:
                     unrecorded.pop(buffer_id, None)  # this one never went out
                     return  # gone mid-replay: the unacked tail is replayed next time
@@ -163,6 +173,16 @@ class Delivery:
         finally:
             if self._served.get(gateway_id) is not instance and instance.machine.can("close"):
                 instance.machine.fire("close")  # replaced while replaying: this one is done
+            if replayed:
+                took = self._connector.clock.monotonic() - began
+                log.info(
+                    "connector: replayed %d buffered entries to %s in %.3f s%s",
+                    replayed,
+                    gateway_id,
+                    took,
+                    "" if instance.live else " (interrupted)",
+                    extra={"gateway_id": gateway_id, "replayed": replayed, "duration_s": took},
+                )
 
     # -- acks and the end of a connection ------------------------------------------------------
 

@@ -18,12 +18,16 @@ from relay.connector.provenance import Provenance
 from relay.connector.subscriptions import Subscriptions
 from relay.wire.descriptor import CapabilityDescriptor
 from statecore.clock import Clock
+from statecore.metrics import Metrics
 
 __all__ = [
     "DeliverySettings",
     "EgressSettings",
     "HandshakeSettings",
+    "HousekeepingSettings",
+    "HttpSettings",
     "InboundSettings",
+    "MetricsText",
     "ReaderSettings",
     "RosterSettings",
     "StoreThreadSettings",
@@ -34,6 +38,10 @@ WakeHook = Callable[[str], Awaitable[None]]
 """``await hook(gateway_id)``: called when the first event is buffered for a sleeping
 instance, so a deployment can wake it (rate-limited per instance)."""
 
+MetricsText = Callable[[], bytes | str]
+"""``metrics_text()``: the body ``GET /metrics`` answers with (Prometheus text exposition, e.g.
+``prometheus_client.generate_latest``); called on a worker thread."""
+
 
 class StoreThreadSettings(Protocol):
     """What the store thread reads of the connector."""
@@ -41,6 +49,16 @@ class StoreThreadSettings(Protocol):
     @property
     def buffer(self) -> InboundBuffer:
         """The durable inbound buffer its write rounds append to and retire from."""
+        ...
+
+    @property
+    def clock(self) -> Clock:
+        """The clock a backlog's age is measured on."""
+        ...
+
+    @property
+    def metrics(self) -> Metrics:
+        """Where the buffer depth is reported after each round of acks."""
         ...
 
 
@@ -55,6 +73,11 @@ class DeliverySettings(Protocol):
     @property
     def clock(self) -> Clock:
         """The clock of the replay records' grace."""
+        ...
+
+    @property
+    def metrics(self) -> Metrics:
+        """Where the buffer depth and replay lag are reported as a replay starts."""
         ...
 
 
@@ -155,4 +178,57 @@ class InboundSettings(Protocol):
     @property
     def clock(self) -> Clock:
         """The clock the wake interval is measured on."""
+        ...
+
+
+class HousekeepingSettings(Protocol):
+    """What the housekeeping timer reads of the connector."""
+
+    @property
+    def buffer(self) -> InboundBuffer:
+        """The durable inbound buffer whose settled entries it prunes."""
+        ...
+
+    @property
+    def provenance(self) -> Provenance:
+        """The provenance memory whose forgotten targets it prunes."""
+        ...
+
+    @property
+    def clock(self) -> Clock:
+        """The clock its timer runs on."""
+        ...
+
+    @property
+    def metrics(self) -> Metrics:
+        """Where each prune is counted."""
+        ...
+
+    @property
+    def buffer_retention_s(self) -> float:
+        """How long a settled (acked or expired) entry, or a forgotten target, is kept."""
+        ...
+
+    @property
+    def prune_interval_s(self) -> float:
+        """How often the timer runs (0: never)."""
+        ...
+
+
+class HttpSettings(Protocol):
+    """What the HTTP endpoints (``/healthz``, ``/metrics``) read of the connector."""
+
+    @property
+    def buffer(self) -> InboundBuffer:
+        """The durable inbound buffer whose backlog ``/healthz`` reports."""
+        ...
+
+    @property
+    def clock(self) -> Clock:
+        """The clock the oldest entry's age is measured on."""
+        ...
+
+    @property
+    def http_metrics(self) -> MetricsText | None:
+        """What ``/metrics`` answers with (None: 404)."""
         ...

@@ -1,5 +1,7 @@
 """The connector's store thread: every store call runs there, in submission order, never on the
-event loop; buffer appends and acks share write rounds (group commit)."""
+event loop; buffer appends and acks share write rounds (group commit).  After a round that
+retired acks, the depth and age of each acking gateway's backlog go to the metrics hook
+(``metrics.buffer``), when one is set."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import TypeVar
 from relay.connector._instance import Instance
 from relay.connector._settings import StoreThreadSettings
 from relay.wire.frames import InboundEvent
+from statecore.metrics import NO_METRICS
 
 __all__ = ["StoreThread"]
 
@@ -113,6 +116,21 @@ class StoreThread:
         loop.call_soon_threadsafe(_resolve_all, [f for *_, f in appends], lines)
         for instance, count in ignored:
             loop.call_soon_threadsafe(_ignored_acks, instance, count)
+        if by_instance and self._connector.metrics is not NO_METRICS:
+            for gateway_id in sorted({instance.gateway_id for instance in by_instance}):
+                self.report_backlog(gateway_id)
+
+    def report_backlog(self, gateway_id: str) -> None:
+        """On the store thread: report ``gateway_id``'s backlog (unacked entries, the oldest
+        one's age) to the metrics hook; a store that cannot say is logged, never raised."""
+        connector = self._connector
+        try:
+            depth, oldest = connector.buffer.backlog_stats(gateway_id)
+        except Exception:
+            log.debug("connector: reading the backlog of %s failed", gateway_id, exc_info=True)
+            return
+        lag = None if oldest is None else max(0.0, connector.clock.now() - oldest)
+        connector.metrics.buffer(gateway_id, depth, lag)
 
     def record_sent(self, gateway_id: str, buffer_ids: list[str]) -> None:
         """Record these entries of ``gateway_id`` as replayed (``sent``), without waiting.

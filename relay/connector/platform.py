@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, cast, runtime_checkable
 
@@ -84,6 +85,12 @@ class LoopbackPlatform:
     ``inject()`` plays a user writing; ``sent`` lists what the bot did, in order; ``transcript``
     shows each chat as the users would see it.  ``fail_next(error, code=None)`` makes the next
     send fail definitely; ``down`` makes every action fail (the platform is unreachable).
+
+    Message ids are ``<prefix>-<n>``: ``n`` counts from 1 within the instance and ``id_prefix``
+    (default: random, 8 hex digits) is the instance's own, so ids never repeat across
+    instances -- a bot whose ledger outlives the process (a persistent ``bot.db``) never sees a
+    new message under an old message's id.  Pass a fixed ``id_prefix`` only where reproducible
+    ids matter more than that.
     """
 
     def __init__(
@@ -93,8 +100,13 @@ class LoopbackPlatform:
         label: str = "Loopback chat",
         max_message_length: int = 4096,
         supported_ops: tuple[str, ...] = LEGACY_OPS,
+        id_prefix: str | None = None,
     ) -> None:
+        if id_prefix is not None and (not isinstance(id_prefix, str) or not id_prefix):
+            raise ValueError(f"id_prefix must be a non-empty str or None, not {id_prefix!r}")
         self.platform = platform
+        self.id_prefix = secrets.token_hex(4) if id_prefix is None else id_prefix
+        """What every message id of this instance starts with."""
         self._descriptor = CapabilityDescriptor(
             contract_version=CONTRACT_VERSION,
             platform=platform,
@@ -145,7 +157,7 @@ class LoopbackPlatform:
         """
         if self._intake is None:
             raise RuntimeError("the loopback platform is not attached to a connector")
-        message_id = f"m{next(self._ids)}"
+        message_id = self._next_id()
         self._log(ChatMessage(message_id, chat_id, user_id or "user", text, thread_id))
         event = InboundEvent(
             text=text,
@@ -197,7 +209,7 @@ class LoopbackPlatform:
             return OutboundOutcome(False, None, error, code)
         if len(text) > self._descriptor.max_message_length:
             return OutboundOutcome(False, None, "message too long", "too_long")
-        message_id = f"m{next(self._ids)}"
+        message_id = self._next_id()
         thread_id = _opt_str(action.get("thread_id"))
         reply_to = _opt_str(action.get("reply_to"))
         self._log(ChatMessage(message_id, chat_id, "bot", text, thread_id))
@@ -217,6 +229,10 @@ class LoopbackPlatform:
                 )
                 return OutboundOutcome(True, message.message_id)
         return OutboundOutcome(False, None, "no such bot message to edit", "not_found")
+
+    def _next_id(self) -> str:
+        """A message id no other instance hands out (see the class docs)."""
+        return f"{self.id_prefix}-{next(self._ids)}"
 
     def _log(self, message: ChatMessage) -> None:
         self.transcript.setdefault(message.chat_id, []).append(message)

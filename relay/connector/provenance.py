@@ -5,7 +5,9 @@ safe default is provenance: a gateway may send to a chat (or a user) only after 
 delivered -- live or into the buffer -- an inbound event from it to that gateway.  The pairs are
 remembered durably, so a connector restart does not lock a gateway out of its own chats, and
 kept in memory as a set, so the guard costs one lookup per outbound action.  A store write
-happens only the first time a (gateway, platform, target) is seen.
+happens only the first time a (gateway, platform, target) is seen.  A target an operator made
+the connector forget is deleted by the connector's housekeeping once it was forgotten longer
+ago than the retention (:meth:`Provenance.prune`); a known target is never deleted.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from statecore.clock import Clock, SystemClock
 from statecore.entity import EntityKind, Field, Index
 from statecore.ids import composite_id
 from statecore.lifecycle import Lifecycle, Transition
-from statecore.store import Audit, Store
+from statecore.store import Audit, Store, lt
 
 __all__ = ["PROVENANCE", "PROVENANCE_KIND", "Provenance", "ProvenanceState"]
 
@@ -57,6 +59,8 @@ PROVENANCE_KIND: EntityKind[ProvenanceState] = EntityKind(
         Field("platform", str, nullable=False, immutable=True),
         Field("target", str, nullable=False, immutable=True),
         Field("first_seen", float, nullable=False, immutable=True),
+        # When an operator withdrew it (None: known, or forgotten before this field existed).
+        Field("forgotten_at", float),
     ),
     indexes=(Index(("gateway_id",)),),
 )
@@ -118,14 +122,22 @@ class Provenance:
     def forget(self, gateway_id: str, platform: str, target: str) -> None:
         """Withdraw one target from ``gateway_id``.  Raises ``InvalidTransition`` when it is not
         known."""
+        now = self.clock.now()
         self.store.transition(
             PROVENANCE_KIND,
             _key(gateway_id, platform, target),
             "forget",
-            audit=Audit(self.clock.now(), gateway_id),
+            audit=Audit(now, gateway_id),
+            changes={"forgotten_at": now},
         )
         with self._lock:
             self._known.discard((gateway_id, platform, target))
+
+    def prune(self, *, older_than_s: float) -> int:
+        """Delete the targets forgotten more than ``older_than_s`` ago, with their history;
+        return how many.  A known target is never deleted."""
+        cutoff = self.clock.now() - older_than_s
+        return self.store.prune(PROVENANCE_KIND, "prune", where={"forgotten_at": lt(cutoff)})
 
 
 def _key(gateway_id: str, platform: str, target: str) -> str:

@@ -28,6 +28,8 @@ collaborators, one concept each:
 * :mod:`relay.connector._inbound` -- routing a platform's inbound events to gateways;
 * :mod:`relay.connector._delivery` -- replay, the windowed live pump, acks, replay records;
 * :mod:`relay.connector._store_thread` -- the store thread and its grouped write rounds;
+* :mod:`relay.connector._housekeeping` -- pruning settled buffer entries and forgotten targets;
+* :mod:`relay.connector._http` -- ``GET /healthz`` and ``GET /metrics`` on the same port;
 * :mod:`relay.connector._tasks` -- the background tasks the connector owns.
 
 The collaborators never import this module: each reads the connector through a small protocol
@@ -44,15 +46,17 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 from websockets.asyncio.server import Server, ServerConnection, serve
 
-from relay.connector._admission import authenticate, check_path
+from relay.connector._admission import authenticate
 from relay.connector._delivery import Delivery
 from relay.connector._egress import EGRESS_DECLINED_MESSAGE, Egress
 from relay.connector._handshake import Handshake
+from relay.connector._housekeeping import Housekeeping
+from relay.connector._http import HttpEndpoints
 from relay.connector._inbound import InboundRouter
 from relay.connector._instance import Instance
 from relay.connector._reader import Reader
 from relay.connector._roster import Roster
-from relay.connector._settings import WakeHook
+from relay.connector._settings import MetricsText, WakeHook
 from relay.connector._store_thread import StoreThread
 from relay.connector._tasks import Tasks
 from relay.connector.buffer import InboundBuffer
@@ -65,9 +69,17 @@ from relay.wire.compat import OUR_FEATURES
 from relay.wire.descriptor import CapabilityDescriptor
 from relay.wire.frames import InboundEvent
 from statecore.clock import Clock, SystemClock
+from statecore.metrics import NO_METRICS, Metrics
 from statecore.store import Store
 
-__all__ = ["CONNECTION", "EGRESS_DECLINED_MESSAGE", "ConnectionState", "Connector", "WakeHook"]
+__all__ = [
+    "CONNECTION",
+    "EGRESS_DECLINED_MESSAGE",
+    "ConnectionState",
+    "Connector",
+    "MetricsText",
+    "WakeHook",
+]
 
 
 class Connector:
@@ -75,7 +87,8 @@ class Connector:
 
     ``Connector(store, *, secrets, descriptors=None, drivers, tenants=None, open_egress=False,
     wake_hook=None, wake_interval_s=30.0, retention_s=86400.0, max_frame_bytes=1 MiB,
-    liveness_probe_s=5.0, max_token_ttl_s=3600, clock=None)``:
+    liveness_probe_s=5.0, max_token_ttl_s=3600, clock=None, buffer_retention_s=86400.0,
+    prune_interval_s=3600.0, metrics=NO_METRICS, http_metrics=None)``:
 
     * ``secrets``: gateway id → its secrets, newest first (rotation);
     * ``descriptors``: platform → descriptor (default: each driver's own); the connector adds
@@ -88,7 +101,17 @@ class Connector:
       it received inbound from (provenance, kept durably) -- unless ``open_egress`` is set;
     * ``liveness_probe_s``: how long a served connection has to answer a ping when another
       connection of its gateway waits (and how often it is probed meanwhile);
-    * ``max_token_ttl_s``: tokens living longer than this are refused.
+    * ``max_token_ttl_s``: tokens living longer than this are refused;
+    * ``retention_s``: how long an unacked buffered entry waits before it expires (counted and
+      logged, never delivered); ``buffer_retention_s``: how long an acked or expired entry (and
+      a forgotten provenance target) is kept before the housekeeping deletes it, every
+      ``prune_interval_s`` on ``clock`` (0: never; see :mod:`relay.connector._housekeeping`);
+    * ``metrics`` (:mod:`statecore.metrics`) gets the buffer's depth and replay lag and each
+      prune; ``http_metrics`` (a callable returning Prometheus text) is what ``GET /metrics``
+      answers with, else 404; ``GET /healthz`` answers always (:mod:`relay.connector._http`).
+
+    ``async with Connector(...) as connector:`` starts it (any free port on 127.0.0.1, unless
+    it was started already) and stops it.
     """
 
     def __init__(
@@ -107,9 +130,23 @@ class Connector:
         liveness_probe_s: float = 5.0,
         max_token_ttl_s: float = DEFAULT_MAX_TTL_S,
         clock: Clock | None = None,
+        buffer_retention_s: float = 86_400.0,
+        prune_interval_s: float = 3600.0,
+        metrics: Metrics = NO_METRICS,
+        http_metrics: MetricsText | None = None,
     ) -> None:
         if not liveness_probe_s > 0:
             raise ValueError(f"liveness_probe_s must be positive, not {liveness_probe_s!r}")
+        if isinstance(buffer_retention_s, bool) or not buffer_retention_s > 0:
+            raise ValueError(f"buffer_retention_s must be positive, not {buffer_retention_s!r}")
+        if isinstance(prune_interval_s, bool) or not prune_interval_s >= 0:
+            raise ValueError(f"prune_interval_s must be non-negative, not {prune_interval_s!r}")
+        if http_metrics is not None and not callable(http_metrics):
+            raise TypeError("http_metrics must be a callable returning the metrics text")
+        self.buffer_retention_s = float(buffer_retention_s)
+        self.prune_interval_s = float(prune_interval_s)
+        self.metrics = metrics
+        self.http_metrics = http_metrics
         self.secrets = {gateway: list(values) for gateway, values in secrets.items()}
         self.drivers = dict(drivers)
         fronted = dict(descriptors or {})
@@ -189,6 +226,8 @@ class Connector:
             egress=Egress(self, chat_tenants=self._chat_tenants),
             tasks=self._tasks,
         )
+        self._housekeeping = Housekeeping(self, store=self._store_thread)
+        self._http = HttpEndpoints(self, served=self._instances, store=self._store_thread)
         self.url = ""
         """``ws://host:port`` once started; gateways dial it (``/relay`` is appended)."""
         for driver in self.drivers.values():
@@ -197,20 +236,23 @@ class Connector:
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        """Listen on ``host:port`` (0: any free port); ``url`` then says where."""
+        """Listen on ``host:port`` (0: any free port); ``url`` then says where.  The same port
+        answers ``GET /healthz`` and ``GET /metrics``; the housekeeping timer starts."""
         self._server = await serve(
             self._serve,
             host,
             port,
-            process_request=check_path,
+            process_request=self._http.process_request,
             compression=None,
             max_size=self.max_frame_bytes + 1024,
         )
         sockname = next(iter(self._server.sockets)).getsockname()
         self.url = f"ws://{sockname[0]}:{sockname[1]}"
+        self._housekeeping.start()
 
     async def stop(self) -> None:
         """Close every connection and stop listening; buffered entries stay in the store."""
+        self._housekeeping.stop()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -218,6 +260,28 @@ class Connector:
         self._tasks.cancel_all()
         self._roster.clear()
         await self._store_thread.stop()
+
+    async def __aenter__(self) -> Connector:
+        """``async with Connector(...) as connector:`` starts it (unless started already); a
+        start that raises (the port is taken) stops it again and the error propagates."""
+        if self._server is None:
+            try:
+                await self.start()
+            except BaseException:
+                await self.stop()
+                raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Stops it when the block ends, however it ends."""
+        await self.stop()
+
+    async def housekeep(self) -> dict[str, int]:
+        """Run one housekeeping round now (the timer runs one every ``prune_interval_s``):
+        expire unacked entries past ``retention_s``, delete settled entries and forgotten
+        targets past ``buffer_retention_s``; returns the deletions by table (``buffer``,
+        ``provenance``), each also reported to ``metrics.pruned`` and logged."""
+        return await self._housekeeping.run()
 
     def buffered(self, gateway_id: str) -> int:
         """Unacked buffered entries for ``gateway_id``."""

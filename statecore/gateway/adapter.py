@@ -25,6 +25,7 @@ __all__ = [
     "InboundDelivering",
     "InboundLike",
     "InboundSource",
+    "KeepingHouse",
     "PlatformAdapter",
     "ReconnectAnnouncing",
     "RoutePriming",
@@ -131,6 +132,9 @@ class AdapterAbilities:
       runtime retries what the adapter could not send after each reconnection.
     * ``primes_routes``: :class:`RoutePriming` -- ``prime(origin)``, called with a persisted
       routing origin before a delegation's completion is sent to its chat.
+    * ``keeps_house``: :class:`KeepingHouse` -- ``housekeeping(retention_s)``, asked once when
+      the adapter is added, for the jobs that prune the settled rows the adapter keeps (the
+      gateway runs them on its housekeeping timer, see :mod:`statecore.gateway.housekeeping`).
     """
 
     connects: bool = attrs.field(default=False, kw_only=True)
@@ -138,6 +142,7 @@ class AdapterAbilities:
     delivers_inbound: bool = attrs.field(default=False, kw_only=True)
     announces_reconnects: bool = attrs.field(default=False, kw_only=True)
     primes_routes: bool = attrs.field(default=False, kw_only=True)
+    keeps_house: bool = attrs.field(default=False, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         for field in attrs.fields(type(self)):
@@ -206,4 +211,14 @@ class RoutePriming(Protocol):
 
     def prime(self, origin: Any) -> None:
         """Remember what ``origin`` says about its chat (scope, user)."""
+        ...
+
+
+class KeepingHouse(Protocol):
+    """``AdapterAbilities.keeps_house``: the adapter keeps settled rows of its own."""
+
+    def housekeeping(self, retention_s: float) -> Mapping[str, Callable[[], Awaitable[int]]]:
+        """The jobs (name -> ``async job() -> int``) that delete the adapter's settled rows
+        older than ``retention_s`` seconds, never an owed one; each returns how many it
+        deleted.  Empty when the adapter keeps nothing."""
         ...

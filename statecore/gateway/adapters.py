@@ -3,7 +3,7 @@
 Every call the runtime makes on an adapter besides ``send`` goes through :class:`AdapterSet`,
 which makes it only when the adapter's :class:`~statecore.gateway.adapter.AdapterAbilities`
 say it can: connecting, disconnecting within a deadline, handing inbound messages to a
-handler, announcing reconnections, priming a chat's route.
+handler, announcing reconnections, priming a chat's route, naming its housekeeping jobs.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from statecore.gateway.adapter import (
     Disconnecting,
     InboundDelivering,
     InboundLike,
+    KeepingHouse,
     ReconnectAnnouncing,
     RoutePriming,
     SendResult,
@@ -109,6 +110,15 @@ class AdapterSet:
         primes routes (a missing adapter is ignored)."""
         if target in self._adapters and self._abilities[target].primes_routes:
             cast(RoutePriming, self._adapters[target]).prime(origin)
+
+    def housekeeping(
+        self, target: Target, retention_s: float
+    ) -> Mapping[str, Callable[[], Awaitable[int]]]:
+        """The housekeeping jobs of ``target``'s adapter for ``retention_s``, when it keeps
+        house (else none)."""
+        if not self._abilities[target].keeps_house:
+            return {}
+        return dict(cast(KeepingHouse, self._adapters[target]).housekeeping(retention_s))
 
     async def disconnect_all(self, deadline: Deadline) -> None:
         """Disconnect every adapter that disconnects, each within what is left of ``deadline``

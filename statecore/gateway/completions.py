@@ -3,7 +3,6 @@ and sent into its session as a ledgered final reply."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -29,17 +28,17 @@ async def deliver_completions(
 
     ``send`` is the gateway (its ``send_final``); ``prime(target, origin)`` lets the target's
     adapter learn the chat's route from the persisted origin before the send.  Store work runs
-    off the event loop.
+    off the event loop (through the ``aio`` facades).
     """
     outcomes: list[tuple[Delegation, Route[Session], SendResult | None]] = []
-    for job in await asyncio.to_thread(delegations.pending_completions):
-        route = await asyncio.to_thread(delegations.route_completion, job.delegation_id, sessions)
+    for job in await delegations.aio.pending_completions():
+        route = await delegations.aio.route_completion(job.delegation_id, sessions)
         if route.verdict is RouteVerdict.TERMINAL:
-            await asyncio.to_thread(delegations.mark_dropped, job.delegation_id, route.reason)
+            await delegations.aio.mark_dropped(job.delegation_id, route.reason)
             outcomes.append((job, route, None))
             continue
         if route.verdict is RouteVerdict.RETRY or route.session is None:
-            await asyncio.to_thread(delegations.defer, job.delegation_id, route.reason)
+            await delegations.aio.defer(job.delegation_id, route.reason)
             outcomes.append((job, route, None))
             continue
         origin = job.origin
@@ -54,8 +53,6 @@ async def deliver_completions(
             thread_id=origin.thread_id,
         )
         if result.success:
-            await asyncio.to_thread(
-                delegations.mark_delivered, job.delegation_id, session_id=route.session_id
-            )
+            await delegations.aio.mark_delivered(job.delegation_id, session_id=route.session_id)
         outcomes.append((job, route, result))
     return outcomes

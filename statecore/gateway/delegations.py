@@ -13,6 +13,10 @@ Either way a completion is then routed by **one** function, :meth:`Delegations.r
 (which asks :func:`~statecore.gateway.routing.resolve_route`), used both before the completion is
 acknowledged and inside the delivery pipeline; it ends ``delivered`` or ``dropped`` (terminal
 route), each with an audit entry saying where or why.
+
+:class:`Delegations` is synchronous; asyncio code awaits the same methods through its ``aio``
+facade (:class:`AsyncDelegations`, see :mod:`statecore.gateway.aio`), which runs each on a worker
+thread: ``await delegations.aio.complete(delegation_id, result)``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from statecore.checks import require_positive, require_text
 from statecore.clock import Clock, SystemClock
 from statecore.entity import EntityKind, Field, Index
 from statecore.errors import InvalidTransition, StaleState, StoreError, UnknownEntity
+from statecore.gateway.aio import off_loop
 from statecore.gateway.routing import COMPRESSION_END_REASON, Route, RoutingOrigin, resolve_route
 from statecore.gateway.sessions import Session, SessionStore
 from statecore.lifecycle import Lifecycle, Transition
@@ -45,6 +50,7 @@ from statecore.store import Audit, Row, Store, TransitionRecord, lt
 __all__ = [
     "DELEGATION",
     "DELEGATION_KIND",
+    "AsyncDelegations",
     "Delegation",
     "DelegationState",
     "Delegations",
@@ -204,7 +210,9 @@ class Delegations:
     ``Delegations(store, *, clock=None, incarnation=None, probe=None, lease_s=300.0)``.  The
     incarnation (default: this process's) owns what it dispatches; the probe answers whether
     other owners are alive; ``lease_s`` is how long an owner on *another host* is presumed
-    alive.  Safe to use from several threads.
+    alive.  Safe to use from several threads.  From asyncio code, await the methods through
+    :attr:`aio` (``await delegations.aio.dispatch(origin, payload)``): the same calls, each run
+    on a worker thread.
     """
 
     def __init__(
@@ -224,6 +232,8 @@ class Delegations:
         self.lease_s = float(lease_s)
         self._owner_label = self.incarnation.label
         store.register(_K)
+        self.aio = AsyncDelegations(self)
+        """The same methods as coroutine functions run on a worker thread."""
 
     # -- the owner's side --------------------------------------------------------------------
 
@@ -471,6 +481,41 @@ class Delegations:
 
     def _owner_alive(self, row: Row[DelegationState], liveness: LivenessCache, now: float) -> bool:
         return recorded_owner_alive(row.values, self.incarnation, liveness, now)
+
+
+class AsyncDelegations:
+    """:class:`Delegations`' methods for asyncio code: each runs the synchronous method on a
+    worker thread, with the same arguments, result and errors (``Delegations.aio``)."""
+
+    def __init__(self, delegations: Delegations) -> None:
+        self.delegations = delegations
+        """The synchronous API these methods run."""
+        self.dispatch = off_loop(delegations.dispatch)
+        """:meth:`Delegations.dispatch`, off the event loop."""
+        self.complete = off_loop(delegations.complete)
+        """:meth:`Delegations.complete`, off the event loop."""
+        self.recover_abandoned = off_loop(delegations.recover_abandoned)
+        """:meth:`Delegations.recover_abandoned`, off the event loop."""
+        self.route_completion = off_loop(delegations.route_completion)
+        """:meth:`Delegations.route_completion`, off the event loop."""
+        self.mark_delivered = off_loop(delegations.mark_delivered)
+        """:meth:`Delegations.mark_delivered`, off the event loop."""
+        self.mark_dropped = off_loop(delegations.mark_dropped)
+        """:meth:`Delegations.mark_dropped`, off the event loop."""
+        self.defer = off_loop(delegations.defer)
+        """:meth:`Delegations.defer`, off the event loop."""
+        self.get = off_loop(delegations.get)
+        """:meth:`Delegations.get`, off the event loop."""
+        self.completion_event = off_loop(delegations.completion_event)
+        """:meth:`Delegations.completion_event`, off the event loop."""
+        self.pending_completions = off_loop(delegations.pending_completions)
+        """:meth:`Delegations.pending_completions`, off the event loop."""
+        self.running = off_loop(delegations.running)
+        """:meth:`Delegations.running`, off the event loop."""
+        self.history = off_loop(delegations.history)
+        """:meth:`Delegations.history`, off the event loop."""
+        self.prune = off_loop(delegations.prune)
+        """:meth:`Delegations.prune`, off the event loop."""
 
 
 def _dumps(name: str, value: object) -> str:

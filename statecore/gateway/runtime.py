@@ -15,10 +15,22 @@ identity, or any object with ``async send(chat_id, content, metadata)``) to the 
   holds) is retried a few times on the gateway's clock; if it still fails the row is left where
   it is, and the timer re-sends this incarnation's rows stuck in ``pending`` or ``attempting``
   for longer than ``stuck_after_s`` that nothing in this process is sending -- plainly when the
-  send never began, labelled when it may have.
+  send never began, labelled when it may have;
+* on the same timer, every ``prune_interval_s``, it runs its housekeeping
+  (:mod:`statecore.gateway.housekeeping`): settled rows past their retention are deleted from
+  every table that has them -- obligations, ended sessions, settled delegations, and what the
+  adapters keep (the relay's handled-replay keys and dismissed undeliverable records) -- each
+  prune counted and logged; an owed row is never deleted;
+* :meth:`~Gateway.stop` settles what was sent: each send and the write that records its outcome
+  run as one task the asker's cancellation does not reach (:mod:`statecore.gateway.flights`),
+  and stop waits for them, within its budget, before it closes the ledger.
+
+Every startup or reconnect recovery is logged at INFO, once, with its counts and duration;
+``metrics`` (:mod:`statecore.metrics`) is handed to the ledger and gets the housekeeping counts.
 
 The bot's logic is an inbound handler: ``gateway.on_message(handler)``; the handler receives a
-:class:`Turn` whose :meth:`Turn.reply` is ``send_final`` for that message.
+:class:`Turn` whose :meth:`Turn.reply` is ``send_final`` for that message.  ``async with
+Gateway(...) as gateway:`` starts it and stops it.
 """
 
 from __future__ import annotations
@@ -26,22 +38,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
-from functools import partial
-from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from statecore.async_ledger import AsyncLedger
 from statecore.clock import Clock, Deadline, SystemClock
-from statecore.errors import InvalidTransition, StaleState, StoreError
+from statecore.errors import InvalidTransition, StaleState
 from statecore.gateway.adapter import InboundLike, SendResult
 from statecore.gateway.adapters import AdapterSet, Sendable
 from statecore.gateway.completions import deliver_completions
 from statecore.gateway.delegations import Delegation, Delegations
+from statecore.gateway.housekeeping import Housekeeping, HousekeepingJob
 from statecore.gateway.routing import Route
+from statecore.gateway.sending import Redelivered, SendPath
 from statecore.gateway.sessions import Session, SessionStore
 from statecore.gateway.turn import Message, MessageHandler, Turn
 from statecore.lifecycles import ObligationState
+from statecore.metrics import NO_METRICS, Metrics
 from statecore.obligation import Claim
 from statecore.ownership import Incarnation, ProcessProbe
 from statecore.policy import LedgerPolicy
@@ -52,9 +65,7 @@ __all__ = ["Gateway", "SessionFlags"]
 log = logging.getLogger(__name__)
 
 _DEFAULT_STOP_BUDGET_S = 10.0
-_SETTLE_RETRY_DELAYS_S = (0.1, 0.3, 1.0)
-
-_T = TypeVar("_T")
+_DEFAULT_RETENTION_S = 604_800.0
 
 
 class SessionFlags(Protocol):
@@ -68,27 +79,32 @@ class SessionFlags(Protocol):
 class Gateway:
     """The runtime (see the module docs).
 
-    ``Gateway(store, *, sessions=None, clock=None, teardown_clock=None, incarnation=None,
-    probe=None, policy=None, retry_interval_s=15.0, prune_interval_s=3600.0,
-    stuck_after_s=30.0)``.  ``sessions`` is any
+    ``Gateway(store, *, sessions=None, delegations=None, clock=None, teardown_clock=None,
+    incarnation=None, probe=None, policy=None, retry_interval_s=15.0, prune_interval_s=3600.0,
+    stuck_after_s=30.0, retention_s=604800.0, metrics=NO_METRICS)``.  ``sessions`` is any
     object with ``async clear_resume_pending(session_key)``; the default is the persisted
     session store over the same ``store``.  ``retry_interval_s`` is the period of the retry
-    timer; ``prune_interval_s`` how often that timer also prunes (0: never);
+    timer; ``prune_interval_s`` how often that timer also runs the housekeeping (0: never);
     ``stuck_after_s`` how long one of this incarnation's own rows may stay ``pending`` or
     ``attempting`` without being sent by this process before the timer re-sends it (see
-    :meth:`redeliver_stuck`).  Intervals must be non-negative numbers and the retry interval
-    and the stuck grace positive (``ValueError`` otherwise).
+    :meth:`redeliver_stuck`).  ``retention_s`` is how long the housekeeping keeps ended sessions
+    (when ``sessions`` is a :class:`SessionStore`), settled ``delegations`` (when given) and
+    the adapters' settled rows; obligations keep ``policy.retention``.  ``metrics`` gets what
+    the ledger reports and the housekeeping counts.  Intervals must be non-negative numbers,
+    the retry interval, the stuck grace and the retention positive (``ValueError`` otherwise).
 
     The send path's ledger writes (mark attempting, delivered, failed; release) that raise
     ``StoreError`` are tried again after each delay of ``settle_retry_delays_s`` (default
     ``(0.1, 0.3, 1.0)`` seconds on the gateway's clock); a definite refusal
     (``InvalidTransition``, ``StaleState``) is never retried.
 
-    The class is long because it is the one owner of the send path's invariants (a reply is
-    held while this process sends it, settled or left for the stuck sweep, never sent twice by
-    two paths); the adapters (:mod:`statecore.gateway.adapters`), turns
-    (:mod:`statecore.gateway.turn`) and completions (:mod:`statecore.gateway.completions`)
-    live in their own modules.
+    The class is long because it is the one owner of the runtime's invariants (a reply is
+    recorded before it is sent, held while this process sends it, settled or left for the stuck
+    sweep, never sent twice by two paths; a recovery clears resume flags before any send); the
+    send path after the record (:mod:`statecore.gateway.sending`, with its flights and retried
+    writes), the adapters (:mod:`statecore.gateway.adapters`), turns
+    (:mod:`statecore.gateway.turn`), completions (:mod:`statecore.gateway.completions`) and
+    housekeeping (:mod:`statecore.gateway.housekeeping`) live in their own modules.
 
     ``clock`` drives every timer of the runtime; ``teardown_clock`` (default: the system
     clock) bounds :meth:`stop`, whose waits are on real work (in-flight sends, adapters'
@@ -100,6 +116,7 @@ class Gateway:
         store: Store,
         *,
         sessions: SessionFlags | None = None,
+        delegations: Delegations | None = None,
         clock: Clock | None = None,
         teardown_clock: Clock | None = None,
         incarnation: Incarnation | None = None,
@@ -108,11 +125,14 @@ class Gateway:
         retry_interval_s: float = 15.0,
         prune_interval_s: float = 3600.0,
         stuck_after_s: float = 30.0,
+        retention_s: float = _DEFAULT_RETENTION_S,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         for name, value in (
             ("retry_interval_s", retry_interval_s),
             ("prune_interval_s", prune_interval_s),
             ("stuck_after_s", stuck_after_s),
+            ("retention_s", retention_s),
         ):
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"{name} must be a non-negative number, not {value!r}")
@@ -120,40 +140,45 @@ class Gateway:
             raise ValueError("retry_interval_s must be positive")
         if not stuck_after_s or not math.isfinite(stuck_after_s):
             raise ValueError(f"stuck_after_s must be positive and finite, not {stuck_after_s!r}")
+        if not retention_s:
+            raise ValueError("retention_s must be positive")
         self.store = store
         self.clock: Clock = clock or SystemClock()
         self._teardown_clock: Clock = teardown_clock or SystemClock()
+        self.metrics = metrics
+        """Where the ledger and the housekeeping report (:mod:`statecore.metrics`)."""
         self.ledger = AsyncLedger(
-            store, policy=policy, clock=self.clock, incarnation=incarnation, probe=probe
+            store,
+            policy=policy,
+            clock=self.clock,
+            incarnation=incarnation,
+            probe=probe,
+            metrics=metrics,
         )
         self.sessions: SessionFlags = (
             sessions if sessions is not None else _default_sessions(store, self.clock)
         )
+        self.delegations = delegations
+        """The delegations whose settled rows the housekeeping prunes (None: none)."""
         self.retry_interval_s = retry_interval_s
         self.prune_interval_s = prune_interval_s
-        """How often the retry timer also prunes settled obligations past the policy's
-        retention (0: never; pruning never touches an owed row)."""
+        """How often the retry timer also runs the housekeeping (0: never; it never deletes an
+        owed row)."""
+        self.retention_s = retention_s
+        """How long the housekeeping keeps settled sessions, delegations and the adapters'
+        settled rows (obligations: the policy's retention)."""
         self.stuck_after_s = stuck_after_s
         """Grace after which an own row left pending or attempting, and not being sent by this
         process, is re-sent by the retry timer."""
-        self.settle_retry_delays_s: tuple[float, ...] = _SETTLE_RETRY_DELAYS_S
-        """Delays (gateway clock seconds) before each retry of a send-path ledger write that
-        raised ``StoreError``; one try plus one per delay, then the row is left for
-        :meth:`redeliver_stuck`."""
-        # Obligation ids this process is sending (or holds a claim of, about to send): the stuck
-        # sweep never touches them.  A count, since two paths may hold one id at once.
-        self._in_flight: Counter[str] = Counter()
+        # The send path after the record: held ids (the stuck sweep never touches them),
+        # flights, settling writes, redelivery.
+        self._path = SendPath(self.ledger, self.clock)
+        self._housekeeping = self._own_housekeeping()
         self._adapters = AdapterSet()
         self._handler: MessageHandler | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._retry_loop: asyncio.Task[None] | None = None
         self._started = False
-        self.delivered = 0
-        """Replies delivered by this process (first sends and redeliveries)."""
-        self.redelivered = 0
-        """Of those, redeliveries of claimed rows."""
-        self.labelled = 0
-        """Of those, redeliveries sent with a possible-duplicate label."""
 
     # -- wiring --------------------------------------------------------------------------------
 
@@ -163,13 +188,53 @@ class Gateway:
         What else the runtime does with it follows the adapter's declared
         :class:`~statecore.gateway.adapter.AdapterAbilities`: one that delivers inbound hands its
         messages to the bot's handler; one that announces reconnects triggers the runtime retry
-        on every reconnect.  Raises ``TypeError`` for an adapter without ``send`` or with an
+        on every reconnect; one that keeps house adds its jobs to the housekeeping (for
+        ``retention_s``; a job of the same name is run as well, not replaced).  Raises
+        ``TypeError`` for an adapter without ``send`` or with an
         ``abilities`` attribute that is not an ``AdapterAbilities``.
         """
         target = (platform, profile)
         self._adapters.add(target, adapter)
         self._listen(target)
         self._adapters.on_reconnect(target, self._reconnect_listener(platform, profile))
+        for name, job in self._adapters.housekeeping(target, self.retention_s).items():
+            self._housekeeping.merge(name, job)
+
+    def add_housekeeping(self, name: str, job: HousekeepingJob) -> None:
+        """Run ``await job()`` in every housekeeping round under ``name``, replacing a job of
+        that name (see :mod:`statecore.gateway.housekeeping`): it deletes one table's settled
+        rows past their retention, never an owed one, and returns how many it deleted.
+
+        The gateway registers ``obligations`` (past ``policy.retention``), ``sessions`` (ended,
+        past ``retention_s``, when its session store is a :class:`SessionStore`),
+        ``delegations`` (settled, when given) and what its adapters declare.  Raises
+        ``ValueError`` for an empty name and ``TypeError`` for a job that is not callable.
+        """
+        self._housekeeping.add(name, job)
+
+    def housekeeping_jobs(self) -> list[str]:
+        """The names of the housekeeping jobs, in the order a round runs them."""
+        return self._housekeeping.names()
+
+    async def housekeep(self) -> dict[str, int]:
+        """Run one housekeeping round now (the timer runs one every ``prune_interval_s``):
+        every job in turn, each count reported to ``metrics.pruned`` and the round logged at
+        INFO.  Returns each job's count (a job that raised is logged and missing)."""
+        return await self._housekeeping.run()
+
+    def _own_housekeeping(self) -> Housekeeping:
+        """The jobs for the tables this gateway holds itself."""
+        housekeeping = Housekeeping(clock=self.clock, metrics=self.metrics)
+        housekeeping.add("obligations", self.ledger.prune)
+        sessions = self.sessions
+        if isinstance(sessions, SessionStore):
+            housekeeping.add("sessions", lambda: sessions.aio.prune(retention=self.retention_s))
+        delegations = self.delegations
+        if delegations is not None:
+            housekeeping.add(
+                "delegations", lambda: delegations.aio.prune(retention=self.retention_s)
+            )
+        return housekeeping
 
     def on_message(self, handler: MessageHandler | None) -> None:
         """Run ``await handler(turn)`` for every inbound message (outside the socket reader).
@@ -212,8 +277,10 @@ class Gateway:
         """An adapter (re)connected: what a dead process left for it can be sent now (the
         startup path, scoped to this target), and so can this process's own failures."""
         try:
+            began = self.clock.monotonic()
             claims = await self._claim_recoverable({(platform, profile)})
-            await self._redeliver(claims)
+            if claims:
+                await self._recover(f"reconnect of {platform}/{profile}", claims, began)
             await self.redeliver_failed(platform, profile=profile)
         except Exception:
             log.warning("recovery after %s/%s reconnected failed", platform, profile, exc_info=True)
@@ -245,7 +312,9 @@ class Gateway:
         failing with ``StoreError`` (see ``settle_retry_delays_s``) is logged and the reply kept
         owed: a failed result is returned when the send never began, the platform's result when
         it did, and the retry timer re-sends the row once it is stuck (:meth:`redeliver_stuck`).
-        Raises ``TypeError``/``ValueError`` for bad input (nothing is recorded then) and
+        Once the send began, cancelling the caller does not cut it short: the send and the write
+        recording its outcome finish (and :meth:`stop` waits for them).  Raises
+        ``TypeError``/``ValueError`` for bad input (nothing is recorded then) and
         ``StoreError`` when the ledger cannot record it (nothing is owed then: retry the call).
         """
         obligation = await self.ledger.record(
@@ -265,10 +334,10 @@ class Gateway:
             if obligation.state is ObligationState.DELIVERED:
                 return SendResult.ok()
             return SendResult.failed("already owed; the ledger will deliver it")
-        self._hold((oid,))
+        self._path.hold((oid,))
         try:
             try:
-                marked = await self._ledger_write(
+                marked = await self._path.write(
                     "mark_attempting", oid, lambda: self.ledger.mark_attempting(oid)
                 )
             except (InvalidTransition, StaleState):
@@ -278,9 +347,9 @@ class Gateway:
             adapter = self.adapter(platform, profile)
             if adapter is None:
                 # The policy's reconnect error: resent when that adapter connects.
-                await self._ledger_write("release", oid, lambda: self.ledger.release(oid))
+                await self._path.release(oid)
                 return SendResult.failed(f"no adapter for {platform}/{profile}; kept owed")
-            result = await self._send(
+            result, _ = await self._path.send_and_settle(
                 adapter,
                 chat_id,
                 content=content,
@@ -288,101 +357,40 @@ class Gateway:
                 reply_to=reply_to,
                 obligation_id=oid,
             )
-            await self._settle(oid, result)
             return result
         finally:
-            self._let_go(oid)
-
-    async def _send(
-        self,
-        adapter: Sendable,
-        chat_id: str,
-        *,
-        content: str,
-        thread_id: str | None,
-        reply_to: str | None,
-        obligation_id: str,
-    ) -> SendResult:
-        metadata: dict[str, Any] = {"idempotency_key": obligation_id}
-        if thread_id is not None:
-            metadata["thread_id"] = thread_id
-        if reply_to is not None:
-            metadata["reply_to"] = reply_to
-        try:
-            return await adapter.send(chat_id, content, metadata)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.warning("adapter send raised for %s: %s", obligation_id, exc, exc_info=True)
-            return SendResult.failed(f"send raised: {exc}", ambiguous=True)
-
-    async def _settle(self, obligation_id: str, result: SendResult) -> bool:
-        """Write the send's outcome; True when the row is now delivered.  A write that keeps
-        failing leaves the row attempting, for :meth:`redeliver_stuck`."""
-        if result.success:
-            settled = await self._ledger_write(
-                "mark_delivered", obligation_id, lambda: self.ledger.mark_delivered(obligation_id)
-            )
-            if settled is None:
-                return False
-            self.delivered += 1
-            return True
-        error = result.error or "send failed"
-        await self._ledger_write(
-            "mark_failed",
-            obligation_id,
-            lambda: self.ledger.mark_failed(
-                obligation_id, error, kind=result.kind, ambiguous=result.ambiguous
-            ),
-        )
-        return False
-
-    async def _ledger_write(
-        self, what: str, obligation_id: str, write: Callable[[], Awaitable[_T]]
-    ) -> _T | None:
-        """Run one send-path ledger write, trying it again after each of
-        ``settle_retry_delays_s`` while it raises ``StoreError`` (a lock, a busy disk).
-
-        Returns the write's result, or None once every try failed (logged at WARNING with the
-        obligation id; the row stays where it is, for :meth:`redeliver_stuck`).  A definite
-        refusal (``InvalidTransition``, ``StaleState``, ``UnknownEntity``) is raised at once.
-        """
-        delays = self.settle_retry_delays_s
-        tried = 0
-        while True:
-            try:
-                return await write()
-            except StoreError as exc:
-                if tried == len(delays):
-                    log.warning(
-                        "gave up %s for %s after %d tries (%s); the row is left for the "
-                        "stuck-row recovery",
-                        what,
-                        obligation_id,
-                        tried + 1,
-                        exc,
-                    )
-                    return None
-                log.info("%s for %s failed (%s); trying again", what, obligation_id, exc)
-            await self.clock.sleep(delays[tried])
-            tried += 1
-
-    def _hold(self, obligation_ids: Iterable[str]) -> None:
-        """Mark rows as being sent by this process: the stuck sweep leaves them alone."""
-        self._in_flight.update(obligation_ids)
-
-    def _let_go(self, obligation_id: str) -> None:
-        """Undo one :meth:`_hold` of ``obligation_id``."""
-        left = self._in_flight[obligation_id] - 1
-        if left > 0:
-            self._in_flight[obligation_id] = left
-        else:
-            self._in_flight.pop(obligation_id, None)
+            self._path.let_go(oid)
 
     def in_flight(self) -> frozenset[str]:
         """Ids of the obligations this process is sending now (or holds claims of, about to
         send them): :meth:`redeliver_stuck` never touches these."""
-        return frozenset(self._in_flight)
+        return self._path.held()
+
+    @property
+    def delivered(self) -> int:
+        """Replies delivered by this process (first sends and redeliveries)."""
+        return self._path.delivered
+
+    @property
+    def redelivered(self) -> int:
+        """Of those, redeliveries of claimed rows."""
+        return self._path.redelivered
+
+    @property
+    def labelled(self) -> int:
+        """Of those, redeliveries sent with a possible-duplicate label."""
+        return self._path.labelled
+
+    @property
+    def settle_retry_delays_s(self) -> tuple[float, ...]:
+        """Delays (gateway clock seconds) before each retry of a send-path ledger write that
+        raised ``StoreError``; one try plus one per delay, then the row is left for
+        :meth:`redeliver_stuck`."""
+        return self._path.settle_retry_delays_s
+
+    @settle_retry_delays_s.setter
+    def settle_retry_delays_s(self, delays: tuple[float, ...]) -> None:
+        self._path.settle_retry_delays_s = tuple(delays)
 
     # -- recovery ------------------------------------------------------------------------------
 
@@ -402,10 +410,10 @@ class Gateway:
         """
         await self.ledger.check()
         await self._adapters.connect_all()
+        began = self.clock.monotonic()
         claims = await self._claim_recoverable()
         self._started = True
-        if claims:
-            self._spawn(self._redeliver(claims))
+        self._spawn(self._recover("startup", claims, began))
         if self._retry_loop is None or self._retry_loop.done():
             self._retry_loop = asyncio.create_task(self._retry_timer(), name="gateway-retry")
         return len(claims)
@@ -413,7 +421,37 @@ class Gateway:
     async def redeliver_pending(self) -> int:
         """The startup path, awaited to the end: claim, clear flags, send; returns how many
         replies were delivered."""
-        return await self._redeliver(await self._claim_recoverable())
+        return (await self._redeliver(await self._claim_recoverable())).delivered
+
+    async def _recover(self, what: str, claims: list[Claim], began: float) -> None:
+        """Redeliver a recovery's claims, then log the recovery once at INFO with its counts
+        and duration (on the gateway's clock) -- also when it claimed nothing, and when a stop
+        interrupted it."""
+        outcome = Redelivered(0, 0)
+        interrupted = True
+        try:
+            outcome = await self._redeliver(claims)
+            interrupted = False
+        finally:
+            took = self.clock.monotonic() - began
+            log.info(
+                "%s recovery: %d replies owed by dead owners claimed, %d delivered "
+                "(%d labelled as possible repeats) in %.3f s%s",
+                what,
+                len(claims),
+                outcome.delivered,
+                outcome.labelled,
+                took,
+                " (interrupted by stop)" if interrupted else "",
+                extra={
+                    "recovery": what,
+                    "claimed": len(claims),
+                    "delivered": outcome.delivered,
+                    "labelled": outcome.labelled,
+                    "duration_s": took,
+                    "interrupted": interrupted,
+                },
+            )
 
     async def _claim_recoverable(self, targets: set[tuple[str, str]] | None = None) -> list[Claim]:
         """The startup sweep for ``targets`` (default: the connected ones), then each claim's
@@ -421,7 +459,7 @@ class Gateway:
         until :meth:`_redeliver` is done with it."""
         deliverable = self.connected_targets() if targets is None else targets
         claims = await self.ledger.sweep_recoverable(deliverable_targets=deliverable)
-        self._hold(claim.obligation_id for claim in claims)
+        self._path.hold(claim.obligation_id for claim in claims)
         for claim in claims:
             try:
                 # Before any send: a turn whose reply is owed must never also be resumed.
@@ -438,8 +476,8 @@ class Gateway:
         """The runtime path: re-claim this incarnation's retryable failures on ``platform``
         (and ``profile``) and send them labelled; returns how many were delivered."""
         claims = await self.ledger.sweep_failed_for_runtime(platform, profile=profile)
-        self._hold(claim.obligation_id for claim in claims)
-        return await self._redeliver(await self._cleared_at_runtime(claims))
+        self._path.hold(claim.obligation_id for claim in claims)
+        return (await self._redeliver(await self._cleared_at_runtime(claims))).delivered
 
     async def redeliver_stuck(self) -> int:
         """Recover this incarnation's own replies stuck on a failed ledger write: rows it owns
@@ -457,10 +495,14 @@ class Gateway:
             exclude=self.in_flight(),
             deliverable_targets=self.connected_targets(),
         )
-        self._hold(claim.obligation_id for claim in claims)
+        self._path.hold(claim.obligation_id for claim in claims)
         if claims:
-            log.info("re-sending %d stuck obligations of this process", len(claims))
-        return await self._redeliver(await self._cleared_at_runtime(claims))
+            log.info(
+                "re-sending %d stuck obligations of this process",
+                len(claims),
+                extra={"claimed": len(claims)},
+            )
+        return (await self._redeliver(await self._cleared_at_runtime(claims))).delivered
 
     async def _cleared_at_runtime(self, claims: list[Claim]) -> list[Claim]:
         """Clear each claim's ``resume_pending``; a claim whose clear failed is released
@@ -474,59 +516,16 @@ class Gateway:
                 # At runtime a failed clear sends nothing: hand the claim back, refunded.
                 log.warning("could not clear resume_pending; releasing %s", oid)
                 try:
-                    await self._ledger_write("release", oid, partial(self.ledger.release, oid))
+                    await self._path.release(oid)
                 finally:
-                    self._let_go(oid)
+                    self._path.let_go(oid)
                 continue
             ready.append(claim)
         return ready
 
-    async def _redeliver(self, claims: list[Claim]) -> int:
-        """Send each held claim in turn, letting each go once done with it (all of them, even
-        when cancelled); returns how many were delivered."""
-        delivered = 0
-        left = list(reversed(claims))
-        try:
-            while left:
-                claim = left[-1]
-                try:
-                    delivered += await self._redeliver_one(claim)
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    # One claim's trouble (a store hiccup settling it) never strands the others.
-                    log.warning("redelivery of %s failed", claim.obligation_id, exc_info=True)
-                finally:
-                    left.pop()
-                    self._let_go(claim.obligation_id)
-        finally:
-            for claim in left:
-                self._let_go(claim.obligation_id)
-        return delivered
-
-    async def _redeliver_one(self, claim: Claim) -> int:
-        """Send one claim, labelled if needed; hand it back (refunded) when its adapter is
-        missing.  Returns 1 if it was delivered."""
-        ob = claim.obligation
-        oid = ob.obligation_id
-        adapter = self.adapter(ob.platform, claim.profile)
-        if adapter is None:
-            # Refund; never strand it.
-            await self._ledger_write("release", oid, lambda: self.ledger.release(oid))
-            return 0
-        result = await self._send(
-            adapter,
-            ob.chat_id,
-            content=claim.render(),
-            thread_id=ob.thread_id,
-            reply_to=ob.reply_to,
-            obligation_id=oid,
-        )
-        if not await self._settle(oid, result):
-            return 0
-        self.redelivered += 1
-        self.labelled += int(claim.needs_marker)
-        return 1
+    async def _redeliver(self, claims: list[Claim]) -> Redelivered:
+        """Send the held claims (see :meth:`SendPath.redeliver`)."""
+        return await self._path.redeliver(claims, self.adapter)
 
     async def deliver_completions(
         self,
@@ -565,13 +564,7 @@ class Gateway:
                 and self.clock.monotonic() - last_prune >= self.prune_interval_s
             ):
                 last_prune = self.clock.monotonic()
-                try:
-                    pruned = await self.ledger.prune()  # settled rows past the retention only
-                except Exception:
-                    log.warning("pruning the ledger failed", exc_info=True)
-                else:
-                    if pruned:
-                        log.info("pruned %d settled obligations past their retention", pruned)
+                await self.housekeep()  # settled rows past their retention only
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
@@ -581,21 +574,58 @@ class Gateway:
     # -- stopping ------------------------------------------------------------------------------
 
     async def stop(self, budget_s: float | None = None) -> None:
-        """Stop within ``budget_s`` (default 10 s): let in-flight redeliveries finish while the
-        budget allows, disconnect adapters with what remains, close the ledger."""
+        """Stop within ``budget_s`` (default 10 s), settling what was sent.
+
+        In order: no new recovery starts; in-flight redeliveries may finish while half the
+        budget allows (those never sent are then released, refunded); adapters disconnect
+        within what remains (a relay adapter drains its requests, which answers or fails every
+        send waiting on it); every send in flight, with the ledger write recording its outcome,
+        is waited for within the rest of the budget -- a send is never cancelled between the
+        platform's answer and the ledger's mark; a send still unanswered when the budget runs
+        out is cancelled (its reply stays owed, resent labelled by the next start); the ledger
+        closes after finishing every write queued.  Logged at INFO with what it left owed.
+        """
         self._started = False
         deadline = Deadline.after(
             self._teardown_clock, _DEFAULT_STOP_BUDGET_S if budget_s is None else budget_s
         )
-        if self._retry_loop is not None:
-            self._retry_loop.cancel()
+        unwinding: list[asyncio.Task[Any]] = []
+        if self._retry_loop is not None and not self._retry_loop.done():
+            self._retry_loop.cancel()  # nothing new starts; what it was sending is in flight
+            unwinding.append(self._retry_loop)
         pending = [t for t in self._tasks if not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=deadline.remaining() / 2)
             for task in pending:
                 task.cancel()
+            unwinding.extend(pending)
+        if unwinding:
+            # Let them unwind: a redelivery cancelled mid-way releases what it never sent.
+            await asyncio.wait(unwinding, timeout=max(0.01, min(0.1, deadline.remaining())))
         await self._adapters.disconnect_all(deadline)
+        unanswered = await self._path.flights.land(deadline)
         await self.ledger.aclose()
+        log.info(
+            "gateway stopped (%d sends unanswered when the budget ran out)",
+            unanswered,
+            extra={"unanswered": unanswered},
+        )
+
+    async def __aenter__(self) -> Gateway:
+        """``async with Gateway(...) as gateway:`` starts it (unless started already); a start
+        that raises stops it again (adapters disconnected, ledger closed) and the error
+        propagates."""
+        if not self._started:
+            try:
+                await self.start()
+            except BaseException:
+                await self.stop()
+                raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Stops it (the default budget) when the block ends, however it ends."""
+        await self.stop()
 
 
 def _default_sessions(store: Store, clock: Clock) -> SessionFlags:

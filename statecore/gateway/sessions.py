@@ -19,6 +19,10 @@ redelivered and replayed.
 Every change is one guarded write through the Store, with its audit entry.  Changes that read
 before they write (start, compress, the resume flag) run inside one ``atomic()`` block and are
 fenced by the row they read.
+
+:class:`SessionStore` is synchronous; asyncio code awaits the same methods through its ``aio``
+facade (:class:`AsyncSessions`, see :mod:`statecore.gateway.aio`), which runs each on a worker
+thread: ``await sessions.aio.current(key)``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from statecore.checks import platform_id, require_text
 from statecore.clock import Clock, SystemClock
 from statecore.entity import EntityKind, Field, Index
 from statecore.errors import UnknownEntity
+from statecore.gateway.aio import off_loop
 from statecore.gateway.routing import COMPRESSION_END_REASON, is_user_boundary
 from statecore.lifecycle import Lifecycle, Transition
 from statecore.store import Audit, Row, Store, TransitionRecord, lt
@@ -41,6 +46,7 @@ from statecore.store import Audit, Row, Store, TransitionRecord, lt
 __all__ = [
     "SESSION",
     "SESSION_KIND",
+    "AsyncSessions",
     "Session",
     "SessionState",
     "SessionStore",
@@ -148,13 +154,17 @@ class SessionStore:
 
     ``SessionStore(store, *, clock=None)``.  Synchronous and safe to use from several threads;
     :meth:`clear_resume_pending` is the one ``async`` method (the gateway awaits it on the event
-    loop and it runs the store work on a worker thread).
+    loop and it runs the store work on a worker thread).  From asyncio code, await every other
+    method through :attr:`aio` (``await sessions.aio.start(key)``): the same calls, each run on
+    a worker thread.
     """
 
     def __init__(self, store: Store, *, clock: Clock | None = None) -> None:
         self.store = store
         self.clock: Clock = clock or SystemClock()
         store.register(_K)
+        self.aio = AsyncSessions(self)
+        """The same methods as coroutine functions run on a worker thread."""
 
     # -- changes -----------------------------------------------------------------------------
 
@@ -380,3 +390,32 @@ class SessionStore:
         return self.store.transition(
             _K, session_id, "end", audit=Audit(now, reason=reason), fence=fence, changes=changes
         )
+
+
+class AsyncSessions:
+    """:class:`SessionStore`'s methods for asyncio code: each runs the synchronous method on a
+    worker thread, with the same arguments, result and errors (``SessionStore.aio``)."""
+
+    def __init__(self, sessions: SessionStore) -> None:
+        self.sessions = sessions
+        """The synchronous store these methods run."""
+        self.start = off_loop(sessions.start)
+        """:meth:`SessionStore.start`, off the event loop."""
+        self.end = off_loop(sessions.end)
+        """:meth:`SessionStore.end`, off the event loop."""
+        self.compress = off_loop(sessions.compress)
+        """:meth:`SessionStore.compress`, off the event loop."""
+        self.set_resume_pending = off_loop(sessions.set_resume_pending)
+        """:meth:`SessionStore.set_resume_pending`, off the event loop."""
+        self.clear_resume_pending = sessions.clear_resume_pending
+        """:meth:`SessionStore.clear_resume_pending` (already a coroutine function)."""
+        self.prune = off_loop(sessions.prune)
+        """:meth:`SessionStore.prune`, off the event loop."""
+        self.get = off_loop(sessions.get)
+        """:meth:`SessionStore.get`, off the event loop."""
+        self.current = off_loop(sessions.current)
+        """:meth:`SessionStore.current`, off the event loop."""
+        self.compression_successor = off_loop(sessions.compression_successor)
+        """:meth:`SessionStore.compression_successor`, off the event loop."""
+        self.history = off_loop(sessions.history)
+        """:meth:`SessionStore.history`, off the event loop."""

@@ -1,0 +1,91 @@
+"""The connector's housekeeping: settled rows are pruned on a timer on the connector's clock.
+
+Every ``prune_interval_s`` (0: never) one round runs on the store thread, in order:
+
+* unacked buffer entries older than the buffer's ``retention_s`` are expired (counted and
+  logged at WARNING by the buffer: they were never delivered), whichever gateway they wait for
+  -- also a gateway that never comes back;
+* acked and expired buffer entries settled more than ``buffer_retention_s`` ago are deleted
+  (``buffer``);
+* egress-provenance targets an operator made the connector forget more than
+  ``buffer_retention_s`` ago are deleted (``provenance``).
+
+An unacked entry and a known target are never deleted.  Each count goes to the metrics hook
+(``metrics.pruned(what, rows)``) and the round is logged once at INFO with every count
+(``extra``: ``pruned``, ``expired``, ``duration_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from relay.connector._settings import HousekeepingSettings
+from relay.connector._store_thread import StoreThread
+
+__all__ = ["Housekeeping"]
+
+# Every part of the connector logs to the one logger docs/configuration.md names.
+log = logging.getLogger("relay.connector.server")
+
+
+class Housekeeping:
+    """The connector's housekeeping timer and rounds (see the module docs)."""
+
+    def __init__(self, connector: HousekeepingSettings, *, store: StoreThread) -> None:
+        self._connector = connector
+        self._store = store
+        self._timer: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the timer (unless it runs, or the interval is 0)."""
+        if not self._connector.prune_interval_s:
+            return
+        if self._timer is None or self._timer.done():
+            self._timer = asyncio.create_task(self._run_timer(), name="connector-housekeeping")
+
+    def stop(self) -> None:
+        """Stop the timer (a round in progress finishes on the store thread)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    async def _run_timer(self) -> None:
+        connector = self._connector
+        while True:  # until stop() cancels it
+            await connector.clock.sleep(connector.prune_interval_s)
+            try:
+                await self.run()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("connector: housekeeping failed", exc_info=True)
+
+    async def run(self) -> dict[str, int]:
+        """One round, on the store thread; returns what it deleted by table (``buffer``,
+        ``provenance``).  Raises ``StoreError`` when the store fails (nothing more is done)."""
+        return await self._store.run(self._round)
+
+    def _round(self) -> dict[str, int]:
+        """On the store thread: expire, prune, count, log."""
+        connector = self._connector
+        began = connector.clock.monotonic()
+        expired = connector.buffer.expire()
+        retention = connector.buffer_retention_s
+        pruned = {
+            "buffer": connector.buffer.prune(older_than_s=retention),
+            "provenance": connector.provenance.prune(older_than_s=retention),
+        }
+        for what, rows in pruned.items():
+            connector.metrics.pruned(what, rows)
+        took = connector.clock.monotonic() - began
+        log.info(
+            "connector: housekeeping pruned %d settled buffer entries and %d forgotten targets "
+            "(expired %d unacked entries) in %.3f s",
+            pruned["buffer"],
+            pruned["provenance"],
+            expired,
+            took,
+            extra={"pruned": dict(pruned), "expired": expired, "duration_s": took},
+        )
+        return pruned

@@ -1,0 +1,252 @@
+"""The gateway's send path once a reply is recorded and held: send, settle, redeliver claims.
+
+:class:`SendPath` owns what the runtime's sends share:
+
+* the *held* ids -- rows this process is sending now, or holds claims of, about to send them;
+  the stuck-row sweep never touches one (a count, since two paths may hold one id at once);
+* the *flights* (:mod:`statecore.gateway.flights`): each send and the ledger write that records
+  its outcome run as one task the asker's cancellation does not reach;
+* the settling writes, tried again on a transient store error
+  (:func:`statecore.gateway.writes.retried_write`) and shielded once handed to the ledger;
+* the redelivery of claims, one after another, labelled when the user may have seen them.
+
+The runtime (:class:`~statecore.gateway.runtime.Gateway`) records, marks attempting and claims;
+everything after that is here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
+from typing import Any, NamedTuple, TypeVar
+
+from statecore.async_ledger import AsyncLedger
+from statecore.clock import Clock
+from statecore.gateway.adapter import SendResult
+from statecore.gateway.adapters import Sendable
+from statecore.gateway.flights import Flights
+from statecore.gateway.writes import retried_write
+from statecore.obligation import Claim
+
+__all__ = ["Redelivered", "SendPath"]
+
+log = logging.getLogger("statecore.gateway.runtime")
+
+T = TypeVar("T")
+
+SETTLE_RETRY_DELAYS_S = (0.1, 0.3, 1.0)
+"""The default delays before each retry of a send-path write that raised ``StoreError``."""
+
+
+class Redelivered(NamedTuple):
+    """What one redelivery run sent."""
+
+    delivered: int
+    labelled: int
+
+
+class SendPath:
+    """The send path of one gateway over its ledger, on its clock (see the module docs)."""
+
+    def __init__(self, ledger: AsyncLedger, clock: Clock) -> None:
+        self.ledger = ledger
+        self.clock = clock
+        self.settle_retry_delays_s: tuple[float, ...] = SETTLE_RETRY_DELAYS_S
+        """Delays (clock seconds) before each retry of a write that raised ``StoreError``."""
+        self.flights = Flights()
+        """The sends in flight, each with its settling write."""
+        self.delivered = 0
+        """Replies delivered (first sends and redeliveries)."""
+        self.redelivered = 0
+        """Of those, redeliveries of claimed rows."""
+        self.labelled = 0
+        """Of those, redeliveries sent with a possible-duplicate label."""
+        self._held: Counter[str] = Counter()
+
+    # -- holding -------------------------------------------------------------------------------
+
+    def hold(self, obligation_ids: Iterable[str]) -> None:
+        """Mark rows as being sent by this process: the stuck sweep leaves them alone."""
+        self._held.update(obligation_ids)
+
+    def let_go(self, obligation_id: str) -> None:
+        """Undo one :meth:`hold` of ``obligation_id``."""
+        left = self._held[obligation_id] - 1
+        if left > 0:
+            self._held[obligation_id] = left
+        else:
+            self._held.pop(obligation_id, None)
+
+    def held(self) -> frozenset[str]:
+        """The ids held now."""
+        return frozenset(self._held)
+
+    # -- sending -------------------------------------------------------------------------------
+
+    async def send_and_settle(
+        self,
+        adapter: Sendable,
+        chat_id: str,
+        *,
+        content: str,
+        thread_id: str | None,
+        reply_to: str | None,
+        obligation_id: str,
+    ) -> tuple[SendResult, bool]:
+        """Send and record the outcome as one flight: the caller's cancellation never cuts it
+        between the platform's answer and the ledger's mark.  Returns the send's result and
+        whether the row is now delivered."""
+        self.hold((obligation_id,))
+        flight = self.flights.launch(
+            self._fly(
+                adapter,
+                chat_id,
+                content=content,
+                thread_id=thread_id,
+                reply_to=reply_to,
+                obligation_id=obligation_id,
+            ),
+            landed=partial(self.let_go, obligation_id),
+        )
+        return await asyncio.shield(flight)
+
+    async def _fly(
+        self,
+        adapter: Sendable,
+        chat_id: str,
+        *,
+        content: str,
+        thread_id: str | None,
+        reply_to: str | None,
+        obligation_id: str,
+    ) -> tuple[SendResult, bool]:
+        metadata: dict[str, Any] = {"idempotency_key": obligation_id}
+        if thread_id is not None:
+            metadata["thread_id"] = thread_id
+        if reply_to is not None:
+            metadata["reply_to"] = reply_to
+        try:
+            result = await adapter.send(chat_id, content, metadata)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("adapter send raised for %s: %s", obligation_id, exc, exc_info=True)
+            result = SendResult.failed(f"send raised: {exc}", ambiguous=True)
+        return result, await self.settle(obligation_id, result)
+
+    async def settle(self, obligation_id: str, result: SendResult) -> bool:
+        """Write the send's outcome; True when the row is now delivered.  A write that keeps
+        failing leaves the row attempting, for the stuck-row recovery."""
+        if result.success:
+            settled = await self.write(
+                "mark_delivered",
+                obligation_id,
+                lambda: self.ledger.mark_delivered(obligation_id),
+                settling=True,
+            )
+            if settled is None:
+                return False
+            self.delivered += 1
+            return True
+        error = result.error or "send failed"
+        await self.write(
+            "mark_failed",
+            obligation_id,
+            lambda: self.ledger.mark_failed(
+                obligation_id, error, kind=result.kind, ambiguous=result.ambiguous
+            ),
+            settling=True,
+        )
+        return False
+
+    async def release(self, obligation_id: str) -> None:
+        """Hand back a claim that was never sent (refunded), shielded like a settle."""
+        await self.write(
+            "release", obligation_id, partial(self.ledger.release, obligation_id), settling=True
+        )
+
+    async def write(
+        self,
+        what: str,
+        obligation_id: str,
+        write: Callable[[], Awaitable[T]],
+        *,
+        settling: bool = False,
+    ) -> T | None:
+        """One send-path ledger write, tried again on ``StoreError`` after each of
+        ``settle_retry_delays_s`` (:func:`~statecore.gateway.writes.retried_write`): its
+        result, or None once every try failed.  A definite refusal is raised at once."""
+        return await retried_write(
+            what,
+            obligation_id,
+            write,
+            clock=self.clock,
+            delays=self.settle_retry_delays_s,
+            settling=settling,
+        )
+
+    # -- redelivering claims -------------------------------------------------------------------
+
+    async def redeliver(
+        self, claims: list[Claim], adapter_of: Callable[[str, str], Sendable | None]
+    ) -> Redelivered:
+        """Send each held claim in turn through ``adapter_of(platform, profile)``, letting each
+        go once done with it (all of them, even when cancelled: those never sent are then
+        released, refunded); returns what was delivered."""
+        delivered = labelled = 0
+        left = list(reversed(claims))
+        try:
+            while left:
+                claim = left[-1]
+                try:
+                    if await self._redeliver_one(claim, adapter_of):
+                        delivered += 1
+                        labelled += int(claim.needs_marker)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    # One claim's trouble (a store hiccup settling it) never strands the others.
+                    log.warning("redelivery of %s failed", claim.obligation_id, exc_info=True)
+                finally:
+                    left.pop()
+                    self.let_go(claim.obligation_id)
+        except asyncio.CancelledError:
+            # Stopping: what was never sent is handed back now, not left looking attempted.
+            for claim in left:
+                self.hold((claim.obligation_id,))
+                self.flights.launch(
+                    self.release(claim.obligation_id),
+                    landed=partial(self.let_go, claim.obligation_id),
+                )
+            raise
+        finally:
+            for claim in left:
+                self.let_go(claim.obligation_id)
+        return Redelivered(delivered, labelled)
+
+    async def _redeliver_one(
+        self, claim: Claim, adapter_of: Callable[[str, str], Sendable | None]
+    ) -> bool:
+        """Send one claim, labelled if needed; hand it back (refunded) when its adapter is
+        missing.  True if it was delivered."""
+        ob = claim.obligation
+        oid = ob.obligation_id
+        adapter = adapter_of(ob.platform, claim.profile)
+        if adapter is None:
+            await self.release(oid)  # refund; never strand it
+            return False
+        _, settled = await self.send_and_settle(
+            adapter,
+            ob.chat_id,
+            content=claim.render(),
+            thread_id=ob.thread_id,
+            reply_to=ob.reply_to,
+            obligation_id=oid,
+        )
+        if settled:
+            self.redelivered += 1
+            self.labelled += int(claim.needs_marker)
+        return settled

@@ -1,0 +1,71 @@
+"""The send path's ledger writes, tried again on a transient store error.
+
+A write of the send path (mark attempting, delivered, failed; release) that raises
+``StoreError`` -- a lock another process holds, a busy disk -- is tried again after each delay
+of the gateway's ``settle_retry_delays_s``, on the gateway's clock.  A definite refusal
+(``InvalidTransition``, ``StaleState``, ``UnknownEntity``) is raised at once: trying it again
+cannot help.  A *settling* write (delivered, failed, release) is shielded: once handed to the
+ledger it is written even if the task that asked for it is cancelled meanwhile (the ledger
+finishes what is queued before it closes), so that a send's outcome is never dropped between
+the platform's answer and the ledger's mark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from statecore.clock import Clock
+from statecore.errors import StoreError
+
+__all__ = ["retried_write"]
+
+log = logging.getLogger("statecore.gateway.runtime")
+
+T = TypeVar("T")
+
+
+async def retried_write(
+    what: str,
+    obligation_id: str,
+    write: Callable[[], Awaitable[T]],
+    *,
+    clock: Clock,
+    delays: Sequence[float],
+    settling: bool = False,
+) -> T | None:
+    """Run ``write()`` (the ledger write ``what`` of ``obligation_id``), trying it again after
+    each of ``delays`` while it raises ``StoreError``; shielded from cancellation when
+    ``settling`` (see the module docs).
+
+    Returns the write's result, or None once every try failed (logged at WARNING with the
+    obligation id; the row stays where it is, for the stuck-row recovery).  A definite refusal
+    is raised at once.
+    """
+    tried = 0
+    while True:
+        try:
+            return await (asyncio.shield(write()) if settling else write())
+        except StoreError as exc:
+            if tried == len(delays):
+                log.warning(
+                    "gave up %s for %s after %d tries (%s); the row is left for the "
+                    "stuck-row recovery",
+                    what,
+                    obligation_id,
+                    tried + 1,
+                    exc,
+                    extra={"obligation_id": obligation_id, "write": what, "tries": tried + 1},
+                )
+                return None
+            log.info(
+                "%s for %s failed (%s); trying again",
+                what,
+                obligation_id,
+                exc,
+                extra={"obligation_id": obligation_id, "write": what},
+            )
+        await clock.sleep(delays[tried])
+        tried += 1
