@@ -32,6 +32,7 @@ from relay.client.transport import WebSocketRelayTransport
 from relay.connector.buffer import BUFFER_KIND
 from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
+from statecore.cli import main as statecore_cli
 from statecore.entity import EntityKind
 from statecore.gateway import Gateway, Turn
 from statecore.gateway.adapter import SendResult
@@ -397,7 +398,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.gateway:
         asyncio.run(run_gateway(args.gateway, Path(args.db), restarted=args.restarted))
         return 0
-    return asyncio.run(run_demo(Path(args.data)))
+    status = asyncio.run(run_demo(Path(args.data)))
+    # What an operator would run next: the gateway's ledger, counted by state.
+    store_url = f"sqlite:///{Path(args.data).resolve() / 'gateway.db'}"
+    print(f"\n$ statecore ledger stats --store {store_url}")
+    statecore_cli(["ledger", "stats", "--store", store_url])
+    return status
 
 
 if __name__ == "__main__":

@@ -1,0 +1,276 @@
+"""``statecore connector``: serve a connector from a config file or the environment until SIGTERM.
+
+Configuration is a TOML file (``--config PATH`` or ``STATECORE_CONNECTOR_CONFIG``), then the
+environment, then the command line, each overriding the one before::
+
+    host = "0.0.0.0"                  # STATECORE_CONNECTOR_HOST, --host
+    port = 8765                       # STATECORE_CONNECTOR_PORT, --port
+    store = "sqlite:///connector.db"  # STATECORE_STORE_URL, --store
+    open_egress = false               # STATECORE_CONNECTOR_OPEN_EGRESS (1/0)
+
+    [secrets]                         # STATECORE_CONNECTOR_SECRETS="bot=s1,s2;other=s3"
+    my-bot = ["s3cret"]
+
+    [drivers]                         # STATECORE_CONNECTOR_DRIVERS="loopback=loopback"
+    loopback = "loopback"             # or "package.module:factory" (factory(platform) -> driver)
+
+    [tenants]                         # STATECORE_CONNECTOR_TENANTS="my-bot=scope-a,scope-b"
+    my-bot = ["scope-a"]
+
+The connector answers ``GET /healthz`` and, when ``prometheus-client`` is installed
+(``statecore[prometheus]``), ``GET /metrics`` on its own port.  SIGTERM or SIGINT stops it
+gracefully.  A configuration that cannot work (no secrets, an unknown driver, a bad port, an
+unreadable file) is refused before anything is opened, with a message naming the setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import os
+import signal
+import sys
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from relay.connector.platform import LoopbackPlatform, PlatformDriver
+from relay.connector.server import Connector
+from statecore.cli.plugin import forwarding
+from statecore.errors import StatecoreError
+from statecore.metrics import NO_METRICS, Metrics
+from stores import open_store
+
+__all__ = [
+    "CONNECTOR_COMMAND",
+    "ConfigError",
+    "ConnectorConfig",
+    "load_config",
+    "main",
+    "serve",
+]
+
+log = logging.getLogger(__name__)
+
+_ENV_PREFIX = "STATECORE_CONNECTOR_"
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class ConfigError(ValueError):
+    """A connector configuration that cannot work; the message names the setting."""
+
+
+@attrs.frozen
+class ConnectorConfig:
+    """What ``statecore connector`` serves (see the module docs)."""
+
+    secrets: Mapping[str, tuple[str, ...]]
+    drivers: Mapping[str, str]
+    host: str = "127.0.0.1"
+    port: int = 8765
+    store: str = "sqlite:///connector.db"
+    tenants: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
+    open_egress: bool = False
+
+
+def load_config(
+    path: str | None, env: Mapping[str, str], overrides: Mapping[str, Any] | None = None
+) -> ConnectorConfig:
+    """Read the file at ``path`` (if any), then ``env``, then ``overrides``.
+
+    Raises :class:`ConfigError` naming the setting for anything unusable: an unreadable or
+    malformed file, a port that is not an integer in 0-65535, no secrets, no drivers.
+    """
+    values: dict[str, Any] = {}
+    path = path or env.get(_ENV_PREFIX + "CONFIG") or None
+    if path:
+        try:
+            with open(path, "rb") as file:
+                values.update(tomllib.load(file))
+        except OSError as exc:
+            raise ConfigError(f"config file {path!r}: {exc.strerror or exc}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path!r} is not valid TOML: {exc}") from exc
+    for key in ("host", "port"):
+        if env.get(_ENV_PREFIX + key.upper()):
+            values[key] = env[_ENV_PREFIX + key.upper()]
+    if env.get("STATECORE_STORE_URL"):
+        values["store"] = env["STATECORE_STORE_URL"]
+    if env.get(_ENV_PREFIX + "OPEN_EGRESS"):
+        values["open_egress"] = env[_ENV_PREFIX + "OPEN_EGRESS"].strip() in ("1", "true", "yes")
+    for key in ("secrets", "tenants"):
+        if env.get(_ENV_PREFIX + key.upper()):
+            values[key] = _pairs(key, env[_ENV_PREFIX + key.upper()])
+    if env.get(_ENV_PREFIX + "DRIVERS"):
+        values["drivers"] = {
+            platform: names[0]
+            for platform, names in _pairs("drivers", env[_ENV_PREFIX + "DRIVERS"]).items()
+        }
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return _checked(values)
+
+
+def _pairs(setting: str, text: str) -> dict[str, list[str]]:
+    """``"a=x,y;b=z"`` -> ``{"a": ["x", "y"], "b": ["z"]}``."""
+    out: dict[str, list[str]] = {}
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        name, sep, rest = item.partition("=")
+        if not sep or not name.strip() or not rest.strip():
+            raise ConfigError(f"{setting}: expected name=value[,value...], got {item!r}")
+        out[name.strip()] = [v.strip() for v in rest.split(",") if v.strip()]
+    return out
+
+
+def _checked(values: Mapping[str, Any]) -> ConnectorConfig:
+    unknown = set(values) - {f.name for f in attrs.fields(ConnectorConfig)}
+    if unknown:
+        raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+    try:
+        port = int(values.get("port", 8765))
+    except (TypeError, ValueError):
+        raise ConfigError(f"port must be an integer, not {values.get('port')!r}") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"port must be within 0-65535, not {port}")
+    secrets = _string_lists("secrets", values.get("secrets", {}))
+    if not secrets:
+        raise ConfigError("secrets: no gateway may connect (give at least one gateway a secret)")
+    drivers = values.get("drivers", {})
+    if not isinstance(drivers, Mapping) or not drivers:
+        raise ConfigError('drivers: no platform is fronted (e.g. loopback = "loopback")')
+    for platform, spec in drivers.items():
+        if not isinstance(spec, str) or not (spec == "loopback" or ":" in spec):
+            raise ConfigError(
+                f'drivers.{platform}: expected "loopback" or "package.module:factory", not {spec!r}'
+            )
+    return ConnectorConfig(
+        secrets=secrets,
+        drivers=dict(drivers),
+        host=str(values.get("host", "127.0.0.1")),
+        port=port,
+        store=str(values.get("store", "sqlite:///connector.db")),
+        tenants=_string_lists("tenants", values.get("tenants", {})),
+        open_egress=bool(values.get("open_egress", False)),
+    )
+
+
+def _string_lists(setting: str, value: object) -> dict[str, tuple[str, ...]]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{setting}: expected a table of name = [values]")
+    out: dict[str, tuple[str, ...]] = {}
+    for name, items in value.items():
+        listed = [items] if isinstance(items, str) else items
+        if not isinstance(listed, list | tuple) or not all(isinstance(i, str) for i in listed):
+            raise ConfigError(f"{setting}.{name}: expected a list of strings")
+        if listed:
+            out[str(name)] = tuple(listed)
+    return out
+
+
+def make_driver(platform: str, spec: str) -> PlatformDriver:
+    """The driver ``spec`` names for ``platform``: ``"loopback"`` or ``"module:factory"``.
+
+    Raises :class:`ConfigError` when the module or factory cannot be found.
+    """
+    if spec == "loopback":
+        return LoopbackPlatform(platform)
+    module_name, _, attr = spec.partition(":")
+    try:
+        factory: Callable[[str], PlatformDriver] = getattr(
+            importlib.import_module(module_name), attr
+        )
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"drivers.{platform}: cannot load {spec!r}: {exc}") from exc
+    return factory(platform)
+
+
+def _prometheus() -> tuple[Metrics, Callable[[], bytes] | None]:
+    """Metrics and the ``/metrics`` body when ``prometheus-client`` is installed."""
+    try:
+        from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+        from statecore.prometheus import PrometheusMetrics  # noqa: PLC0415
+    except ImportError:
+        return NO_METRICS, None
+    metrics = PrometheusMetrics(CollectorRegistry())
+    return metrics, metrics.render
+
+
+async def serve(config: ConnectorConfig, stop: asyncio.Event) -> None:
+    """Serve ``config`` until ``stop`` is set, then stop the connector and close its store.
+
+    Prints one ``listening on URL`` line to standard output once the connector accepts
+    connections.  Raises :class:`ConfigError` for a driver that cannot be loaded and
+    ``StoreError`` / ``ValueError`` for a store URL that cannot be opened (before serving).
+    """
+    drivers = {platform: make_driver(platform, spec) for platform, spec in config.drivers.items()}
+    store = open_store(config.store)
+    metrics, metrics_text = _prometheus()
+    connector = Connector(
+        store,
+        secrets=config.secrets,
+        drivers=drivers,
+        tenants=config.tenants or None,
+        open_egress=config.open_egress,
+        metrics=metrics,
+        http_metrics=metrics_text,
+    )
+    try:
+        await connector.start(config.host, config.port)
+        print(f"statecore connector listening on {connector.url}", flush=True)
+        log.info("connector listening on %s", connector.url, extra={"url": connector.url})
+        await stop.wait()
+        log.info("connector stopping (signal)")
+    finally:
+        await connector.stop()
+        store.close()
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Run ``statecore connector``; returns the process exit code (0 after a graceful stop,
+    2 for a configuration that cannot work, with the reason on standard error)."""
+    parser = argparse.ArgumentParser(prog="statecore connector", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", help="a TOML file (see the module docs)")
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--store", help="store URL, e.g. sqlite:///connector.db")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(
+            args.config,
+            os.environ if env is None else env,
+            {"host": args.host, "port": args.port, "store": args.store},
+        )
+    except ConfigError as exc:
+        print(f"statecore connector: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await serve(config, stop)
+
+    try:
+        asyncio.run(run())
+    except ConfigError as exc:
+        print(f"statecore connector: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError, StatecoreError) as exc:
+        # An unusable store URL, an unopenable store, a port already in use.
+        print(f"statecore connector: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+CONNECTOR_COMMAND = forwarding(
+    "connector", "serve a connector from a config file or the environment until SIGTERM", main
+)
+"""``statecore connector``: registered through the ``statecore.cli`` entry point group."""
