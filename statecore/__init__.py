@@ -8,6 +8,8 @@ delegations, routing, the platform-adapter protocol) live in :mod:`statecore.gat
 ``stores``, the wire in ``relay``.
 """
 
+from importlib import metadata as _metadata
+
 from statecore.async_ledger import AsyncLedger
 from statecore.batch import BatchStore, Creation, Move
 from statecore.clock import Clock, Deadline, FakeClock, SystemClock
@@ -46,6 +48,11 @@ from statecore.ownership import (
 )
 from statecore.policy import ErrorKind, LedgerPolicy
 from statecore.store import Audit, Row, Store, TransitionRecord
+
+try:
+    __version__ = _metadata.version("statecore")
+except _metadata.PackageNotFoundError:  # a source tree used without being installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "DECLARED_LIFECYCLES",
