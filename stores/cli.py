@@ -1,6 +1,6 @@
-"""What the stores add to the ``statecore`` command line: the openers of ``sqlite://`` and
-``memory://`` URLs (entry point group ``statecore.stores``) and the SQLite storage checks of
-``statecore doctor`` (group ``statecore.doctor``).
+"""What the stores add to the ``statecore`` command line: the openers of ``sqlite://``,
+``postgresql://`` and ``memory://`` URLs (entry point group ``statecore.stores``) and the SQLite
+storage checks of ``statecore doctor`` (group ``statecore.doctor``).
 
 An opener for the command line opens what exists: a missing SQLite file is refused, never
 created.  The storage checks read the file through a read-only connection, so a doctor run
@@ -22,7 +22,7 @@ from stores._sqlite_conn import check_header
 from stores.sqlite import SCHEMA_VERSION
 from stores.url import open_store
 
-__all__ = ["open_memory", "open_sqlite", "sqlite_checks", "sqlite_path"]
+__all__ = ["open_memory", "open_postgres", "open_sqlite", "sqlite_checks", "sqlite_path"]
 
 _PROGRESS_STEPS = 20_000
 """SQLite virtual-machine steps between two progress callbacks of the integrity check."""
@@ -56,6 +56,15 @@ def open_sqlite(url: str) -> Store:
 def open_memory(url: str) -> Store:
     """A new, empty in-memory store (``memory://``): for trying the command line out.  Raises
     ``ValueError`` for a URL with a path or options."""
+    return open_store(url)
+
+
+def open_postgres(url: str) -> Store:
+    """Open the PostgreSQL database a ``postgresql://`` (or ``postgres://``) URL names, options
+    as :func:`stores.open_store` takes them.  Opening creates the version and audit tables if
+    the database has none yet.  The caller must ``close()`` it.  Raises ``StoreError`` naming
+    host and database (never the password) when the server cannot be reached, refuses the
+    login or holds a newer schema; ``ValueError`` for a malformed URL."""
     return open_store(url)
 
 

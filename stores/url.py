@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from statecore.store import Store
 from stores.memory import InMemoryStore
@@ -16,7 +16,11 @@ def open_store(url: str) -> Store:
 
     * ``memory://`` -- a new :class:`InMemoryStore`;
     * ``sqlite:///relative/or/absolute/path.db`` (``sqlite:////abs/path.db`` also works), with
-      optional ``?synchronous=FULL`` and ``&busy_timeout_s=10``.
+      optional ``?synchronous=FULL`` and ``&busy_timeout_s=10``;
+    * ``postgresql://user:password@host:5432/db`` (or ``postgres://``) -- a
+      :class:`~stores.postgres.PostgresStore` (needs the ``statecore[postgres]`` extra), with
+      optional ``?pool_size=10``, ``&schema=name`` and ``&connect_timeout_s=5``; any other query
+      parameter (``sslmode=...``) is passed to libpq.
 
     The caller owns the store and must ``close()`` it.  Raises ``ValueError`` for a URL of
     another scheme or a malformed one, and ``StoreError`` when the database cannot be opened.
@@ -54,4 +58,40 @@ def open_store(url: str) -> Store:
             synchronous="FULL" if synchronous == "FULL" else "NORMAL",
             busy_timeout_s=busy,
         )
-    raise ValueError(f"unsupported store URL {url!r}: use memory:// or sqlite:///path")
+    if parts.scheme in ("postgresql", "postgres"):
+        return _open_postgres(url)
+    raise ValueError(
+        "unsupported store URL: use memory://, sqlite:///path or postgresql://host/db "
+        f"(got scheme {parts.scheme!r})"
+    )
+
+
+_POSTGRES_OPTIONS = ("pool_size", "schema", "connect_timeout_s")
+
+
+def _open_postgres(url: str) -> Store:
+    """A PostgresStore for a ``postgresql://`` URL; the store's own options are taken out of the
+    query, the rest is libpq's.  Messages never quote the URL: it may hold a password."""
+    from stores.postgres import PostgresStore  # noqa: PLC0415 -- psycopg is an optional extra
+
+    parts = urlsplit(url)
+    ours: dict[str, str] = {}
+    theirs: list[tuple[str, str]] = []
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key in _POSTGRES_OPTIONS:
+            ours[key] = value
+        else:
+            theirs.append((key, value))
+    try:
+        pool_size = int(ours.get("pool_size", "10"))
+        timeout = float(ours.get("connect_timeout_s", "5"))
+    except ValueError:
+        raise ValueError(
+            "pool_size and connect_timeout_s must be numbers in a postgresql URL"
+        ) from None
+    return PostgresStore(
+        urlunsplit(parts._replace(query=urlencode(theirs))),
+        pool_size=pool_size,
+        connect_timeout_s=timeout,
+        schema=ours.get("schema"),
+    )

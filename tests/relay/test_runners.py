@@ -165,12 +165,12 @@ def test_a_connector_and_a_gateway_run_are_probed_and_stop_on_sigterm(
         ),
         (["connector", "--config", "/nonexistent/connector.toml"], {}, "connector.toml"),
         (
-            ["connector", "--port", "0", "--store", "postgres://nowhere/db"],
+            ["connector", "--port", "0", "--store", "mysql://nowhere/db"],
             {
                 "STATECORE_CONNECTOR_SECRETS": "bot=s",
                 "STATECORE_CONNECTOR_DRIVERS": "loopback=loopback",
             },
-            "postgres://nowhere/db",
+            "scheme 'mysql'",
         ),
         (["gateway", "tests.relay.runner_bot:echo"], {}, "STATECORE_CONNECTOR_URL"),
         (

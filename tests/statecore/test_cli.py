@@ -301,7 +301,12 @@ def test_main_reports_a_refusal_on_err_and_returns_2() -> None:
 def test_store_urls_are_found_through_the_entry_point_group() -> None:
     """The kernel names no store: sqlite and memory are registered by the stores package."""
     openers = {e.name: e.value for e in entry_points(group="statecore.stores")}
-    assert openers == {"memory": "stores.cli:open_memory", "sqlite": "stores.cli:open_sqlite"}
+    assert openers == {
+        "memory": "stores.cli:open_memory",
+        "sqlite": "stores.cli:open_sqlite",
+        "postgresql": "stores.cli:open_postgres",
+        "postgres": "stores.cli:open_postgres",
+    }
 
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:

@@ -323,7 +323,7 @@ def test_options_go_before_or_after_the_subcommand(seeded: Seeded) -> None:
 @pytest.mark.parametrize(
     ("store", "message"),
     [
-        ("postgres://db/x", "unknown store URL scheme 'postgres' in 'postgres://db/x'; known:"),
+        ("mysql://db/x", "unknown store URL scheme 'mysql' in 'mysql://db/x'; known:"),
         ("bot.db", "not a store URL: 'bot.db' (a file? use sqlite:///bot.db)"),
         ("memory://x", "memory:// takes no path"),
         ("sqlite:///{dir}/missing.db", "missing.db: no such database file"),

@@ -417,7 +417,7 @@ def test_open_store_absolute_sqlite_path_with_options(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "url",
     [
-        "postgresql://localhost/db",
+        "mysql://localhost/db",
         "",
         "ledger.db",
         "memory://somewhere",

@@ -1,4 +1,4 @@
-"""Model-based equivalence of the ledger over InMemoryStore and SQLiteStore.
+"""Model-based equivalence of the ledger over InMemoryStore and SQLiteStore, and PostgresStore.
 
 A Hypothesis state machine drives random ledger operations against two worlds side by side: one
 over an :class:`InMemoryStore`, one over a :class:`SQLiteStore` on a fresh temp file.  Both worlds
@@ -11,12 +11,16 @@ smaller attempt budget, so the budget edge is reached within a few steps.
 
 Separate tests pin what was once a divergence: text with a lone surrogate (which InMemoryStore
 could hold and SQLiteStore could not encode) is now handled identically by both stores.
+
+The same machine runs again with a :class:`PostgresStore` on a real server as its second world (a
+fresh schema of the session's database per example, fewer examples so the run stays short).
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -44,6 +48,7 @@ from statecore import (
     Store,
 )
 from stores.memory import InMemoryStore
+from stores.postgres import PostgresStore
 from stores.sqlite import SQLiteStore
 
 T = TypeVar("T")
@@ -128,7 +133,7 @@ class LedgerEquivalence(RuleBasedStateMachine):
         self.tmpdir = tempfile.mkdtemp(prefix="statecore-equiv-")
         self.clock = FakeClock()
         self.mem_store = InMemoryStore()
-        self.sql_store = SQLiteStore(Path(self.tmpdir) / "ledger.db")
+        self.sql_store = self.open_store()
         self.probes = (ToggleProbe(), ToggleProbe())
         self.policy = POLICIES[0]
         self.worlds = self._worlds()
@@ -137,6 +142,10 @@ class LedgerEquivalence(RuleBasedStateMachine):
         """Ids whose current row reached delivered (forgotten once pruned)."""
         self.owed: set[str] = set()
         """Ids whose row was owed at the last check: they must still exist."""
+
+    def open_store(self) -> Store:
+        """The store compared with the in-memory one (a subclass may compare another)."""
+        return SQLiteStore(Path(self.tmpdir) / "ledger.db")
 
     def _worlds(self) -> tuple[dict[str, Ledger], dict[str, Ledger]]:
         def world(store: Store, probe: ToggleProbe) -> dict[str, Ledger]:
@@ -496,4 +505,75 @@ def test_unencodable_content_is_refused_at_record_on_both_stores() -> None:
         )
     )
     assert memory == sqlite
+    assert "ValueError" in repr(memory)
+
+
+# -- the same machine over PostgreSQL ---------------------------------------------------------
+
+
+class PostgresLedgerEquivalence(LedgerEquivalence):
+    """The equivalence machine with PostgresStore as its second world."""
+
+    url = ""
+    """The session database's URL, set by the test class's fixture before any example runs."""
+
+    def open_store(self) -> Store:
+        assert self.url, "the postgres_url fixture did not run"
+        return PostgresStore(self.url, schema=f"eq_{uuid.uuid4().hex[:16]}", pool_size=2)
+
+
+class TestLedgerPostgresEquivalence(PostgresLedgerEquivalence.TestCase):  # type: ignore[misc,valid-type]
+    """Random ledger operations give identical results over InMemoryStore and PostgresStore."""
+
+    settings = settings(max_examples=25, stateful_step_count=30, deadline=None)
+
+    @pytest.fixture(autouse=True)
+    def _database(self, postgres_url: str) -> None:
+        PostgresLedgerEquivalence.url = postgres_url
+
+
+def _memory_and_postgres(
+    postgres_url: str, call: Callable[[Ledger], object]
+) -> list[tuple[object, ...]]:
+    """Run ``call`` on a fresh ledger over each store; (outcome, row, history) per store."""
+    results: list[tuple[object, ...]] = []
+    stores: list[Store] = [
+        InMemoryStore(),
+        PostgresStore(postgres_url, schema=f"eq_{uuid.uuid4().hex[:16]}", pool_size=2),
+    ]
+    for store in stores:
+        try:
+            ledger = Ledger(store, clock=FakeClock(), incarnation=OWNERS["a"], probe=ToggleProbe())
+            ledger.record(
+                session_key="s", platform="slack", chat_id="C1", content="hi", obligation_id="ob-0"
+            )
+            ledger.mark_attempting("ob-0")
+            try:
+                outcome: object = ("ok", call(ledger))
+            except Exception as exc:  # any exception type is an observable result here
+                outcome = ("raised", type(exc))
+            results.append((outcome, ledger.get("ob-0"), ledger.history("ob-0")))
+        finally:
+            store.close()
+    return results
+
+
+def test_unencodable_error_text_is_stored_alike_on_postgres(postgres_url: str) -> None:
+    """A platform error with undecodable bytes settles the row alike, the bytes replaced."""
+    memory, postgres = _memory_and_postgres(
+        postgres_url, lambda ledger: ledger.mark_failed("ob-0", UNENCODABLE)
+    )
+    assert memory == postgres
+    assert "\\udcff" not in repr(memory)
+
+
+def test_unencodable_content_is_refused_alike_on_postgres(postgres_url: str) -> None:
+    """Reply content that has no UTF-8 form is refused at record with a ValueError on both."""
+    memory, postgres = _memory_and_postgres(
+        postgres_url,
+        lambda ledger: ledger.record(
+            session_key="s2", platform="slack", chat_id="C1", content=UNENCODABLE
+        ),
+    )
+    assert memory == postgres
     assert "ValueError" in repr(memory)

@@ -1,0 +1,565 @@
+"""The PostgreSQL store: the ledger on a database server, shared by processes on many hosts.
+
+* psycopg 3 with a ``psycopg_pool`` pool of autocommit connections; a call outside an
+  :meth:`PostgresStore.atomic` block runs in a short transaction of its own, a block holds one
+  connection for its thread, nested blocks are savepoints (``stores._postgres_conn``).
+* A guarded transition is one ``UPDATE ... WHERE id AND state IN (...) AND fence ...
+  RETURNING`` plus its audit ``INSERT`` in the same transaction, compiled from the same plan the
+  in-memory store evaluates; every statement's text comes from one seam,
+  ``stores._postgres_sql``.  Under READ COMMITTED a concurrent writer of the same row waits for
+  the first to commit and then re-checks the guard: exactly one compare-and-set wins.
+* Batches: ``insert_each`` as multi-row ``INSERT ... ON CONFLICT DO NOTHING RETURNING``,
+  ``transition_many`` as one ``UPDATE ... WHERE id = ANY(...) RETURNING`` per call,
+  ``transition_each`` one guarded UPDATE per move, all in one transaction.
+* Schema: the tables live in the connection's schema, or in ``schema=`` (created if absent).
+  The layout is versioned (table ``statecore_schema``) and tables are migrated in place (columns
+  a kind declares but its table lacks are added with their defaults), every creation and
+  migration under the schema's ``pg_advisory_xact_lock``.  A layout newer than this code is
+  refused with ``StoreError``.
+* Faults: an unreachable server raises ``StoreError`` naming host, port and database within
+  ``connect_timeout_s``; serialization failures and deadlocks are retried with a bound; a
+  connection lost mid-transaction leaves nothing half-written and raises ``StoreError``.  The
+  password never appears in an error message or a ``repr``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from enum import Enum
+from typing import Any, TypeVar
+
+import psycopg
+
+import stores._postgres_sql as sql
+from statecore.batch import (
+    REFUSALS,
+    Creation,
+    Move,
+    insert_each_sequentially,
+    transition_each_sequentially,
+)
+from statecore.batching import routes_through_overrides, transition_many_one_by_one
+from statecore.entity import EntityKind
+from statecore.errors import StoreError
+from statecore.store import (
+    Audit,
+    Row,
+    TransitionPlan,
+    TransitionRecord,
+    check_id,
+    check_increments,
+    check_limit,
+    normalize_where,
+    order_key,
+    plan_creation,
+    plan_transition,
+    removal_sources,
+    valid_states,
+)
+from stores._closing import ClosesOnExit
+from stores._postgres_conn import Connections, Target, Txn
+
+__all__ = ["SCHEMA_VERSION", "PostgresStore"]
+
+S = TypeVar("S", bound=Enum)
+Conn = psycopg.Connection[Any]
+
+SCHEMA_VERSION = 1
+"""The layout version this code writes (table ``statecore_schema``)."""
+
+_INSERT_PIECE = 64  # rows per multi-row INSERT of insert_each
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def _audit_row(
+    kind: EntityKind[Any], entity_id: str, event: str, source: str | None, target: str, *, a: Audit
+) -> tuple[Any, ...]:
+    """The parameters of one AUDIT_INSERT (``source`` None for a creation)."""
+    return (kind.name, entity_id, event, source, target, a.at, a.owner, a.attempts, a.reason)
+
+
+class _Kind:
+    """One registered kind's statement texts and row decoder."""
+
+    def __init__(self, kind: EntityKind[Any]) -> None:
+        self.kind = kind
+        self.columns = tuple(f.name for f in kind.fields)
+        self.states: dict[str, Enum] = {s.value: s for s in kind.lifecycle.states}
+        self.get_sql = sql.get_sql(kind)
+        self.texts: dict[Any, str] = {}
+
+    def insert_sql(self, count: int) -> str:
+        text = self.texts.get(count)
+        if text is None:
+            text = self.texts[count] = sql.insert_rows_sql(self.kind, count)
+        return text
+
+    def row(self, raw: Sequence[Any], where: Target) -> Row[Any]:
+        """The Row a statement read or returned (a trailing prev_state ignored)."""
+        try:
+            state = self.states[raw[1]]
+        except KeyError:
+            raise StoreError(
+                f"{where}: {self.kind.name} {raw[0]!r} has unknown state {raw[1]!r}"
+            ) from None
+        return Row(raw[0], state, raw[2], dict(zip(self.columns, raw[3:], strict=False)))
+
+
+class PostgresStore(ClosesOnExit):
+    """A :class:`~statecore.store.Store` and :class:`~statecore.batch.BatchStore` on a
+    PostgreSQL server (see the module docs).
+
+    ``PostgresStore("postgresql://user:password@host:5432/db", pool_size=10,
+    connect_timeout_s=5.0, schema=None)`` -- a URL or a ``key=value`` conninfo string.  Opening
+    connects once (so an unreachable server, a wrong password or a schema newer than this code
+    raises ``StoreError`` at once, naming host and database, never the password), creates or
+    upgrades the schema's version and audit tables, then keeps a pool of up to ``pool_size``
+    connections.  Safe to share between threads; the caller must :meth:`close` it.  Raises
+    ``ValueError`` for a malformed URL or option.
+
+    PostgresStore is long because it is the whole Store and BatchStore protocol for one
+    database, one method per operation; statement text lives in ``stores._postgres_sql``,
+    connections and transactions in ``stores._postgres_conn``.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        pool_size: int = 10,
+        connect_timeout_s: float = 5.0,
+        schema: str | None = None,
+    ) -> None:
+        if not isinstance(conninfo, str):
+            raise TypeError(f"conninfo must be a str, not {type(conninfo).__name__}")
+        if not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1:
+            raise ValueError(f"pool_size must be a positive int, not {pool_size!r}")
+        if not isinstance(connect_timeout_s, int | float) or connect_timeout_s <= 0:
+            raise ValueError(f"connect_timeout_s must be a positive number: {connect_timeout_s!r}")
+        if schema is not None and not _SCHEMA_NAME.fullmatch(schema):
+            raise ValueError(f"schema must be a lower-case SQL identifier, not {schema!r}")
+        self._target = Target(conninfo)
+        self.schema = schema
+        self._kinds: dict[str, _Kind] = {}
+        kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "connect_timeout": max(1, round(connect_timeout_s)),
+            "application_name": "statecore",
+        }
+        if schema is not None:
+            kwargs["options"] = f"-c search_path={schema}"
+        self._setup(kwargs, schema, connect_timeout_s)
+        self._db = Connections(
+            self._target, kwargs, pool_size=pool_size, timeout_s=max(connect_timeout_s, 5.0)
+        )
+
+    def _setup(self, kwargs: dict[str, Any], schema: str | None, timeout_s: float) -> None:
+        """Connect once: refuse what cannot work, create or upgrade the shared tables."""
+        target = self._target
+        try:
+            conn = psycopg.connect(target.conninfo, **kwargs)
+        except psycopg.Error as exc:
+            raise StoreError(
+                f"cannot connect to PostgreSQL at {target.host}:{target.port}, database "
+                f"{target.dbname!r}: {target.scrub(str(exc).strip())}"
+            ) from None  # the driver's error may quote the conninfo
+        try:
+            with conn.transaction():
+                conn.execute(sql.lock_sql(), (schema or "",))  # first: concurrent openers wait
+                if schema is not None:
+                    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {sql.quote(schema)}")
+                conn.execute(sql.version_schema_sql())
+                found = conn.execute(sql.READ_VERSION).fetchone()
+                version = None if found is None else found[0]
+                if version is not None and version > SCHEMA_VERSION:
+                    raise StoreError(
+                        f"{target}: schema version {version} is newer than this code "
+                        f"understands ({SCHEMA_VERSION}); upgrade statecore"
+                    )
+                for statement in sql.audit_schema_sql():
+                    conn.execute(statement)
+                if version != SCHEMA_VERSION:
+                    for statement in sql.write_version_sql(SCHEMA_VERSION):
+                        conn.execute(statement)
+        except psycopg.Error as exc:
+            raise StoreError(f"{target}: opening failed: {target.scrub(str(exc))}") from exc
+        finally:
+            conn.close()
+
+    def __repr__(self) -> str:
+        schema = "" if self.schema is None else f", schema={self.schema!r}"
+        return f"PostgresStore({str(self._target)!r}{schema})"
+
+    def atomic(self) -> Txn:
+        """A transaction on this thread's connection; nested blocks are savepoints.  Raises
+        ``StoreError`` when no connection can be had or the server fails the transaction."""
+        return self._db.atomic("transaction")
+
+    def close(self) -> None:
+        """Close the pool; later calls raise ``StoreError``.  Idempotent."""
+        self._db.close()
+
+    # -- schema -------------------------------------------------------------------------------
+
+    def register(self, kind: EntityKind[Any]) -> None:
+        """Create ``kind``'s table and indexes, or add the columns an older table lacks, under
+        the schema's advisory lock.  Raises ``StoreError`` for a table that is not a table of
+        this kind, a required column without a default, or a different kind of this name."""
+        if self._db.closed:
+            raise StoreError(f"{self._target}: the store is closed")
+        existing = self._kinds.get(kind.name)
+        if existing is not None:
+            if existing.kind != kind:
+                raise StoreError(f"a different entity kind named {kind.name!r} is registered")
+            return
+
+        def create(conn: Conn) -> None:
+            conn.execute(sql.lock_sql(), (self.schema or "",))
+            have = {r[0] for r in conn.execute(sql.columns_sql(), (kind.table,))}
+            statements = [sql.create_table_sql(kind)] if not have else self._migration(kind, have)
+            for statement in (*statements, *sql.index_sql(kind)):
+                conn.execute(statement)
+
+        with self._db.atomic(f"register {kind.name}"):
+            self._db.write(f"register {kind.name}", create)
+        self._kinds[kind.name] = _Kind(kind)
+
+    def _migration(self, kind: EntityKind[Any], have: set[str]) -> list[str]:
+        if kind.id_field not in have or "state" not in have:
+            raise StoreError(
+                f"{self._target}: table {kind.table} exists without "
+                f"{kind.id_field}/state columns; it is not a {kind.name} table"
+            )
+        statements = [
+            sql.add_managed_sql(kind, column)
+            for column in ("fence", "prev_state")
+            if column not in have
+        ]
+        for f in kind.fields:
+            if f.name not in have:
+                if not f.nullable and f.default is None:
+                    raise StoreError(
+                        f"{self._target}: cannot add required column {kind.table}.{f.name} "
+                        "to existing rows: it has no default"
+                    )
+                statements.append(sql.add_field_sql(kind, f))
+        return statements
+
+    def _compiled(self, kind: EntityKind[Any]) -> _Kind:
+        compiled = self._kinds.get(kind.name)
+        if compiled is None:
+            raise StoreError(f"entity kind {kind.name!r} is not registered with this store")
+        if compiled.kind is not kind and compiled.kind != kind:
+            raise StoreError(f"a different entity kind named {kind.name!r} is registered")
+        if self._db.closed:
+            raise StoreError(f"{self._target}: the store is closed")
+        return compiled
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def get(self, kind: EntityKind[S], entity_id: str) -> Row[S] | None:
+        """The entity, or None."""
+        c = self._compiled(kind)
+        return self._db.read("get", lambda conn: self._current(conn, c, entity_id))
+
+    def select(
+        self,
+        kind: EntityKind[S],
+        *,
+        states: Iterable[S] | None = None,
+        where: Mapping[str, object] | None = None,
+        order_by: str | None = None,
+        limit: int | None = None,
+    ) -> list[Row[S]]:
+        """Entities in ``states`` matching ``where``, ordered by ``order_by`` (NULLs first)
+        then id."""
+        check_limit(limit)
+        c = self._compiled(kind)
+        wanted: frozenset[S] | None = valid_states(kind, states)
+        conditions = normalize_where(kind, where)
+        order_key(kind, order_by)  # validates the column
+        text, params = sql.select_sql(kind, wanted, conditions, order_by, limit)
+        raws = self._db.read("select", lambda conn: conn.execute(text, params).fetchall())
+        return [c.row(raw, self._target) for raw in raws]
+
+    def count(
+        self,
+        kind: EntityKind[S],
+        *,
+        states: Iterable[S] | None = None,
+        where: Mapping[str, object] | None = None,
+    ) -> int:
+        """How many entities :meth:`select` would return without a limit."""
+        self._compiled(kind)
+        wanted: frozenset[S] | None = valid_states(kind, states)
+        text, params = sql.count_sql(kind, wanted, normalize_where(kind, where))
+        found = self._db.read("count", lambda conn: conn.execute(text, params).fetchone())
+        return 0 if found is None else int(found[0])
+
+    def history(self, kind: EntityKind[S], entity_id: str) -> list[TransitionRecord]:
+        """The entity's audit entries, oldest first."""
+        c = self._compiled(kind)
+        raws = self._db.read(
+            "history", lambda conn: conn.execute(sql.HISTORY, (kind.name, entity_id)).fetchall()
+        )
+        return [
+            TransitionRecord(
+                entity_id,
+                event,
+                None if source is None else c.states[source],
+                c.states[target],
+                at,
+                owner,
+                attempts,
+                reason,
+            )
+            for event, source, target, at, owner, attempts, reason in raws
+        ]
+
+    def _current(self, conn: Conn, c: _Kind, entity_id: str) -> Row[Any] | None:
+        raw = conn.execute(c.get_sql, (entity_id,)).fetchone()
+        return None if raw is None else c.row(raw, self._target)
+
+    # -- writes -------------------------------------------------------------------------------
+
+    def insert(
+        self,
+        kind: EntityKind[S],
+        entity_id: str,
+        values: Mapping[str, object],
+        *,
+        event: str,
+        audit: Audit,
+    ) -> tuple[Row[S], bool]:
+        """Create the entity (idempotent: an existing id is returned untouched)."""
+        c = self._compiled(kind)
+        state, checked = plan_creation(kind, entity_id, event, values)
+        params = [entity_id, state.value, 0, *(checked[n] for n in c.columns)]
+
+        def write(conn: Conn) -> tuple[Row[S], bool]:
+            raw = conn.execute(c.insert_sql(1), params).fetchone()
+            if raw is None:  # the id exists: untouched
+                existing = self._current(conn, c, entity_id)
+                assert existing is not None  # the conflict was on this id
+                return existing, False
+            conn.execute(
+                sql.AUDIT_INSERT, _audit_row(kind, entity_id, event, None, raw[1], a=audit)
+            )
+            return c.row(raw, self._target), True
+
+        return self._db.write("insert", write)
+
+    def transition(
+        self,
+        kind: EntityKind[S],
+        entity_id: str,
+        event: str,
+        *,
+        audit: Audit,
+        fence: int | None = None,
+        expect: Mapping[str, object] | None = None,
+        changes: Mapping[str, object] | None = None,
+    ) -> Row[S]:
+        """One guarded ``UPDATE ... RETURNING`` plus its audit entry, in one transaction."""
+        c = self._compiled(kind)
+        plan = plan_transition(kind, entity_id, event, fence=fence, expect=expect, changes=changes)
+        outcome = self._db.write("transition", lambda conn: self._one(conn, c, plan, audit))
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def _one(
+        self, conn: Conn, c: _Kind, plan: TransitionPlan[Any], audit: Audit
+    ) -> Row[Any] | Exception:
+        """The plan's guarded UPDATE and audit entry: the row written, or the refusal."""
+        shape = tuple(
+            (col, cmp.op, cmp.value is None, len(cmp.value) if cmp.op == "in" else 1)
+            for col, cmp in plan.expect
+        )
+        key = ("update", plan.event, plan.fence is not None, tuple(plan.changes), shape)
+        text = c.texts.get(key)
+        if text is None:
+            text = c.texts[key] = sql.update_sql(plan)
+        raw = conn.execute(text, sql.update_params(plan)).fetchone()
+        if raw is None:
+            return plan.miss(self._current(conn, c, plan.entity_id))
+        conn.execute(
+            sql.AUDIT_INSERT,
+            _audit_row(c.kind, plan.entity_id, plan.event, raw[-1], raw[1], a=audit),
+        )
+        return c.row(raw, self._target)
+
+    def transition_many(
+        self,
+        kind: EntityKind[S],
+        entity_ids: Sequence[str],
+        event: str,
+        *,
+        audit: Audit,
+        expect: Mapping[str, object] | None = None,
+        changes: Mapping[str, object] | None = None,
+        increments: Mapping[str, int] | None = None,
+    ) -> list[Row[S]]:
+        """One guarded ``UPDATE ... WHERE id = ANY(...) RETURNING`` plus the audit entries, in
+        one transaction; entities the guard does not admit are skipped.
+
+        In a subclass that overrides :meth:`transition` (and not this method) every entity is
+        moved by that override instead, in one transaction, so the subclass sees each write.
+        """
+        if routes_through_overrides(self, "transition_many", "transition"):
+            return transition_many_one_by_one(
+                self,
+                kind,
+                entity_ids,
+                event,
+                audit=audit,
+                expect=expect,
+                changes=changes,
+                increments=increments,
+            )
+        c = self._compiled(kind)
+        if isinstance(entity_ids, str):
+            raise TypeError("entity_ids must be a sequence of ids, not one str")
+        ids = list(dict.fromkeys(entity_ids))
+        for entity_id in ids:
+            check_id(entity_id)
+        plan = plan_transition(kind, "-", event, expect=expect, changes=changes)
+        added = check_increments(kind, increments, changes)
+        text = sql.update_many_sql(plan, added)
+        params = [*plan.changes.values(), *added.values(), ids, *sql.where_params(plan.expect)]
+
+        def write(conn: Conn) -> dict[str, Row[S]]:
+            if not ids:
+                return {}
+            raws = conn.execute(text, params).fetchall()
+            with conn.cursor() as cur:
+                cur.executemany(
+                    sql.AUDIT_INSERT,
+                    [_audit_row(kind, raw[0], event, raw[-1], raw[1], a=audit) for raw in raws],
+                )
+            return {raw[0]: c.row(raw, self._target) for raw in raws}
+
+        rows = self._db.write("transition_many", write)
+        return [rows[i] for i in ids if i in rows]
+
+    def prune(
+        self,
+        kind: EntityKind[S],
+        event: str,
+        *,
+        where: Mapping[str, object] | None = None,
+        limit: int | None = None,
+    ) -> int:
+        """Delete removable entities matching ``where``, with their audit history."""
+        check_limit(limit)
+        self._compiled(kind)
+        sources = removal_sources(kind, event)
+        text, params = sql.prune_sql(kind, sources, normalize_where(kind, where), limit)
+
+        def write(conn: Conn) -> int:
+            ids = [r[0] for r in conn.execute(text, params).fetchall()]
+            if ids:
+                conn.execute(sql.AUDIT_DELETE, (kind.name, ids))
+            return len(ids)
+
+        return self._db.write("prune", write)
+
+    # -- batches (statecore.batch.BatchStore) ------------------------------------------------
+
+    def insert_each(
+        self, kind: EntityKind[S], creations: Sequence[Creation]
+    ) -> list[tuple[Row[S], bool] | Exception]:
+        """Every creation as :meth:`insert` would, in one transaction, with one multi-row
+        ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` per run of distinct ids (BatchStore).
+
+        In a subclass that overrides :meth:`insert` (and not this method) every creation is
+        made by that override instead, in one transaction, so the subclass sees each write.
+        """
+        if routes_through_overrides(self, "insert_each", "insert"):
+            return insert_each_sequentially(self, kind, creations)
+        c = self._compiled(kind)
+        outcomes: list[Any] = [None] * len(creations)
+        ready: list[tuple[int, Creation, Enum, list[Any]]] = []
+        for i, creation in enumerate(creations):
+            try:
+                state, checked = plan_creation(
+                    kind, creation.entity_id, creation.event, creation.values
+                )
+            except REFUSALS as exc:
+                outcomes[i] = exc
+                continue
+            params = [creation.entity_id, state.value, 0, *(checked[n] for n in c.columns)]
+            ready.append((i, creation, state, params))
+
+        def write(conn: Conn) -> list[Any]:
+            done = list(outcomes)
+            for chunk in _distinct_chunks(ready):
+                text = c.insert_sql(len(chunk))
+                raws = conn.execute(text, [p for item in chunk for p in item[3]]).fetchall()
+                created = {raw[0]: raw for raw in raws}
+                audits = []
+                for i, creation, initial, _ in chunk:
+                    raw = created.get(creation.entity_id)
+                    if raw is None:  # it existed: returned untouched, as insert() does
+                        done[i] = (self._current(conn, c, creation.entity_id), False)
+                        continue
+                    done[i] = (c.row(raw, self._target), True)
+                    audits.append(
+                        _audit_row(
+                            kind, creation.entity_id, creation.event, None, initial.value,
+                            a=creation.audit,
+                        )
+                    )  # fmt: skip
+                if audits:
+                    with conn.cursor() as cur:
+                        cur.executemany(sql.AUDIT_INSERT, audits)
+            return done
+
+        return self._db.write("insert_each", write)
+
+    def transition_each(
+        self, kind: EntityKind[S], moves: Sequence[Move]
+    ) -> list[Row[S] | Exception]:
+        """Every move as :meth:`transition` would, one guarded UPDATE each, in order, in one
+        transaction (see BatchStore).  In a subclass that overrides :meth:`transition` (and
+        not this method) every move is made by that override instead."""
+        if routes_through_overrides(self, "transition_each", "transition"):
+            return transition_each_sequentially(self, kind, moves)
+        c = self._compiled(kind)
+        planned: list[TransitionPlan[Any] | Exception] = []
+        for m in moves:
+            try:
+                planned.append(
+                    plan_transition(
+                        kind, m.entity_id, m.event, fence=m.fence, expect=m.expect,
+                        changes=m.changes,
+                    )
+                )  # fmt: skip
+            except REFUSALS as exc:
+                planned.append(exc)
+
+        def write(conn: Conn) -> list[Any]:
+            return [
+                p if isinstance(p, Exception) else self._one(conn, c, p, m.audit)
+                for p, m in zip(planned, moves, strict=True)
+            ]
+
+        return self._db.write("transition_each", write)
+
+
+def _distinct_chunks(
+    items: list[tuple[int, Creation, Enum, list[Any]]],
+) -> list[list[tuple[int, Creation, Enum, list[Any]]]]:
+    """Consecutive chunks of at most _INSERT_PIECE creations without a repeated id (a later
+    creation of the same id must see the earlier one)."""
+    chunks: list[list[tuple[int, Creation, Enum, list[Any]]]] = []
+    ids: set[str] = set()
+    for item in items:
+        entity_id = item[1].entity_id
+        if not chunks or entity_id in ids or len(chunks[-1]) >= _INSERT_PIECE:
+            chunks.append([])
+            ids = set()
+        chunks[-1].append(item)
+        ids.add(entity_id)
+    return chunks
