@@ -20,7 +20,10 @@ Parts and targets:
 * ``claims``: 8 concurrent sweepers (threads, a connection each) claim 10,000 dead-owner rows
   with ``FOR UPDATE SKIP LOCKED``, each claim a guarded ``UPDATE`` plus its audit rows in one
   transaction: claims/s, and double claims == 0 (checked from what the sweepers got back and
-  from the rows' fences and audit entries).  Raw psycopg now; the store once it offers claims.
+  from the rows' fences and audit entries).  Raw psycopg (one CTE statement per claim) and
+  ``PostgresStore`` through its claim capability (``claim_candidates`` then a guarded
+  ``transition_many``, as a sweep claims), interleaved; the store's claims/s are printed next
+  to the raw baseline with their ratio (no target).
 * Not measured here: cross-host reclaim latency (needs leases).
 
 ``PostgresStore`` is imported lazily: when it cannot be imported or opened the script prints
@@ -57,6 +60,8 @@ import psycopg
 from procrastinate.jobs import Status
 
 from statecore import OBLIGATION_KIND, Incarnation, Ledger
+from statecore.claims import ClaimingStore
+from statecore.store import Audit
 
 RESULTS: list[tuple[str, float | None, str, bool]] = []
 # procrastinate warns when its App is built in __main__ (this script): not a problem here.
@@ -359,8 +364,9 @@ def _open_store(url: str) -> tuple[Any, str | None]:
 
 
 def _store_claimer(store: Any) -> Callable[..., Any] | None:
-    """The store's claim capability (FOR UPDATE SKIP LOCKED), when it offers one."""
-    return None  # No claim API in stores.postgres yet: reported as not available.
+    """The store's claim capability (``claim_candidates``: FOR UPDATE SKIP LOCKED, inside
+    ``store.atomic()``), when it offers one (``statecore.claims.ClaimingStore``)."""
+    return store.claim_candidates if isinstance(store, ClaimingStore) else None
 
 
 def _truncate_store_tables(url: str) -> None:
@@ -510,8 +516,13 @@ _CLAIM_AUDIT = (
 )
 
 
-def _populate_claims(url: str, rows: int) -> None:
-    _reset_raw(url)
+def _populate_claims(url: str, rows: int, *, reset: bool = True) -> None:
+    """``rows`` pending rows owned by a dead incarnation (``reset``: the raw tables created
+    anew; else the store's tables emptied)."""
+    if reset:
+        _reset_raw(url)
+    else:
+        _truncate_store_tables(url)
     me = Incarnation.current()
     now = time.time()
     pid_at, token_at = _COLS.index("owner_pid"), _COLS.index("owner_token")
@@ -525,40 +536,27 @@ def _populate_claims(url: str, rows: int) -> None:
         cur.execute("CHECKPOINT")
 
 
-def _raw_claims(url: str, rows: int, sweepers: int, batch: int) -> tuple[float, int, int]:
-    """Claims/s, double claims and unclaimed rows for ``sweepers`` threads over ``rows``."""
-    _populate_claims(url, rows)
+# A sweeper: (its number, the barrier to wait on once ready) -> the ids it claimed.
+Sweeper = Callable[[int, threading.Barrier], list[str]]
+
+
+def _run_sweepers(url: str, rows: int, sweepers: int, sweeper: Sweeper) -> tuple[float, int, int]:
+    """Claims/s, double claims and unclaimed rows for ``sweepers`` threads over ``rows``.
+
+    Double claims are counted from what the sweepers got back (an id twice) and from the rows
+    themselves (a fence or attempt count other than 1, more than one claim audit entry)."""
     claimed: list[list[str]] = [[] for _ in range(sweepers)]
     errors: list[BaseException] = []
     barrier = threading.Barrier(sweepers + 1, timeout=60)
 
-    def sweeper(k: int) -> None:
-        me = Incarnation.current()
-        token = f"{me.token}-{k}"  # one incarnation per sweeper
-        label = f"{me.host}:{me.pid}:{token}"
+    def run(k: int) -> None:
         try:
-            with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
-                conn.execute("SET statement_timeout = '60s'")
-                barrier.wait()
-                while True:
-                    now = time.time()
-                    with conn.transaction():
-                        got = conn.execute(
-                            _CLAIM,
-                            (_DEAD_PID, _DEAD_TOKEN, batch, now, me.host, me.pid,
-                             me.started_at, token, now + 300),
-                        ).fetchall()  # fmt: skip
-                        if got:
-                            ids, froms, attempts = map(list, zip(*got, strict=True))
-                            conn.execute(_CLAIM_AUDIT, (now, label, ids, froms, attempts))
-                    if not got:
-                        return
-                    claimed[k].extend(ids)
+            claimed[k] = sweeper(k, barrier)
         except BaseException as exc:  # re-raised by the caller
             errors.append(exc)
             barrier.abort()
 
-    threads = [threading.Thread(target=sweeper, args=(k,), daemon=True) for k in range(sweepers)]
+    threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(sweepers)]
     for t in threads:
         t.start()
     with contextlib.suppress(threading.BrokenBarrierError):  # a sweeper failed: raised below
@@ -587,32 +585,133 @@ def _raw_claims(url: str, rows: int, sweepers: int, batch: int) -> tuple[float, 
     return len(every) / elapsed, double, rows - len(distinct)
 
 
+def _raw_claims(url: str, rows: int, sweepers: int, batch: int) -> tuple[float, int, int]:
+    """:func:`_run_sweepers` with raw psycopg: one ``WITH picked AS (SELECT ... FOR UPDATE SKIP
+    LOCKED) UPDATE ... RETURNING`` plus one audit ``INSERT`` per claim transaction."""
+    _populate_claims(url, rows)
+
+    def sweeper(k: int, barrier: threading.Barrier) -> list[str]:
+        me = Incarnation.current()
+        token = f"{me.token}-{k}"  # one incarnation per sweeper
+        label = f"{me.host}:{me.pid}:{token}"
+        claimed: list[str] = []
+        with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+            conn.execute("SET statement_timeout = '60s'")
+            barrier.wait()
+            while True:
+                now = time.time()
+                with conn.transaction():
+                    got = conn.execute(
+                        _CLAIM,
+                        (_DEAD_PID, _DEAD_TOKEN, batch, now, me.host, me.pid,
+                         me.started_at, token, now + 300),
+                    ).fetchall()  # fmt: skip
+                    if got:
+                        ids, froms, attempts = map(list, zip(*got, strict=True))
+                        conn.execute(_CLAIM_AUDIT, (now, label, ids, froms, attempts))
+                if not got:
+                    return claimed
+                claimed.extend(ids)
+
+    return _run_sweepers(url, rows, sweepers, sweeper)
+
+
+_OWED = ("pending", "attempting", "failed")
+
+
+def _store_claims(
+    store: Any, url: str, rows: int, sweepers: int, batch: int
+) -> tuple[float, int, int]:
+    """:func:`_run_sweepers` through the store: in one ``atomic()`` block per claim,
+    ``claim_candidates`` (``FOR UPDATE SKIP LOCKED``) then one guarded ``transition_many`` per
+    group of rows sharing fence and attempt count (as the ledger's sweep claims), each row's
+    audit entry written by the store.  A row the guard refused would be a lost claim: counted
+    as unclaimed."""
+    claimer = _store_claimer(store)
+    assert claimer is not None
+    _populate_claims(url, rows, reset=False)
+    states = [s for s in _K.lifecycle.states if s.value in _OWED]
+    dead = {"owner_pid": _DEAD_PID, "owner_token": _DEAD_TOKEN}
+
+    def sweeper(k: int, barrier: threading.Barrier) -> list[str]:
+        me = Incarnation.current()
+        token = f"{me.token}-{k}"
+        label = f"{me.host}:{me.pid}:{token}"
+        claimed: list[str] = []
+        barrier.wait()
+        while True:
+            now = time.time()
+            with store.atomic():
+                found = claimer(_K, states=states, where=dead, limit=batch)
+                groups: dict[tuple[int, int], list[str]] = {}
+                for row in found:
+                    groups.setdefault((row.fence, row["attempts"]), []).append(row.id)
+                for (fence, attempts), ids in groups.items():
+                    moved = store.transition_many(
+                        _K, ids, "claim",
+                        audit=Audit(now, label, attempts + 1, "owner dead"),
+                        expect={"owner_token": _DEAD_TOKEN, "fence": fence, "attempts": attempts},
+                        changes={
+                            "updated_at": now, "owner_host": me.host, "owner_pid": me.pid,
+                            "owner_started_at": me.started_at, "owner_token": token,
+                            "lease_expires_at": now + 300, "next_attempt_at": None,
+                        },
+                        increments={"attempts": 1},
+                    )  # fmt: skip
+                    claimed.extend(row.id for row in moved)
+            if not found:
+                return claimed
+
+    return _run_sweepers(url, rows, sweepers, sweeper)
+
+
 def bench_claims(server: ThrowawayPostgres, rows: int, rounds: int) -> None:
-    """Claims/s with 8 concurrent SKIP LOCKED sweepers; double claims must be 0."""
+    """Claims/s with 8 concurrent SKIP LOCKED sweepers, raw psycopg and through PostgresStore's
+    claim capability, interleaved round by round; double claims must be 0."""
     sweepers = 8
     print(f"concurrent claims ({sweepers} sweepers, {rows} dead-owner rows, {rounds} rounds)")
     url = _create_database(server, "bench_claims")
-    doubles = 0
-    for batch in (1, 100):
-        rates: list[float] = []
-        for _ in range(rounds):
-            rate, double, unclaimed = _raw_claims(url, rows, sweepers, batch)
-            rates.append(rate)
-            doubles += double
-            assert unclaimed == 0, f"{unclaimed} rows left unclaimed"
-        print(
-            f"  raw psycopg, {batch:>3} row(s) per claim        "
-            f"{statistics.median(rates):10.0f} claims/s"
-        )
-    report("claims: raw psycopg double claims", doubles, "== 0", doubles == 0)
-    store, why = _open_store(_create_database(server, "bench_store_claims"))
-    if store is not None:
-        claimer = _store_claimer(store)
+    store_url = _create_database(server, "bench_store_claims")
+    store, why = _open_store(store_url)
+    if store is not None and _store_claimer(store) is None:
         store.close()
-        if claimer is None:
-            why = "PostgresStore offers no FOR UPDATE SKIP LOCKED claim API yet"
-    print(f"  PostgresStore claims: not available ({why})")
-    report("claims: store double claims", None, "== 0", False)
+        store, why = None, "PostgresStore offers no FOR UPDATE SKIP LOCKED claim API"
+    raw_doubles = store_doubles = 0
+    try:
+        if store is not None:
+            store.register(_K)
+        for batch in (1, 100):
+            raws: list[float] = []
+            ours: list[float] = []
+            for _ in range(rounds):
+                rate, double, unclaimed = _raw_claims(url, rows, sweepers, batch)
+                raws.append(rate)
+                raw_doubles += double
+                assert unclaimed == 0, f"{unclaimed} rows left unclaimed (raw)"
+                if store is not None:
+                    rate, double, unclaimed = _store_claims(store, store_url, rows, sweepers, batch)
+                    ours.append(rate)
+                    store_doubles += double
+                    assert unclaimed == 0, f"{unclaimed} rows left unclaimed (store)"
+            print(
+                f"  raw psycopg, {batch:>3} row(s) per claim        "
+                f"{statistics.median(raws):10.0f} claims/s"
+            )
+            if store is not None:
+                print(
+                    f"  PostgresStore, {batch:>3} row(s) per claim      "
+                    f"{statistics.median(ours):10.0f} claims/s "
+                    f"({_paired(ours, raws):.2f}x raw; no target)"
+                )
+    finally:
+        if store is not None:
+            store.close()
+    report("claims: raw psycopg double claims", raw_doubles, "== 0", raw_doubles == 0)
+    if store is None:
+        print(f"  PostgresStore claims: not available ({why})")
+        report("claims: store double claims", None, "== 0", False)
+    else:
+        report("claims: store double claims", store_doubles, "== 0", store_doubles == 0)
 
 
 def main(argv: list[str] | None = None) -> int:

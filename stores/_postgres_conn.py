@@ -30,6 +30,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 import stores._postgres_sql as sql
+from statecore.claims import NoTransaction
 from statecore.errors import StatecoreError, StoreError
 
 __all__ = ["RETRIES", "Connections", "Target", "Txn"]
@@ -163,6 +164,16 @@ class Connections:
                         raise
                     self.pool.check()  # a dead idle connection: replace them and read again
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def held(self, what: str, call: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """``call(conn)`` on the thread's block connection, for work whose effect (a lock) only
+        lasts as long as the block.  Raises ``NoTransaction`` outside a block (nothing done),
+        ``StoreError`` when the server fails."""
+        conn = self.local.conn
+        if conn is None:
+            raise NoTransaction(f"{what} must be called inside store.atomic()")
+        with self.guard(what):
+            return call(conn)
 
     def write(self, what: str, call: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``call(conn)`` in a transaction: the thread's block (joined, no savepoint: a single

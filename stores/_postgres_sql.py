@@ -24,18 +24,21 @@ __all__ = [
     "BEGIN",
     "COMMIT",
     "HISTORY",
+    "NOTIFY",
     "READ_VERSION",
     "ROLLBACK",
     "VERSION_TABLE",
     "add_field_sql",
     "add_managed_sql",
     "audit_schema_sql",
+    "claim_sql",
     "columns_sql",
     "count_sql",
     "create_table_sql",
     "get_sql",
     "index_sql",
     "insert_rows_sql",
+    "listen_sql",
     "lock_sql",
     "prune_sql",
     "quote",
@@ -209,6 +212,22 @@ def count_sql(
     return f"SELECT count(*) FROM {quote(kind.table)}{clause}", params
 
 
+def claim_sql(
+    kind: EntityKind[Any],
+    states: Iterable[Enum] | None,
+    where: Where,
+    order_by: str | None,
+    limit: int | None,
+) -> tuple[str, list[Any]]:
+    """:func:`select_sql` locking what it returns until the transaction ends, skipping rows
+    another transaction holds locked (``FOR UPDATE SKIP LOCKED``): concurrent claimers get
+    disjoint rows and never wait for each other.  A row changed and committed by another
+    transaction after this statement's snapshot is re-checked against the conditions before it is
+    locked (READ COMMITTED), so no row that stopped matching is returned."""
+    text, params = select_sql(kind, states, where, order_by, limit)
+    return f"{text} FOR UPDATE SKIP LOCKED", params
+
+
 HISTORY = (
     "SELECT event, from_state, to_state, at, owner, attempts, reason "
     f"FROM {AUDIT_TABLE} WHERE kind = %s AND entity_id = %s ORDER BY seq"
@@ -290,6 +309,17 @@ def where_params(where: Where) -> list[Any]:
         elif cmp.value is not None:
             params.append(cmp.value)
     return params
+
+
+# -- notifications --------------------------------------------------------------------------
+
+NOTIFY = "SELECT pg_notify(%s, %s)"
+"""Sends a notification (bound: channel, payload); in a transaction, sent when it commits."""
+
+
+def listen_sql(channel: str) -> str:
+    """Subscribes the connection to ``channel`` (a lower-case identifier, already checked)."""
+    return f"LISTEN {quote(channel)}"
 
 
 # -- pieces -----------------------------------------------------------------------------------

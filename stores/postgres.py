@@ -16,6 +16,12 @@
   a kind declares but its table lacks are added with their defaults), every creation and
   migration under the schema's ``pg_advisory_xact_lock``.  A layout newer than this code is
   refused with ``StoreError``.
+* Claims and wake-ups (``statecore.claims``): :meth:`PostgresStore.claim_candidates` is a
+  ``SELECT ... FOR UPDATE SKIP LOCKED`` on the block's connection, so concurrent sweepers get
+  disjoint rows and never wait for each other; :meth:`PostgresStore.notify` is ``pg_notify``
+  (in a block: sent on commit) and :meth:`PostgresStore.listen` a ``LISTEN`` on a dedicated
+  connection with a thread of its own (``stores._postgres_listen``), stopped by its
+  unsubscribe or by :meth:`PostgresStore.close`.
 * Faults: an unreachable server raises ``StoreError`` naming host, port and database within
   ``connect_timeout_s``; serialization failures and deadlocks are retried with a bound; a
   connection lost mid-transaction leaves nothing half-written and raises ``StoreError``.  The
@@ -25,7 +31,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -40,6 +47,7 @@ from statecore.batch import (
     transition_each_sequentially,
 )
 from statecore.batching import routes_through_overrides, transition_many_one_by_one
+from statecore.claims import check_notification
 from statecore.entity import EntityKind
 from statecore.errors import StoreError
 from statecore.store import (
@@ -59,6 +67,8 @@ from statecore.store import (
 )
 from stores._closing import ClosesOnExit
 from stores._postgres_conn import Connections, Target, Txn
+from stores._postgres_listen import Listener
+from stores._postgres_rows import Kind, audit_row, distinct_chunks
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
@@ -68,46 +78,12 @@ Conn = psycopg.Connection[Any]
 SCHEMA_VERSION = 1
 """The layout version this code writes (table ``statecore_schema``)."""
 
-_INSERT_PIECE = 64  # rows per multi-row INSERT of insert_each
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
-def _audit_row(
-    kind: EntityKind[Any], entity_id: str, event: str, source: str | None, target: str, *, a: Audit
-) -> tuple[Any, ...]:
-    """The parameters of one AUDIT_INSERT (``source`` None for a creation)."""
-    return (kind.name, entity_id, event, source, target, a.at, a.owner, a.attempts, a.reason)
-
-
-class _Kind:
-    """One registered kind's statement texts and row decoder."""
-
-    def __init__(self, kind: EntityKind[Any]) -> None:
-        self.kind = kind
-        self.columns = tuple(f.name for f in kind.fields)
-        self.states: dict[str, Enum] = {s.value: s for s in kind.lifecycle.states}
-        self.get_sql = sql.get_sql(kind)
-        self.texts: dict[Any, str] = {}
-
-    def insert_sql(self, count: int) -> str:
-        text = self.texts.get(count)
-        if text is None:
-            text = self.texts[count] = sql.insert_rows_sql(self.kind, count)
-        return text
-
-    def row(self, raw: Sequence[Any], where: Target) -> Row[Any]:
-        """The Row a statement read or returned (a trailing prev_state ignored)."""
-        try:
-            state = self.states[raw[1]]
-        except KeyError:
-            raise StoreError(
-                f"{where}: {self.kind.name} {raw[0]!r} has unknown state {raw[1]!r}"
-            ) from None
-        return Row(raw[0], state, raw[2], dict(zip(self.columns, raw[3:], strict=False)))
-
-
 class PostgresStore(ClosesOnExit):
-    """A :class:`~statecore.store.Store` and :class:`~statecore.batch.BatchStore` on a
+    """A :class:`~statecore.store.Store`, :class:`~statecore.batch.BatchStore`,
+    :class:`~statecore.claims.ClaimingStore` and :class:`~statecore.claims.NotifyingStore` on a
     PostgreSQL server (see the module docs).
 
     ``PostgresStore("postgresql://user:password@host:5432/db", pool_size=10,
@@ -118,9 +94,11 @@ class PostgresStore(ClosesOnExit):
     connections.  Safe to share between threads; the caller must :meth:`close` it.  Raises
     ``ValueError`` for a malformed URL or option.
 
-    PostgresStore is long because it is the whole Store and BatchStore protocol for one
-    database, one method per operation; statement text lives in ``stores._postgres_sql``,
-    connections and transactions in ``stores._postgres_conn``.
+    PostgresStore is long because it is the whole Store and BatchStore protocol, and the claim
+    and notification capabilities, for one database, one method per operation; statement text
+    lives in ``stores._postgres_sql``, connections and transactions in
+    ``stores._postgres_conn``, subscriptions in ``stores._postgres_listen``, row encoding in
+    ``stores._postgres_rows``.
     """
 
     def __init__(
@@ -141,7 +119,7 @@ class PostgresStore(ClosesOnExit):
             raise ValueError(f"schema must be a lower-case SQL identifier, not {schema!r}")
         self._target = Target(conninfo)
         self.schema = schema
-        self._kinds: dict[str, _Kind] = {}
+        self._kinds: dict[str, Kind] = {}
         kwargs: dict[str, Any] = {
             "autocommit": True,
             "connect_timeout": max(1, round(connect_timeout_s)),
@@ -150,6 +128,9 @@ class PostgresStore(ClosesOnExit):
         if schema is not None:
             kwargs["options"] = f"-c search_path={schema}"
         self._setup(kwargs, schema, connect_timeout_s)
+        self._kwargs = kwargs
+        self._listeners: set[Listener] = set()
+        self._listening = threading.Lock()
         self._db = Connections(
             self._target, kwargs, pool_size=pool_size, timeout_s=max(connect_timeout_s, 5.0)
         )
@@ -197,7 +178,13 @@ class PostgresStore(ClosesOnExit):
         return self._db.atomic("transaction")
 
     def close(self) -> None:
-        """Close the pool; later calls raise ``StoreError``.  Idempotent."""
+        """Stop every :meth:`listen` subscription (bounded), close the pool; later calls raise
+        ``StoreError``.  Idempotent."""
+        with self._listening:
+            self._db.closed = True
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener.stop()
         self._db.close()
 
     # -- schema -------------------------------------------------------------------------------
@@ -223,7 +210,7 @@ class PostgresStore(ClosesOnExit):
 
         with self._db.atomic(f"register {kind.name}"):
             self._db.write(f"register {kind.name}", create)
-        self._kinds[kind.name] = _Kind(kind)
+        self._kinds[kind.name] = Kind(kind)
 
     def _migration(self, kind: EntityKind[Any], have: set[str]) -> list[str]:
         if kind.id_field not in have or "state" not in have:
@@ -246,7 +233,7 @@ class PostgresStore(ClosesOnExit):
                 statements.append(sql.add_field_sql(kind, f))
         return statements
 
-    def _compiled(self, kind: EntityKind[Any]) -> _Kind:
+    def _compiled(self, kind: EntityKind[Any]) -> Kind:
         compiled = self._kinds.get(kind.name)
         if compiled is None:
             raise StoreError(f"entity kind {kind.name!r} is not registered with this store")
@@ -274,13 +261,32 @@ class PostgresStore(ClosesOnExit):
     ) -> list[Row[S]]:
         """Entities in ``states`` matching ``where``, ordered by ``order_by`` (NULLs first)
         then id."""
+        return self._rows(
+            "select", kind, states=states, where=where, order_by=order_by, limit=limit
+        )
+
+    def _rows(
+        self,
+        what: str,
+        kind: EntityKind[S],
+        *,
+        states: Iterable[S] | None,
+        where: Mapping[str, object] | None,
+        order_by: str | None,
+        limit: int | None,
+    ) -> list[Row[S]]:
+        """The rows of a select (``what`` "select") or of a locking claim read."""
         check_limit(limit)
         c = self._compiled(kind)
         wanted: frozenset[S] | None = valid_states(kind, states)
         conditions = normalize_where(kind, where)
         order_key(kind, order_by)  # validates the column
-        text, params = sql.select_sql(kind, wanted, conditions, order_by, limit)
-        raws = self._db.read("select", lambda conn: conn.execute(text, params).fetchall())
+        if what == "select":
+            text, params = sql.select_sql(kind, wanted, conditions, order_by, limit)
+            raws = self._db.read(what, lambda conn: conn.execute(text, params).fetchall())
+        else:
+            text, params = sql.claim_sql(kind, wanted, conditions, order_by, limit)
+            raws = self._db.held(what, lambda conn: conn.execute(text, params).fetchall())
         return [c.row(raw, self._target) for raw in raws]
 
     def count(
@@ -317,7 +323,7 @@ class PostgresStore(ClosesOnExit):
             for event, source, target, at, owner, attempts, reason in raws
         ]
 
-    def _current(self, conn: Conn, c: _Kind, entity_id: str) -> Row[Any] | None:
+    def _current(self, conn: Conn, c: Kind, entity_id: str) -> Row[Any] | None:
         raw = conn.execute(c.get_sql, (entity_id,)).fetchone()
         return None if raw is None else c.row(raw, self._target)
 
@@ -343,9 +349,7 @@ class PostgresStore(ClosesOnExit):
                 existing = self._current(conn, c, entity_id)
                 assert existing is not None  # the conflict was on this id
                 return existing, False
-            conn.execute(
-                sql.AUDIT_INSERT, _audit_row(kind, entity_id, event, None, raw[1], a=audit)
-            )
+            conn.execute(sql.AUDIT_INSERT, audit_row(kind, entity_id, event, None, raw[1], a=audit))
             return c.row(raw, self._target), True
 
         return self._db.write("insert", write)
@@ -370,7 +374,7 @@ class PostgresStore(ClosesOnExit):
         return outcome
 
     def _one(
-        self, conn: Conn, c: _Kind, plan: TransitionPlan[Any], audit: Audit
+        self, conn: Conn, c: Kind, plan: TransitionPlan[Any], audit: Audit
     ) -> Row[Any] | Exception:
         """The plan's guarded UPDATE and audit entry: the row written, or the refusal."""
         shape = tuple(
@@ -386,7 +390,7 @@ class PostgresStore(ClosesOnExit):
             return plan.miss(self._current(conn, c, plan.entity_id))
         conn.execute(
             sql.AUDIT_INSERT,
-            _audit_row(c.kind, plan.entity_id, plan.event, raw[-1], raw[1], a=audit),
+            audit_row(c.kind, plan.entity_id, plan.event, raw[-1], raw[1], a=audit),
         )
         return c.row(raw, self._target)
 
@@ -436,7 +440,7 @@ class PostgresStore(ClosesOnExit):
             with conn.cursor() as cur:
                 cur.executemany(
                     sql.AUDIT_INSERT,
-                    [_audit_row(kind, raw[0], event, raw[-1], raw[1], a=audit) for raw in raws],
+                    [audit_row(kind, raw[0], event, raw[-1], raw[1], a=audit) for raw in raws],
                 )
             return {raw[0]: c.row(raw, self._target) for raw in raws}
 
@@ -464,6 +468,63 @@ class PostgresStore(ClosesOnExit):
             return len(ids)
 
         return self._db.write("prune", write)
+
+    # -- claims and notifications (statecore.claims) ------------------------------------------
+
+    def claim_candidates(
+        self,
+        kind: EntityKind[S],
+        *,
+        states: Iterable[S] | None = None,
+        where: Mapping[str, object] | None = None,
+        order_by: str | None = None,
+        limit: int | None = None,
+    ) -> list[Row[S]]:
+        """What :meth:`select` would return minus the rows another transaction holds, each
+        locked (``FOR UPDATE SKIP LOCKED``) until this thread's ``atomic()`` block ends: claim
+        them there, each under its fence (ClaimingStore).  Raises ``NoTransaction`` outside a
+        block, ``StoreError`` when the server fails, and as :meth:`select` for bad input."""
+        return self._rows(
+            "claim_candidates", kind, states=states, where=where, order_by=order_by, limit=limit
+        )
+
+    def notify(self, channel: str, payload: str = "") -> None:
+        """``pg_notify(channel, payload)``: in an ``atomic()`` block sent when it commits (never
+        if it rolls back), else at once (NotifyingStore).  Raises ``ValueError``/``TypeError``
+        for a bad channel or payload, ``StoreError`` when the server fails or the store is
+        closed."""
+        check_notification(channel, payload)
+        self._check_open()
+
+        def send(conn: Conn) -> None:
+            conn.execute(sql.NOTIFY, (channel, payload))
+
+        self._db.write("notify", send)
+
+    def listen(self, channel: str, callback: Callable[[str], object]) -> Callable[[], None]:
+        """Call ``callback(payload)`` on a thread of its own for every notification on
+        ``channel`` committed after this returns; returns the idempotent, bounded
+        ``unsubscribe`` (NotifyingStore).  Holds one connection outside the pool until then, or
+        until :meth:`close`.  Raises ``ValueError``/``TypeError`` for a bad channel or callback,
+        ``StoreError`` when the server cannot be reached or the store is closed."""
+        check_notification(channel)
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, not {type(callback).__name__}")
+        self._check_open()
+        listener = Listener(
+            self._target, self._kwargs, channel, callback, on_stop=self._listeners.discard
+        )
+        with self._listening:
+            if not self._db.closed:
+                self._listeners.add(listener)
+                return listener.stop
+        listener.stop()  # closed while subscribing
+        raise StoreError(f"{self._target}: the store is closed")
+
+    def _check_open(self) -> None:
+        """Raise ``StoreError`` when the store was closed."""
+        if self._db.closed:
+            raise StoreError(f"{self._target}: the store is closed")
 
     # -- batches (statecore.batch.BatchStore) ------------------------------------------------
 
@@ -494,7 +555,7 @@ class PostgresStore(ClosesOnExit):
 
         def write(conn: Conn) -> list[Any]:
             done = list(outcomes)
-            for chunk in _distinct_chunks(ready):
+            for chunk in distinct_chunks(ready):
                 text = c.insert_sql(len(chunk))
                 raws = conn.execute(text, [p for item in chunk for p in item[3]]).fetchall()
                 created = {raw[0]: raw for raw in raws}
@@ -506,7 +567,7 @@ class PostgresStore(ClosesOnExit):
                         continue
                     done[i] = (c.row(raw, self._target), True)
                     audits.append(
-                        _audit_row(
+                        audit_row(
                             kind, creation.entity_id, creation.event, None, initial.value,
                             a=creation.audit,
                         )
@@ -546,20 +607,3 @@ class PostgresStore(ClosesOnExit):
             ]
 
         return self._db.write("transition_each", write)
-
-
-def _distinct_chunks(
-    items: list[tuple[int, Creation, Enum, list[Any]]],
-) -> list[list[tuple[int, Creation, Enum, list[Any]]]]:
-    """Consecutive chunks of at most _INSERT_PIECE creations without a repeated id (a later
-    creation of the same id must see the earlier one)."""
-    chunks: list[list[tuple[int, Creation, Enum, list[Any]]]] = []
-    ids: set[str] = set()
-    for item in items:
-        entity_id = item[1].entity_id
-        if not chunks or entity_id in ids or len(chunks[-1]) >= _INSERT_PIECE:
-            chunks.append([])
-            ids = set()
-        chunks[-1].append(item)
-        ids.add(entity_id)
-    return chunks
