@@ -236,6 +236,18 @@ class AsyncLedger:
         """:meth:`Ledger.prune`, off the event loop."""
         return await self._submit(lambda: self.ledger.prune(now=now))
 
+    async def heartbeat(self, *, now: float | None = None) -> float:
+        """:meth:`Ledger.heartbeat`, off the event loop."""
+        return await self._submit(lambda: self.ledger.heartbeat(now=now))
+
+    async def leave(self, *, now: float | None = None) -> bool:
+        """:meth:`Ledger.leave`, off the event loop."""
+        return await self._submit(lambda: self.ledger.leave(now=now))
+
+    async def prune_owners(self, *, now: float | None = None) -> int:
+        """:meth:`Ledger.prune_owners`, off the event loop."""
+        return await self._submit(lambda: self.ledger.prune_owners(now=now))
+
     async def check(self) -> None:
         """:meth:`Ledger.check`, on a reader thread (not the writer: its own write transaction
         is the check).  Raises ``StoreError`` naming the problem, or when the ledger is closed.

@@ -34,6 +34,7 @@ from statecore.checks import require_text
 from statecore.clock import Clock, SystemClock
 from statecore.errors import StoreError, UnknownEntity
 from statecore.failures import chosen_kind, first_reconnect_error, stored_kind
+from statecore.leases import OWNER_KIND, Heartbeat, prune_owner_records
 from statecore.lifecycles import OBLIGATION, ObligationState
 from statecore.metrics import NO_METRICS, Metrics, TransitionMeter
 from statecore.obligation import OBLIGATION_KIND, Claim, Obligation
@@ -102,6 +103,11 @@ class Ledger:
             )
         )
         store.register(_K)
+        store.register(OWNER_KIND)
+        # This ledger's owner record: what peers on other hosts judge its rows' owner by.
+        self._heartbeat = Heartbeat(
+            store, self.incarnation, lease_s=self.policy.lease_s, label=self._owner_label
+        )
 
     # -- recording and settling --------------------------------------------------------------
 
@@ -311,7 +317,10 @@ class Ledger:
         left untouched, budget intact.  Each claim moves the row to attempting under this
         incarnation with one more attempt; ``needs_marker`` is set when the row was not pending
         or had been claimed before.  Rows of live owners are never touched, so a second sweep
-        in the same process claims nothing.  Next: send each claim, then settle or release it.
+        in the same process claims nothing.  An owner on this host is dead when the probe says
+        so; one on another host once no owner record of its incarnation beats
+        (:meth:`heartbeat`; at once after :meth:`leave`), or -- when it never beat -- once the
+        row's own lease expired.  Next: send each claim, then settle or release it.
         """
         return self._sweeper().recoverable(
             deliverable_platforms=deliverable_platforms,
@@ -401,6 +410,39 @@ class Ledger:
             remember=self._remember,
             forget=self._forget,
             meter=self._meter,
+        )
+
+    # -- the owner's lease ----------------------------------------------------------------------
+
+    def heartbeat(self, *, now: float | None = None) -> float:
+        """Renew this ledger's owner lease: ``now + policy.lease_s``; returns the new expiry.
+
+        Owners on other hosts are judged by these leases: while a ledger of this incarnation
+        beats, peers never reclaim its rows; once the beats stop, they may after the lease.  The
+        first beat joins (writes this ledger's owner record); call again every ``lease_s / 3``
+        or so, and :meth:`leave` when stopping.  A beat never touches an obligation row (its
+        fence is what the settles are guarded by).  Raises ``StoreError`` when the store fails:
+        the lease is then unchanged, so try again before it expires.
+        """
+        return self._heartbeat.beat(self.clock.now() if now is None else now)
+
+    def leave(self, *, now: float | None = None) -> bool:
+        """End this ledger's owner record on a clean stop, so that peers on other hosts may
+        reclaim what its incarnation still owes at once (unless another ledger of the
+        incarnation still beats).  Returns whether a record was ended (False: it never beat).
+        Next: nothing -- a later :meth:`heartbeat` joins again.  Raises ``StoreError`` when the
+        store fails (the record then ends with its lease).
+        """
+        return self._heartbeat.leave(self.clock.now() if now is None else now)
+
+    def prune_owners(self, *, now: float | None = None) -> int:
+        """Housekeeping of the owner records: records whose lease ended more than
+        ``policy.retention`` ago are ended, ended ones older than that deleted; returns how many
+        were deleted.  Never touches an obligation.  Raises ``StoreError`` when the store
+        fails."""
+        when = self.clock.now() if now is None else now
+        return prune_owner_records(
+            self.store, now=when, retention=self.policy.retention, label=self._owner_label
         )
 
     def prune(self, *, now: float | None = None) -> int:

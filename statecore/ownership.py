@@ -1,7 +1,10 @@
 """Ownership: which process incarnation owns a row, and whether that owner is still alive.
 
-An owner is a process *incarnation*: host, pid, process start time and a random token.  On the
-same host an owner is **dead** when
+An owner is a process *incarnation*: host, pid, process start time and a random token.  The
+token (128 random bits) alone says which incarnation owns a row; the host
+(:func:`host_identity`: machine, boot and pid namespace) says how its liveness can be known.  An
+owner on *another* host cannot be probed: it is alive while its lease lasts (renewed by its
+heartbeat, :mod:`statecore.leases`).  On the same host an owner is **dead** when
 
 * its pid is gone, or
 * the pid now belongs to a process with a different start time (pids are reused; containers
@@ -21,6 +24,7 @@ import os
 import secrets
 import socket
 import threading
+import uuid
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -159,17 +163,79 @@ class LivenessCache:
 
 
 def host_identity() -> str:
-    """This host as an owner is recorded: the hostname plus, where the kernel tells it, this
-    boot's id.  Start times are boot-relative, so after a reboot a pid and start time could
-    repeat; the boot id makes the previous boot's owners "another host", whose only proof of
-    death is an expired lease -- never mistaken for a live local process."""
-    name = socket.gethostname() or "localhost"
+    """This host as an owner is recorded: the scope inside which a pid can be probed.
+
+    ``<hostname>/m-<machine>/boot-<boot>/pidns-<namespace>``, each part present where the
+    system tells it:
+
+    * the machine: ``/etc/machine-id`` (or D-Bus's copy), else the hardware address
+      ``uuid.getnode()`` finds (never a random one);
+    * the boot: the kernel's boot id (random per boot), else the boot time psutil reports.
+      Start times are boot-relative, so after a reboot a pid and start time could repeat; the
+      boot part makes the previous boot's owners "another host", whose only proof of death is
+      an expired lease -- never mistaken for a live local process;
+    * the pid namespace (Linux): containers on one machine share its boot id (and often an
+      image's machine id and a hostname), but each sees its own pids -- pid 1 in one is not pid
+      1 in another -- so two processes that cannot probe each other never share a host.
+
+    Parts that cannot be read are left out.  The host part only decides *how* an owner is
+    judged (probed here, or by its lease elsewhere); which incarnation owns a row is decided by
+    the owner token, 128 random bits per process incarnation (:class:`Incarnation`).  The
+    identity errs on the safe side: two processes that could probe each other but read
+    different parts (psutil's boot time on Windows may differ by a second between processes)
+    judge each other by lease, later but never wrongly.
+    """
+    parts = [socket.gethostname() or "localhost"]
+    machine = _machine_id()
+    if machine:
+        parts.append(f"m-{machine}")
+    boot = _boot_id()
+    if boot:
+        parts.append(f"boot-{boot}")
+    namespace = _pid_namespace()
+    if namespace:
+        parts.append(f"pidns-{namespace}")
+    return "/".join(parts)
+
+
+def _first_line(path: str) -> str:
+    """The stripped first line of a small text file, or "" when it cannot be read."""
     try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-            boot = fh.read().strip().replace("-", "")[:12]
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.readline().strip()
     except OSError:
-        return name
-    return f"{name}/boot-{boot}" if boot else name
+        return ""
+
+
+def _machine_id() -> str:
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        found = "".join(ch for ch in _first_line(path).lower() if ch in "0123456789abcdef")
+        if found:
+            return found[:16]
+    node = uuid.getnode()
+    # uuid.getnode() sets the multicast bit on a random number when no address was found: a
+    # random per-process value would make every process "another host" (safe, but no probing).
+    if node >> 40 & 1:
+        return ""
+    return f"{node:012x}"
+
+
+def _boot_id() -> str:
+    boot = _first_line("/proc/sys/kernel/random/boot_id").replace("-", "")[:16]
+    if boot:
+        return boot
+    try:
+        return f"t{int(psutil.boot_time())}"
+    except (psutil.Error, OSError, ValueError):
+        return ""
+
+
+def _pid_namespace() -> str:
+    try:
+        link = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except (OSError, AttributeError, NotImplementedError):
+        return ""
+    return "".join(ch for ch in link if ch.isdigit())
 
 
 def recorded_owner_alive(
@@ -214,9 +280,12 @@ def _check_text(_: object, attribute: attrs.Attribute[str], value: object) -> No
 class Incarnation:
     """One run of one process: the identity a row's owner is recorded with.
 
-    ``started_at`` is None when this process could not read its own start time; such an
-    incarnation *fails closed*: :meth:`is_self` is never true for it, so nothing that needs proof
-    of identity (the runtime retry sweep) acts on its behalf.
+    ``host`` is :func:`host_identity` (where the pid can be probed), ``token`` 128 random bits
+    drawn when the incarnation is built: two processes with the same pid -- on two hosts, in
+    two containers, or one after the other -- never share a token, and the ledger guards every
+    owner's write by the token alone.  ``started_at`` is None when this process could not read
+    its own start time; such an incarnation *fails closed*: :meth:`is_self` is never true for
+    it, so nothing that needs proof of identity (the runtime retry sweep) acts on its behalf.
     """
 
     host: str = attrs.field(validator=_check_text)
@@ -247,7 +316,8 @@ class Incarnation:
             started = probe.start_time(pid)
         except Exception:
             started = None
-        return cls(host_identity(), pid, started, secrets.token_hex(8))
+        # 128 random bits: two processes (on any hosts) never share an owner token.
+        return cls(host_identity(), pid, started, secrets.token_hex(16))
 
     @property
     def label(self) -> str:

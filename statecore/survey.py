@@ -14,6 +14,7 @@ from enum import StrEnum
 import attrs
 
 from statecore.checks import require_positive
+from statecore.leases import OWNER_KIND, OwnerLeases
 from statecore.lifecycles import OBLIGATION, ObligationState
 from statecore.obligation import OBLIGATION_KIND, Obligation, Owner
 from statecore.ownership import LivenessCache, ProcessProbe, PsutilProbe, host_identity
@@ -49,7 +50,8 @@ class OwnerStatus(StrEnum):
     """Gone (its pid is free or now another process's), or on another host with an expired
     lease: the next gateway's startup sweep claims its owed rows."""
     REMOTE = "remote"
-    """On another host and its lease has not expired: it cannot be probed from here."""
+    """On another host and its lease has not expired (its heartbeat's, or the row's when it
+    never beat): it cannot be probed from here."""
     UNOWNED = "unowned"
     """No owner is recorded (an operator's retry): any gateway's startup sweep claims it."""
 
@@ -61,14 +63,21 @@ def owner_status(
     now: float,
     liveness: LivenessCache,
     host: str | None = None,
+    leases: OwnerLeases | None = None,
 ) -> OwnerStatus:
     """The liveness of a row's recorded ``owner`` (with its lease), seen from ``host``
-    (default: this host's identity), each owner probed once per ``liveness`` cache.  Never
-    raises."""
+    (default: this host's identity), each owner probed once per ``liveness`` cache; with
+    ``leases``, an owner on another host is judged by its heartbeat when it has one, as the
+    sweeps judge it.  Never raises, but for ``StoreError`` when ``leases`` cannot be read."""
     if owner.pid is None and owner.token is None and owner.host is None:
         return OwnerStatus.UNOWNED
     here = host_identity() if host is None else host
     if owner.host is not None and owner.host != here:
+        beating = (
+            None if leases is None or owner.token is None else leases.beating(owner.token, now)
+        )
+        if beating is not None:
+            return OwnerStatus.REMOTE if beating else OwnerStatus.DEAD
         lease = lease_expires_at
         return OwnerStatus.REMOTE if lease is None or lease > now else OwnerStatus.DEAD
     alive = liveness.alive(owner.pid, owner.started_at)
@@ -160,6 +169,7 @@ def stuck_rows(
     """
     require_positive("older_than_s", older_than_s)
     store.register(_K)
+    store.register(OWNER_KIND)
     rows = store.select(
         _K,
         states=_UNSETTLED_SEND,
@@ -169,6 +179,7 @@ def stuck_rows(
     )
     liveness = LivenessCache(probe or PsutilProbe())
     here = host_identity()
+    leases = OwnerLeases(store)
     found = []
     for row in rows:
         obligation = Obligation.from_row(row)
@@ -178,6 +189,7 @@ def stuck_rows(
             now=now,
             liveness=liveness,
             host=here,
+            leases=leases,
         )
         found.append(StuckRow(obligation, max(0.0, now - obligation.updated_at), status))
     return found

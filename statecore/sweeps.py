@@ -27,10 +27,11 @@ from statecore.checks import require_positive, require_text
 from statecore.clock import Clock
 from statecore.errors import StaleState
 from statecore.failures import stored_kind
+from statecore.leases import OwnerLeases, judged_alive
 from statecore.lifecycles import OBLIGATION, ObligationState
 from statecore.metrics import Outcome, TransitionMeter
 from statecore.obligation import DEFAULT_PROFILE, OBLIGATION_KIND, Claim, Obligation
-from statecore.ownership import Incarnation, LivenessCache, ProcessProbe, recorded_owner_alive
+from statecore.ownership import Incarnation, LivenessCache, ProcessProbe
 from statecore.policy import ErrorKind, LedgerPolicy
 from statecore.store import Audit, Row, Store, lt
 
@@ -124,6 +125,7 @@ class Sweeper:
         targets = None if deliverable_targets is None else frozenset(deliverable_targets)
         store = self._store
         liveness = LivenessCache(self._probe)
+        leases = OwnerLeases(store)  # owners on other hosts: their heartbeats, read once each
         claims: list[Claim] = []
         self._abandoned = 0
         candidates = store.select(_K, states=_OWED, order_by="created_at")
@@ -133,7 +135,7 @@ class Sweeper:
             groups: dict[tuple[Any, ...], list[Row[ObligationState]]] = {}
             with self._chunk("startup") as gone:
                 for row in chunk:
-                    if recorded_owner_alive(row.values, self._incarnation, liveness, when):
+                    if judged_alive(row.values, self._incarnation, liveness, leases, when):
                         continue
                     if self._over_budget_or_stale(row, when):
                         self._abandon(row, when, gone)

@@ -16,6 +16,7 @@ from typing import Any
 from statecore.cli.output import age, duration, shorten, table, timestamp
 from statecore.cli.plugin import EXIT_OK, Command, Context, add_leaf
 from statecore.errors import UnknownEntity
+from statecore.leases import OWNER_KIND, OwnerLeases
 from statecore.lifecycles import OBLIGATION, ObligationState
 from statecore.obligation import OBLIGATION_KIND, Obligation
 from statecore.ownership import LivenessCache, PsutilProbe
@@ -187,8 +188,13 @@ def _show(args: argparse.Namespace, ctx: Context) -> int:
     store = ctx.open_store()
     o = _get(store, args.id)
     now = ctx.now()
+    store.register(OWNER_KIND)
     status = owner_status(
-        o.owner, o.lease_expires_at, now=now, liveness=LivenessCache(PsutilProbe())
+        o.owner,
+        o.lease_expires_at,
+        now=now,
+        liveness=LivenessCache(PsutilProbe()),
+        leases=OwnerLeases(store),
     )
     origin = retried_from(store.history(_K, o.obligation_id))
     retry = None

@@ -13,6 +13,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from statecore.cli.plugin import EXIT_OK, Command, Context
+from statecore.leases import OWNER
 from statecore.lifecycle import Lifecycle
 from statecore.lifecycles import DECLARED_LIFECYCLES
 
@@ -26,9 +27,11 @@ _FORMATS = ("table", "mermaid", "dot")
 
 
 def all_lifecycles() -> tuple[Lifecycle[Any], ...]:
-    """statecore's own lifecycles, then those installed packages declare through the
-    ``statecore.lifecycles`` entry point group (each entry: a sequence of lifecycles)."""
-    found: dict[str, Lifecycle[Any]] = {lc.name: lc for lc in DECLARED_LIFECYCLES}
+    """statecore's own lifecycles (the obligation's, then the owner record's), then those
+    installed packages declare through the ``statecore.lifecycles`` entry point group (each
+    entry: a sequence of lifecycles)."""
+    own = (*DECLARED_LIFECYCLES, OWNER)
+    found: dict[str, Lifecycle[Any]] = {lc.name: lc for lc in own}
     for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         try:
             declared = entry.load()

@@ -4,10 +4,10 @@ A *job* is ``async job() -> int``: it deletes the settled rows of one table that
 retention and returns how many it deleted.  It must never delete an owed row (each store API's
 ``prune`` already keeps them: owed obligations, active sessions, running or owed delegations,
 unacknowledged undeliverable records).  The gateway registers its own jobs (obligations past the
-policy's retention; ended sessions and settled delegations past ``retention_s``), an adapter that
-declares ``AdapterAbilities(keeps_house=True)`` contributes its own (the relay adapter: the
-handled-replay keys and dismissed undeliverable records of its dedupe store), and an
-application adds any other with ``Gateway.add_housekeeping(name, job)``.
+policy's retention; owner records ended long ago; ended sessions and settled delegations past
+``retention_s``), an adapter that declares ``AdapterAbilities(keeps_house=True)`` contributes
+its own (the relay adapter: the handled-replay keys and dismissed undeliverable records of its
+dedupe store), and an application adds any other with ``Gateway.add_housekeeping(name, job)``.
 
 Each round runs every job in turn; each job's count is reported (``metrics.pruned(name, rows)``)
 and the round is logged at INFO with every count (``extra``: ``pruned``, a name-to-count

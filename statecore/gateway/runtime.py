@@ -16,6 +16,11 @@ identity, or any object with ``async send(chat_id, content, metadata)``) to the 
   it is, and the timer re-sends this incarnation's rows stuck in ``pending`` or ``attempting``
   for longer than ``stuck_after_s`` that nothing in this process is sending -- plainly when the
   send never began, labelled when it may have;
+* on the same timer it renews its owner lease every ``policy.lease_s / 3`` and, every
+  ``recover_interval_s``, claims what dead owners left (a peer gateway SIGKILLed: at once when
+  it ran on this host, after its lease when on another), redelivering it as at startup
+  (:mod:`statecore.gateway.recovery`); :meth:`~Gateway.stop` ends the lease, so peers may
+  reclaim at once what it still owes;
 * on the same timer, every ``prune_interval_s``, it runs its housekeeping
   (:mod:`statecore.gateway.housekeeping`): settled rows past their retention are deleted from
   every table that has them -- obligations, ended sessions, settled delegations, and what the
@@ -49,6 +54,13 @@ from statecore.gateway.adapters import AdapterSet, Sendable
 from statecore.gateway.completions import deliver_completions
 from statecore.gateway.delegations import Delegation, Delegations
 from statecore.gateway.housekeeping import Housekeeping, HousekeepingJob
+from statecore.gateway.recovery import (
+    Cadences,
+    clear_flags,
+    cleared_or_released,
+    log_recovery,
+    run_timer,
+)
 from statecore.gateway.routing import Route
 from statecore.gateway.sending import Redelivered, SendPath
 from statecore.gateway.sessions import Session, SessionStore
@@ -81,17 +93,19 @@ class Gateway:
 
     ``Gateway(store, *, sessions=None, delegations=None, clock=None, teardown_clock=None,
     incarnation=None, probe=None, policy=None, retry_interval_s=15.0, prune_interval_s=3600.0,
-    stuck_after_s=30.0, retention_s=604800.0, metrics=NO_METRICS)``.  ``sessions`` is any
-    object with ``async clear_resume_pending(session_key)``; the default is the persisted
-    session store over the same ``store``.  ``retry_interval_s`` is the period of the retry
-    timer; ``prune_interval_s`` how often that timer also runs the housekeeping (0: never);
-    ``stuck_after_s`` how long one of this incarnation's own rows may stay ``pending`` or
-    ``attempting`` without being sent by this process before the timer re-sends it (see
+    stuck_after_s=30.0, retention_s=604800.0, recover_interval_s=30.0, metrics=NO_METRICS)``.
+    ``sessions`` is any object with ``async clear_resume_pending(session_key)``; the default is
+    the persisted session store over the same ``store``.  ``retry_interval_s`` is the period of
+    the retry timer; ``prune_interval_s`` how often that timer also runs the housekeeping (0:
+    never); ``stuck_after_s`` how long one of this incarnation's own rows may stay ``pending``
+    or ``attempting`` without being sent by this process before the timer re-sends it (see
     :meth:`redeliver_stuck`).  ``retention_s`` is how long the housekeeping keeps ended sessions
     (when ``sessions`` is a :class:`SessionStore`), settled ``delegations`` (when given) and
-    the adapters' settled rows; obligations keep ``policy.retention``.  ``metrics`` gets what
-    the ledger reports and the housekeeping counts.  Intervals must be non-negative numbers,
-    the retry interval, the stuck grace and the retention positive (``ValueError`` otherwise).
+    the adapters' settled rows; obligations keep ``policy.retention``.  ``recover_interval_s``
+    is how often the timer claims dead owners' rows (0: at start and on reconnects only, see
+    :meth:`recover_dead_owners`).  ``metrics`` gets what the ledger reports and the
+    housekeeping counts.  Intervals must be non-negative numbers, the retry interval, the stuck
+    grace and the retention positive (``ValueError`` otherwise).
 
     The send path's ledger writes (mark attempting, delivered, failed; release) that raise
     ``StoreError`` are tried again after each delay of ``settle_retry_delays_s`` (default
@@ -103,8 +117,9 @@ class Gateway:
     sweep, never sent twice by two paths; a recovery clears resume flags before any send); the
     send path after the record (:mod:`statecore.gateway.sending`, with its flights and retried
     writes), the adapters (:mod:`statecore.gateway.adapters`), turns
-    (:mod:`statecore.gateway.turn`), completions (:mod:`statecore.gateway.completions`) and
-    housekeeping (:mod:`statecore.gateway.housekeeping`) live in their own modules.
+    (:mod:`statecore.gateway.turn`), completions (:mod:`statecore.gateway.completions`),
+    housekeeping (:mod:`statecore.gateway.housekeeping`) and the timer with the recoveries'
+    steps (:mod:`statecore.gateway.recovery`) live in their own modules.
 
     ``clock`` drives every timer of the runtime; ``teardown_clock`` (default: the system
     clock) bounds :meth:`stop`, whose waits are on real work (in-flight sends, adapters'
@@ -126,9 +141,11 @@ class Gateway:
         prune_interval_s: float = 3600.0,
         stuck_after_s: float = 30.0,
         retention_s: float = _DEFAULT_RETENTION_S,
+        recover_interval_s: float = 30.0,
         metrics: Metrics = NO_METRICS,
     ) -> None:
         for name, value in (
+            ("recover_interval_s", recover_interval_s),
             ("retry_interval_s", retry_interval_s),
             ("prune_interval_s", prune_interval_s),
             ("stuck_after_s", stuck_after_s),
@@ -170,6 +187,9 @@ class Gateway:
         self.stuck_after_s = stuck_after_s
         """Grace after which an own row left pending or attempting, and not being sent by this
         process, is re-sent by the retry timer."""
+        self.recover_interval_s = recover_interval_s
+        """How often the timer claims and redelivers dead owners' rows (0: never)."""
+        self._beating = False  # the owner lease was renewed since start (stop then ends it)
         # The send path after the record: held ids (the stuck sweep never touches them),
         # flights, settling writes, redelivery.
         self._path = SendPath(self.ledger, self.clock)
@@ -205,7 +225,8 @@ class Gateway:
         that name (see :mod:`statecore.gateway.housekeeping`): it deletes one table's settled
         rows past their retention, never an owed one, and returns how many it deleted.
 
-        The gateway registers ``obligations`` (past ``policy.retention``), ``sessions`` (ended,
+        The gateway registers ``obligations`` (past ``policy.retention``), ``owners`` (ended
+        owner records, see ``Ledger.prune_owners``), ``sessions`` (ended,
         past ``retention_s``, when its session store is a :class:`SessionStore`),
         ``delegations`` (settled, when given) and what its adapters declare.  Raises
         ``ValueError`` for an empty name and ``TypeError`` for a job that is not callable.
@@ -226,6 +247,7 @@ class Gateway:
         """The jobs for the tables this gateway holds itself."""
         housekeeping = Housekeeping(clock=self.clock, metrics=self.metrics)
         housekeeping.add("obligations", self.ledger.prune)
+        housekeeping.add("owners", self.ledger.prune_owners)
         sessions = self.sessions
         if isinstance(sessions, SessionStore):
             housekeeping.add("sessions", lambda: sessions.aio.prune(retention=self.retention_s))
@@ -409,6 +431,7 @@ class Gateway:
         store (or wait for the lock) and call ``start()`` again.
         """
         await self.ledger.check()
+        await self._beat()  # peers on other hosts see this owner alive before it owns a row
         await self._adapters.connect_all()
         began = self.clock.monotonic()
         claims = await self._claim_recoverable()
@@ -427,31 +450,33 @@ class Gateway:
         """Redeliver a recovery's claims, then log the recovery once at INFO with its counts
         and duration (on the gateway's clock) -- also when it claimed nothing, and when a stop
         interrupted it."""
-        outcome = Redelivered(0, 0)
-        interrupted = True
+
+        async def redeliver() -> tuple[int, int]:
+            return await self._redeliver(claims)
+
+        await log_recovery(self.clock, what, len(claims), began, redeliver)
+
+    async def recover_dead_owners(self) -> int:
+        """The recover tick (the timer runs it every ``recover_interval_s``): the startup
+        sweep for the connected (platform, profile) pairs -- rows whose owner is dead: on this
+        host by the process probe, on another once its lease ran out -- with their sessions'
+        ``resume_pending`` cleared, redelivered in the background as at start (labelled when
+        they may have been sent).  Returns how many rows were claimed.  Raises ``StoreError``
+        when the sweep cannot run (nothing was claimed then)."""
+        began = self.clock.monotonic()
+        claims = await self._claim_recoverable()
+        if claims:
+            self._spawn(self._recover("runtime", claims, began))
+        return len(claims)
+
+    async def _beat(self) -> None:
+        """Renew the owner lease; a failure is logged (the timer beats again well before the
+        lease ends)."""
         try:
-            outcome = await self._redeliver(claims)
-            interrupted = False
-        finally:
-            took = self.clock.monotonic() - began
-            log.info(
-                "%s recovery: %d replies owed by dead owners claimed, %d delivered "
-                "(%d labelled as possible repeats) in %.3f s%s",
-                what,
-                len(claims),
-                outcome.delivered,
-                outcome.labelled,
-                took,
-                " (interrupted by stop)" if interrupted else "",
-                extra={
-                    "recovery": what,
-                    "claimed": len(claims),
-                    "delivered": outcome.delivered,
-                    "labelled": outcome.labelled,
-                    "duration_s": took,
-                    "interrupted": interrupted,
-                },
-            )
+            await self.ledger.heartbeat()
+            self._beating = True
+        except Exception:
+            log.warning("could not renew this gateway's owner lease", exc_info=True)
 
     async def _claim_recoverable(self, targets: set[tuple[str, str]] | None = None) -> list[Claim]:
         """The startup sweep for ``targets`` (default: the connected ones), then each claim's
@@ -460,16 +485,8 @@ class Gateway:
         deliverable = self.connected_targets() if targets is None else targets
         claims = await self.ledger.sweep_recoverable(deliverable_targets=deliverable)
         self._path.hold(claim.obligation_id for claim in claims)
-        for claim in claims:
-            try:
-                # Before any send: a turn whose reply is owed must never also be resumed.
-                await self.sessions.clear_resume_pending(claim.obligation.session_key)
-            except Exception:
-                log.warning(
-                    "could not clear resume_pending for %s; sending anyway",
-                    claim.obligation.session_key,
-                    exc_info=True,
-                )
+        # Before any send: a turn whose reply is owed must never also be resumed.
+        await clear_flags(claims, self.sessions.clear_resume_pending)
         return claims
 
     async def redeliver_failed(self, platform: str, *, profile: str | None = None) -> int:
@@ -505,23 +522,9 @@ class Gateway:
         return (await self._redeliver(await self._cleared_at_runtime(claims))).delivered
 
     async def _cleared_at_runtime(self, claims: list[Claim]) -> list[Claim]:
-        """Clear each claim's ``resume_pending``; a claim whose clear failed is released
-        (refunded) and let go, never sent.  Returns the claims ready to send (still held)."""
-        ready: list[Claim] = []
-        for claim in claims:
-            oid = claim.obligation_id
-            try:
-                await self.sessions.clear_resume_pending(claim.obligation.session_key)
-            except Exception:
-                # At runtime a failed clear sends nothing: hand the claim back, refunded.
-                log.warning("could not clear resume_pending; releasing %s", oid)
-                try:
-                    await self._path.release(oid)
-                finally:
-                    self._path.let_go(oid)
-                continue
-            ready.append(claim)
-        return ready
+        """The claims ready to send (still held); one whose ``resume_pending`` could not be
+        cleared is released (refunded) and let go, never sent."""
+        return await cleared_or_released(claims, self.sessions.clear_resume_pending, self._path)
 
     async def _redeliver(self, claims: list[Claim]) -> Redelivered:
         """Send the held claims (see :meth:`SendPath.redeliver`)."""
@@ -547,24 +550,18 @@ class Gateway:
         )
 
     async def _retry_timer(self) -> None:
-        last_prune = self.clock.monotonic()
-        while True:  # until stop() cancels it
-            await self.clock.sleep(self.retry_interval_s)
-            for platform, profile in sorted(self.connected_targets()):
-                try:
-                    await self.redeliver_failed(platform, profile=profile)
-                except Exception:
-                    log.warning("runtime retry for %s/%s failed", platform, profile, exc_info=True)
-            try:
-                await self.redeliver_stuck()
-            except Exception:
-                log.warning("recovering stuck obligations failed", exc_info=True)
-            if (
-                self.prune_interval_s
-                and self.clock.monotonic() - last_prune >= self.prune_interval_s
-            ):
-                last_prune = self.clock.monotonic()
-                await self.housekeep()  # settled rows past their retention only
+        lease_s = self.ledger.policy.lease_s
+        await run_timer(
+            self.clock,
+            Cadences(self.retry_interval_s, lease_s / 3, self.recover_interval_s),
+            beat=self._beat,
+            targets=self.connected_targets,
+            retry=lambda platform, profile: self.redeliver_failed(platform, profile=profile),
+            stuck=self.redeliver_stuck,
+            recover=self.recover_dead_owners,
+            housekeep=self.housekeep,
+            prune_s=self.prune_interval_s,
+        )
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
@@ -604,6 +601,12 @@ class Gateway:
             await asyncio.wait(unwinding, timeout=max(0.01, min(0.1, deadline.remaining())))
         await self._adapters.disconnect_all(deadline)
         unanswered = await self._path.flights.land(deadline)
+        if self._beating:  # what it still owes may be reclaimed by peers at once
+            self._beating = False
+            try:
+                await self.ledger.leave()
+            except Exception:
+                log.warning("could not end this gateway's owner lease", exc_info=True)
         await self.ledger.aclose()
         log.info(
             "gateway stopped (%d sends unanswered when the budget ran out)",

@@ -122,7 +122,7 @@ def test_unknown_lifecycle_exits_2_with_usage_error(capsys: pytest.CaptureFixtur
     assert out.getvalue() == ""  # validated before anything is printed
     err = capsys.readouterr().err
     assert "unknown lifecycle 'nope'" in err
-    assert "obligation, session" in err
+    assert "obligation, owner, session" in err
     assert "transport" in err
     assert "Traceback" not in err
 

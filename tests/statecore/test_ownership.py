@@ -372,7 +372,7 @@ def test_current_incarnation_matches_this_process() -> None:
     assert inc.host.split("/")[0] == (socket.gethostname() or "localhost")
     assert inc.pid == os.getpid()
     assert inc.started_at == kernel_start_ticks(os.getpid())
-    assert len(inc.token) == 16
+    assert len(inc.token) == 32  # 128 random bits
     int(inc.token, 16)  # hex
     assert inc.is_self(os.getpid(), inc.started_at)
 
