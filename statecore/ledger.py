@@ -43,6 +43,7 @@ from statecore.policy import ErrorKind, LedgerPolicy
 from statecore.recording import plan_record
 from statecore.store import Audit, Row, Store, TransitionRecord, lt
 from statecore.sweeps import Sweeper
+from statecore.wakeups import leave_announced
 
 __all__ = ["Ledger"]
 
@@ -431,9 +432,14 @@ class Ledger:
         reclaim what its incarnation still owes at once (unless another ledger of the
         incarnation still beats).  Returns whether a record was ended (False: it never beat).
         Next: nothing -- a later :meth:`heartbeat` joins again.  Raises ``StoreError`` when the
-        store fails (the record then ends with its lease).
+        store fails (the record then ends with its lease).  On a notifying store, when the
+        incarnation still owes rows, peers are woken in the same transaction
+        (:func:`statecore.wakeups.leave_announced`).
         """
-        return self._heartbeat.leave(self.clock.now() if now is None else now)
+        when = self.clock.now() if now is None else now
+        return leave_announced(
+            self.store, lambda: self._heartbeat.leave(when), self.incarnation.token
+        )
 
     def prune_owners(self, *, now: float | None = None) -> int:
         """Housekeeping of the owner records: records whose lease ended more than

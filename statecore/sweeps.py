@@ -7,6 +7,14 @@ a failed store write left pending or attempting).  Rows past their budget or age
 visibly, with the reason in their history.  Every claim and abandonment is one guarded write
 under the fence the row was read with, so of several sweepers exactly one wins each row.
 
+Sweepers never queue behind each other: each sweep lists its candidates with a plain read, then
+re-reads every chunk inside the chunk's transaction through :func:`statecore.claims.candidates`
+-- on a :class:`~statecore.claims.ClaimingStore` (PostgreSQL: ``FOR UPDATE SKIP LOCKED``) the
+rows another sweeper holds are skipped rather than waited for -- and drops the rows that changed
+since they were listed; the checks and guarded writes apply only to what came back.  On a store
+without the capability the listing stands, exactly as before, and the fence guard alone picks
+the winner of a race.
+
 Every sweep that claimed or abandoned anything writes one INFO line to the ``statecore.ledger``
 logger with its counts and duration, and every abandonment a WARNING naming the obligation, its
 chat and platform and the reason; both carry their values as structured fields (``extra=``:
@@ -24,6 +32,7 @@ from typing import Any
 
 from statecore.batching import chunks, transition_many
 from statecore.checks import require_positive, require_text
+from statecore.claims import ClaimingStore, candidates
 from statecore.clock import Clock
 from statecore.errors import StaleState
 from statecore.failures import stored_kind
@@ -33,7 +42,7 @@ from statecore.metrics import Outcome, TransitionMeter
 from statecore.obligation import DEFAULT_PROFILE, OBLIGATION_KIND, Claim, Obligation
 from statecore.ownership import Incarnation, LivenessCache, ProcessProbe
 from statecore.policy import ErrorKind, LedgerPolicy
-from statecore.store import Audit, Row, Store, lt
+from statecore.store import Audit, Row, Store, lt, one_of
 
 __all__ = ["Sweeper"]
 
@@ -69,6 +78,7 @@ class Sweeper:
 
     __slots__ = (
         "_abandoned",
+        "_claiming",
         "_clock",
         "_forget",
         "_incarnation",
@@ -103,6 +113,8 @@ class Sweeper:
         self._remember = remember
         self._forget = forget
         self._meter = meter
+        # Whether chunks are re-read with locks (claims.ClaimingStore); else the listing stands.
+        self._claiming = isinstance(store, ClaimingStore)
         # Rows abandoned by the sweep under way (its chunks that committed).
         self._abandoned = 0
         # Transitions counted inside the chunk under way, reported once it committed: (event,
@@ -134,7 +146,7 @@ class Sweeper:
             # many rows of one owner at the same fence and attempt count).
             groups: dict[tuple[Any, ...], list[Row[ObligationState]]] = {}
             with self._chunk("startup") as gone:
-                for row in chunk:
+                for row in self._current(chunk, _OWED):
                     if judged_alive(row.values, self._incarnation, liveness, leases, when):
                         continue
                     if self._over_budget_or_stale(row, when):
@@ -193,7 +205,7 @@ class Sweeper:
         )
         for chunk in chunks(rows, self._policy.sweep_chunk):
             with self._chunk("runtime") as gone:
-                for row in chunk:
+                for row in self._current(chunk, (_S.FAILED,)):
                     # pid and start time were matched by the select; the host is checked here.
                     if row["owner_host"] not in (None, me.host):
                         continue
@@ -233,7 +245,7 @@ class Sweeper:
         rows = self.stuck_rows(older_than_s, when)
         for chunk in chunks(rows, self._policy.sweep_chunk):
             with self._chunk("stuck") as gone:
-                for row in chunk:
+                for row in self._current(chunk, _UNSETTLED_SEND):
                     if row.id in skip:
                         continue
                     if self._over_budget_or_stale(row, when):
@@ -263,6 +275,26 @@ class Sweeper:
             },
             order_by="created_at",
         )
+
+    def _current(
+        self, chunk: list[Row[ObligationState]], states: Collection[ObligationState]
+    ) -> list[Row[ObligationState]]:
+        """The rows of ``chunk`` (listed by a plain read) that the chunk may act on, in listing
+        order.
+
+        On a :class:`~statecore.claims.ClaimingStore` the chunk is re-read inside the chunk's
+        transaction through :func:`~statecore.claims.candidates`: each row returned is locked
+        until the transaction ends, a row another sweeper holds is skipped (never waited for),
+        and a row that left ``states`` or changed since it was listed (another fence: another
+        writer acted on it) is dropped.  On any other store the listing stands, as it always
+        did: the fence guard of each write picks the winner of a race.
+        """
+        if not self._claiming:
+            return chunk
+        listed = {row.id: row.fence for row in chunk}
+        fresh = candidates(self._store, _K, states=states, where={_K.id_field: one_of(*listed)})
+        kept = {row.id: row for row in fresh if listed.get(row.id) == row.fence}
+        return [kept[row.id] for row in chunk if row.id in kept]
 
     # -- claims and abandonment --------------------------------------------------------------
 

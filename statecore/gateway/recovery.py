@@ -14,6 +14,14 @@ The loop runs, each when it is due:
   container) are picked up by a live gateway -- at once when the peer ran on this host (the
   process probe), after its lease when it ran on another host.
 
+When the gateway's store is a :class:`~statecore.claims.NotifyingStore` (PostgreSQL) and the
+recover tick runs at all, the loop also listens on :data:`statecore.wakeups.CHANNEL`: a peer that
+leaves cleanly with rows owed announces it, and the recover tick runs at once instead of up to
+``recover_interval_s`` later (then counts its period from there).  The timer still runs it too:
+a lease that expires (a peer SIGKILLed on another host) announces nothing, and a wake-up sent
+while the listener reconnects is lost.  The subscription ends with the loop (on stop).  On any
+other store nothing listens and the loop is exactly the timer.
+
 Each chore that raises is logged at WARNING and the loop goes on.  The beat runs first in a
 round, so a slow retry round never costs the lease; the recover tick's redeliveries run in the
 background (:meth:`Gateway.start` does the same), so they never hold the loop.
@@ -21,6 +29,7 @@ background (:meth:`Gateway.start` does the same), so they never hold the loop.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable
@@ -28,9 +37,12 @@ from functools import partial
 
 import attrs
 
+from statecore.claims import NotifyingStore
 from statecore.clock import Clock
 from statecore.gateway.sending import SendPath
 from statecore.obligation import Claim
+from statecore.store import Store
+from statecore.wakeups import listen_for_work
 
 __all__ = ["Cadences", "clear_flags", "cleared_or_released", "log_recovery", "run_timer"]
 
@@ -61,18 +73,62 @@ async def run_timer(
     recover: Chore,
     housekeep: Chore,
     prune_s: float,
+    store: Store | None = None,
 ) -> None:
     """Run the chores on their cadences until cancelled (see the module docs).  Each period
     is counted from the end of the chore's previous run; a round runs everything due, in the
     order: ``beat()``; ``retry(platform, profile)`` for each of ``targets()``, ``stuck()`` and,
-    when ``prune_s`` (0: never) passed since the last, ``housekeep()``; ``recover()``."""
+    when ``prune_s`` (0: never) passed since the last, ``housekeep()``; ``recover()``.
+
+    ``store`` is the one whose announcements wake the recover tick (module docs); by default
+    the store of the ledger of the gateway ``recover`` is a bound method of
+    (``gateway.ledger.store``), if any.  It is only listened to when it is a
+    :class:`~statecore.claims.NotifyingStore` and ``cadences.recover_s`` is not 0; the
+    subscription ends (bounded) when the loop does."""
+    woken = asyncio.Event()
+    unsubscribe = None
+    if cadences.recover_s:
+        unsubscribe = await _subscribe(_store_behind(recover) if store is None else store, woken)
+    try:
+        await _rounds(
+            clock,
+            cadences,
+            None if unsubscribe is None else woken,
+            beat=beat,
+            targets=targets,
+            retry=retry,
+            stuck=stuck,
+            recover=recover,
+            housekeep=housekeep,
+            prune_s=prune_s,
+        )
+    finally:
+        if unsubscribe is not None:
+            unsubscribe()
+
+
+async def _rounds(
+    clock: Clock,
+    cadences: Cadences,
+    woken: asyncio.Event | None,
+    *,
+    beat: Chore,
+    targets: Callable[[], Iterable[tuple[str, str]]],
+    retry: Callable[[str, str], Awaitable[object]],
+    stuck: Chore,
+    recover: Chore,
+    housekeep: Chore,
+    prune_s: float,
+) -> None:
+    """The loop of :func:`run_timer`; ``woken`` (None: nothing listens) set by a wake-up runs
+    the recover tick at once."""
     start = clock.monotonic()
     next_beat = start + cadences.beat_s
     next_retry = start + cadences.retry_s
     next_recover = start + cadences.recover_s if cadences.recover_s else math.inf
     last_prune = start
     while True:  # until cancelled
-        await clock.sleep(min(next_beat, next_retry, next_recover) - clock.monotonic())
+        woke = await _pause(clock, min(next_beat, next_retry, next_recover), woken)
         now = clock.monotonic()
         if now >= next_beat:
             await _run("renewing the owner lease", beat)
@@ -87,9 +143,69 @@ async def run_timer(
                 last_prune = clock.monotonic()
                 await _run("housekeeping", housekeep)  # settled rows past retention only
             next_retry = clock.monotonic() + cadences.retry_s
-        if now >= next_recover:
+        if woke or now >= next_recover:
+            if woke:
+                log.debug("woken by a peer that left rows owed: recovering at once")
             await _run("recovering dead owners' rows", recover)
             next_recover = clock.monotonic() + cadences.recover_s
+
+
+async def _pause(clock: Clock, until: float, woken: asyncio.Event | None) -> bool:
+    """Sleep on ``clock`` until its monotonic time ``until``, or less when ``woken`` is set
+    first; returns whether it was (clearing it, so wake-ups during a recovery coalesce into
+    one more)."""
+    if woken is None:
+        await clock.sleep(until - clock.monotonic())
+        return False
+    if not woken.is_set():
+        sleeping = asyncio.ensure_future(clock.sleep(until - clock.monotonic()))
+        waking = asyncio.ensure_future(woken.wait())
+        try:
+            await asyncio.wait((sleeping, waking), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeping.cancel()
+            waking.cancel()
+            await asyncio.gather(sleeping, waking, return_exceptions=True)
+    woke = woken.is_set()
+    woken.clear()
+    return woke
+
+
+def _store_behind(chore: Chore) -> Store | None:
+    """The store of the ledger of the object ``chore`` is a bound method of (a gateway's
+    ``ledger.store``), or None."""
+    ledger = getattr(getattr(chore, "__self__", None), "ledger", None)
+    store = getattr(ledger, "store", None)
+    return store if isinstance(store, NotifyingStore) else None
+
+
+async def _subscribe(store: Store | None, woken: asyncio.Event) -> Callable[[], None] | None:
+    """Listen for announcements on ``store`` (off the event loop), each setting ``woken``;
+    returns ``unsubscribe``, or None when nothing listens (see
+    :func:`~statecore.wakeups.listen_for_work`).  Cancelled while subscribing, the subscription
+    is ended as soon as it is made."""
+    if not isinstance(store, NotifyingStore):
+        return None
+    loop = asyncio.get_running_loop()
+
+    def wake() -> None:
+        loop.call_soon_threadsafe(woken.set)
+
+    subscribing = asyncio.ensure_future(asyncio.to_thread(listen_for_work, store, wake))
+    try:
+        return await asyncio.shield(subscribing)
+    except asyncio.CancelledError:
+        subscribing.add_done_callback(_end_subscription)
+        raise
+
+
+def _end_subscription(subscribing: asyncio.Future[Callable[[], None] | None]) -> None:
+    """Unsubscribe what a cancelled :func:`_subscribe` went on to subscribe, if anything."""
+    if subscribing.cancelled() or subscribing.exception() is not None:
+        return
+    unsubscribe = subscribing.result()
+    if unsubscribe is not None:
+        unsubscribe()
 
 
 async def _run(what: str, chore: Chore) -> None:

@@ -561,6 +561,7 @@ class Gateway:
             recover=self.recover_dead_owners,
             housekeep=self.housekeep,
             prune_s=self.prune_interval_s,
+            store=self.ledger.store,
         )
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
