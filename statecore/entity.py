@@ -83,8 +83,9 @@ def _check_utf8(kind: str, name: str, value: str) -> None:
 
 @attrs.frozen
 class Index:
-    """A secondary index over ``fields``; with ``states``, only rows in those states
-    (a partial index: a sweep over owed rows never touches settled ones)."""
+    """A secondary index over ``fields`` (declared fields, managed columns or the id); with
+    ``states``, only rows in those states (a partial index: a sweep over owed rows never touches
+    settled ones)."""
 
     fields: tuple[str, ...]
     states: frozenset[Enum] | None = None
@@ -139,7 +140,7 @@ class EntityKind(Generic[S]):
             by_name[f.name] = f
         for index in indexes:
             for column in index.fields:
-                if column not in by_name and column not in RESERVED_COLUMNS:
+                if column not in by_name and column not in RESERVED_COLUMNS and column != id_field:
                     raise ValueError(f"entity kind {name!r}: index over undeclared {column!r}")
             for state in index.states or ():
                 if not isinstance(state, lifecycle.state_type):

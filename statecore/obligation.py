@@ -66,6 +66,10 @@ OBLIGATION_KIND: EntityKind[ObligationState] = EntityKind(
     indexes=(
         # The startup sweep: owed rows by owner; settled rows are never in this index.
         Index(("state", "owner_pid"), states=_OWED),
+        # Claims of one owner's owed rows (``FOR UPDATE SKIP LOCKED ... ORDER BY id LIMIT n``):
+        # read in id order within the owner, so a claim never walks the rows already claimed
+        # (they changed owner) as a walk of the primary key would.
+        Index(("owner_pid", "obligation_id"), states=_OWED),
         # The runtime sweep: failed rows of one platform and profile.
         Index(("platform", "adapter_profile"), states=frozenset({_O.FAILED})),
         # Pruning: settled rows by age.

@@ -24,7 +24,10 @@ from statecore.claims import (
     candidates,
 )
 from statecore.errors import StaleState, StoreError
-from statecore.store import Audit, Row
+from statecore.lifecycles import OBLIGATION
+from statecore.obligation import OBLIGATION_KIND
+from statecore.store import Audit, Row, normalize_where
+from stores._postgres_sql import claim_sql
 from stores.memory import InMemoryStore
 from stores.postgres import PostgresStore
 from stores.testing import TICKET_KIND
@@ -282,6 +285,101 @@ def _check_claimed_once(
         holds = conn.execute("SELECT count(*) FROM statecore_audit WHERE event = 'hold'").fetchone()
     assert twice == (0,)
     assert holds == (ROWS,)
+
+
+CLAIMED = 9_000
+OWNED = 10_000
+DEAD_PID = 900_000
+
+
+def _claim_plan(pg: PostgresStore, url: str) -> dict[str, Any]:
+    """The executed plan (EXPLAIN ANALYZE, JSON) of the store's claim of one dead-owner row,
+    after checking that the store itself finds that row."""
+    states = [s for s in OBLIGATION_KIND.lifecycle.states if s not in OBLIGATION.terminal]
+    dead = {"owner_pid": DEAD_PID, "owner_token": "dead"}
+    with pg.atomic():
+        assert len(pg.claim_candidates(OBLIGATION_KIND, states=states, where=dead, limit=1)) == 1
+    where = normalize_where(OBLIGATION_KIND, dead)
+    text, params = claim_sql(OBLIGATION_KIND, frozenset(states), where, None, 1)
+    with _admin(url) as conn, conn.transaction():
+        conn.execute(f"SET LOCAL search_path = {pg.schema}")
+        row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + text, params).fetchone()
+    assert row is not None
+    plan: dict[str, Any] = row[0][0]["Plan"]
+    return plan
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from _nodes(child)
+
+
+def test_a_claim_reads_only_the_unclaimed_rows_of_the_owner(postgres_url: str) -> None:
+    """After 9,000 of an owner's 10,000 owed rows were claimed (they changed owner), claiming
+    one more reads by the owner's partial index in id order: it never walks (and filters out)
+    the claimed rows, as a walk of the primary key in id order would."""
+    store = PostgresStore(postgres_url, schema=fresh_schema())
+    try:
+        store.register(OBLIGATION_KIND)
+        fields = [f.name for f in OBLIGATION_KIND.fields]
+        columns = ", ".join(["obligation_id", "state", "fence", *fields])
+        values = {
+            "session_key": "s", "platform": "p", "chat_id": "c", "thread_id": None,
+            "reply_to": None, "content": "x", "attempts": 0, "created_at": 1.0,
+            "updated_at": 1.0, "owner_host": "h", "owner_pid": DEAD_PID,
+            "owner_started_at": 1, "owner_token": "dead", "lease_expires_at": None,
+            "last_error": None, "error_kind": None, "next_attempt_at": None,
+            "adapter_profile": "default",
+        }  # fmt: skip
+        with _admin(postgres_url) as conn:
+            conn.execute(f"SET search_path = {store.schema}")
+            with (
+                conn.cursor() as cur,
+                cur.copy(f"COPY delivery_obligations ({columns}) FROM STDIN") as copy,
+            ):
+                for i in range(OWNED):
+                    copy.write_row([f"ob-{i:08d}", "pending", 0, *(values[f] for f in fields)])
+            conn.execute("ANALYZE delivery_obligations")
+            # The lowest ids claimed by a live sweeper (as a sweep's claim moves them).
+            conn.execute(
+                "UPDATE delivery_obligations SET state = 'attempting', fence = fence + 1, "
+                "owner_pid = 4242, owner_token = 'live' WHERE obligation_id < %s",
+                (f"ob-{CLAIMED:08d}",),
+            )
+            conn.execute("ANALYZE delivery_obligations")  # as autovacuum would
+        plan = _claim_plan(store, postgres_url)
+        scans = [n for n in _nodes(plan) if "Scan" in n["Node Type"]]
+        assert scans, plan
+        assert all(n.get("Index Name") != "delivery_obligations_pkey" for n in scans), plan
+        assert sum(n.get("Rows Removed by Filter", 0) for n in _nodes(plan)) <= 10, plan
+        assert sum(n.get("Actual Rows", 0) for n in scans) <= 10, plan
+    finally:
+        store.close()
+
+
+def test_registering_adds_a_missing_index_to_an_existing_table(postgres_url: str) -> None:
+    """A database made before the owner/id claim index was declared gets it when the kind is
+    registered again (CREATE INDEX IF NOT EXISTS on every registration)."""
+    schema = fresh_schema()
+    store = PostgresStore(postgres_url, schema=schema)
+    store.register(OBLIGATION_KIND)
+    store.close()
+    query = (
+        "SELECT indexname FROM pg_indexes WHERE schemaname = %s "
+        "AND indexname LIKE 'delivery_obligations_owner_pid_obligation_id%%'"
+    )
+    with _admin(postgres_url) as conn:
+        (name,) = conn.execute(query, (schema,)).fetchone() or (None,)
+        assert name is not None
+        conn.execute(f'DROP INDEX "{schema}"."{name}"')
+    store = PostgresStore(postgres_url, schema=schema)
+    try:
+        store.register(OBLIGATION_KIND)
+    finally:
+        store.close()
+    with _admin(postgres_url) as conn:
+        assert conn.execute(query, (schema,)).fetchall() == [(name,)]
 
 
 # -- notifications ----------------------------------------------------------------------------

@@ -7,6 +7,8 @@ CREATE TABLE delivery_obligations (obligation_id TEXT PRIMARY KEY NOT NULL, stat
 
 CREATE INDEX IF NOT EXISTS delivery_obligations_state_owner_pid_attempting_failed_pending ON delivery_obligations(state, owner_pid) WHERE state IN ('attempting', 'failed', 'pending');
 
+CREATE INDEX IF NOT EXISTS delivery_obligations_owner_pid_obligation_id_attempting_failed_pending ON delivery_obligations(owner_pid, obligation_id) WHERE state IN ('attempting', 'failed', 'pending');
+
 CREATE INDEX IF NOT EXISTS delivery_obligations_platform_adapter_profile_failed ON delivery_obligations(platform, adapter_profile) WHERE state IN ('failed');
 
 CREATE INDEX IF NOT EXISTS delivery_obligations_updated_at_abandoned_delivered ON delivery_obligations(updated_at) WHERE state IN ('abandoned', 'delivered');
