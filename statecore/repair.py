@@ -111,7 +111,8 @@ def retry_abandoned(
 ) -> Obligation:
     """Owe an abandoned reply again: record a new obligation (id :func:`retry_id`) with the same
     session, chat, thread, reply-to, content and adapter profile, ``pending`` and without an
-    owner, so the next gateway to start claims it in its startup sweep and sends it.  Its
+    owner, so a running gateway claims it at its next recover tick (or the next gateway to
+    start, in its startup sweep) and sends it.  Its
     creation entry is owned by ``"<via>:<by>"`` and its reason reads ``"retry of <id> by <by>:
     <reason>"``; the abandoned row is not written.  Returns the new obligation.
 

@@ -34,8 +34,8 @@ DEFAULT_STUCK_AFTER_S = 300.0
 _SHOWN_STUCK = 20
 
 _HINTS = {
-    OwnerStatus.DEAD: "owner dead: the next gateway to start claims it",
-    OwnerStatus.UNOWNED: "no owner: the next gateway to start claims it",
+    OwnerStatus.DEAD: "owner dead: the next gateway to start or recover claims it",
+    OwnerStatus.UNOWNED: "no owner: the next gateway to start or recover claims it",
     OwnerStatus.ALIVE: "owner alive but not sending it: restart that gateway or abandon it",
     OwnerStatus.REMOTE: "owner on another host, lease valid: check that host",
 }

@@ -304,7 +304,8 @@ def _retry(args: argparse.Namespace, ctx: Context) -> int:
     ctx.emit(
         {"retry_of": args.id, "obligation": obligation_json(new)},
         f"recorded {new.obligation_id}: retry of {args.id} by cli:{args.by}, pending with no "
-        f"owner;\nthe next gateway to start sends it ({label}).\n",
+        f"owner;\na running gateway sends it at its next recover tick, or the next one to start "
+        f"({label}).\n",
     )
     return EXIT_OK
 

@@ -97,7 +97,7 @@ def test_stuck_rows_are_a_problem_with_their_owners_liveness(tmp_path: Path) -> 
     assert result.returncode == 1, result.stderr
     assert "PROBLEM  stuck rows" in result.stdout
     assert f"{ids['dead']}  attempting" in result.stdout
-    assert "owner dead: the next gateway to start claims it" in result.stdout
+    assert "owner dead: the next gateway to start or recover claims it" in result.stdout
     assert "owner alive but not sending it" in result.stdout
     assert result.stdout.endswith("1 problem found\n")
     data = run("doctor", "--json", store=url(path))

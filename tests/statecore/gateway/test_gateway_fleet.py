@@ -13,6 +13,7 @@ import asyncio
 
 import pytest
 
+from statecore import repair
 from statecore.clock import FakeClock
 from statecore.errors import StaleState
 from statecore.gateway import Gateway
@@ -236,3 +237,24 @@ async def test_a_peer_that_stopped_cleanly_is_replaced_at_the_next_tick(
     assert clock.now() < record["lease_expires_at"]
     assert adapter_b.contents == [LABELLED]
     assert row(store, oid_of()).owner.token == B.token
+
+
+@pytest.mark.asyncio
+async def test_a_running_gateway_sends_an_operators_retry_at_its_next_recover_tick(
+    rig: Rig, store: Store
+) -> None:
+    """An operator's retry of an abandoned reply (a new pending row with no owner) is claimed
+    by a running gateway's recover tick and sent; no restart is needed."""
+    clock = FakeClock()
+    adapter = FakeAdapter()
+    gateway = peer(rig, clock, B, FleetProbe(B), adapter)
+    assert await asyncio.wait_for(gateway.start(), BOUND) == 0
+    old = owe(store, owner=DEAD, state=_O.PENDING, clock=clock)
+    repair.abandon(store, old, by="alice", reason="gave up", clock=clock)
+    retried = repair.retry_abandoned(store, old, by="alice", reason="still waiting", clock=clock)
+    assert retried.owner.token is None
+    await step(clock, RECOVER)
+    new = retried.obligation_id
+    await eventually(lambda: row(store, new).state is _O.DELIVERED, "the retry delivered")
+    assert row(store, new).owner.token == B.token
+    assert row(store, old).state is _O.ABANDONED
