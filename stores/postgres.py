@@ -69,6 +69,7 @@ from stores._closing import ClosesOnExit
 from stores._postgres_conn import Connections, Target, Txn
 from stores._postgres_listen import Listener
 from stores._postgres_rows import Kind, audit_row, distinct_chunks
+from stores._schema import migration, registered
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
@@ -213,35 +214,16 @@ class PostgresStore(ClosesOnExit):
         self._kinds[kind.name] = Kind(kind)
 
     def _migration(self, kind: EntityKind[Any], have: set[str]) -> list[str]:
-        if kind.id_field not in have or "state" not in have:
-            raise StoreError(
-                f"{self._target}: table {kind.table} exists without "
-                f"{kind.id_field}/state columns; it is not a {kind.name} table"
-            )
-        statements = [
-            sql.add_managed_sql(kind, column)
-            for column in ("fence", "prev_state")
-            if column not in have
-        ]
-        for f in kind.fields:
-            if f.name not in have:
-                if not f.nullable and f.default is None:
-                    raise StoreError(
-                        f"{self._target}: cannot add required column {kind.table}.{f.name} "
-                        "to existing rows: it has no default"
-                    )
-                statements.append(sql.add_field_sql(kind, f))
-        return statements
+        return migration(
+            str(self._target),
+            kind,
+            have,
+            add_managed=sql.add_managed_sql,
+            add_field=sql.add_field_sql,
+        )
 
     def _compiled(self, kind: EntityKind[Any]) -> Kind:
-        compiled = self._kinds.get(kind.name)
-        if compiled is None:
-            raise StoreError(f"entity kind {kind.name!r} is not registered with this store")
-        if compiled.kind is not kind and compiled.kind != kind:
-            raise StoreError(f"a different entity kind named {kind.name!r} is registered")
-        if self._db.closed:
-            raise StoreError(f"{self._target}: the store is closed")
-        return compiled
+        return registered(str(self._target), self._kinds, kind, closed=self._db.closed)
 
     # -- reads --------------------------------------------------------------------------------
 

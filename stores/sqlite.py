@@ -53,6 +53,7 @@ from statecore.store import (
     valid_states,
 )
 from stores._closing import ClosesOnExit
+from stores._schema import migration, registered
 from stores._sqlite_conn import Connections, Txn, check_header
 from stores._sqlite_shortcuts import (
     CompiledKind,
@@ -180,37 +181,16 @@ class SQLiteStore(ClosesOnExit):
         self._kinds[kind.name] = CompiledKind(kind)
 
     def _migration(self, kind: EntityKind[Any], have: set[str]) -> list[str]:
-        """The statements adding what an existing table of ``kind`` lacks (it has ``have``);
-        raises ``StoreError`` when it is not such a table or a column cannot be added."""
-        if kind.id_field not in have or "state" not in have:
-            raise StoreError(
-                f"{self.path}: table {kind.table} exists without "
-                f"{kind.id_field}/state columns; it is not a {kind.name} table"
-            )
-        statements = [
-            sql.add_managed_sql(kind, column)
-            for column in ("fence", "prev_state")
-            if column not in have
-        ]
-        for f in kind.fields:
-            if f.name not in have:
-                if not f.nullable and f.default is None:
-                    raise StoreError(
-                        f"{self.path}: cannot add required column {kind.table}.{f.name} "
-                        "to existing rows: it has no default"
-                    )
-                statements.append(sql.add_field_sql(kind, f))
-        return statements
+        return migration(
+            str(self.path),
+            kind,
+            have,
+            add_managed=sql.add_managed_sql,
+            add_field=sql.add_field_sql,
+        )
 
     def _compiled(self, kind: EntityKind[Any]) -> CompiledKind:
-        compiled = self._kinds.get(kind.name)
-        if compiled is None:
-            raise StoreError(f"entity kind {kind.name!r} is not registered with this store")
-        if compiled.kind is not kind and compiled.kind != kind:
-            raise StoreError(f"a different entity kind named {kind.name!r} is registered")
-        if self._db.closed:
-            raise StoreError(f"{self.path}: the store is closed")
-        return compiled
+        return registered(str(self.path), self._kinds, kind, closed=self._db.closed)
 
     # -- reads --------------------------------------------------------------------------------
 
