@@ -28,11 +28,9 @@ Every wait is bounded, and every child is killed and reaped in a ``finally``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -55,6 +53,7 @@ from tests.crash_analysis import (
     analyse,
     percentile,
 )
+from tests.process_lives import Lives, Quiet
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="kills real processes with SIGKILL")
 
@@ -80,7 +79,6 @@ STABLE_S = 3.0
 """Settled: nothing owed, nothing buffered, and no new reply for this long (or all answered)."""
 FIRST_HELLO_S = 20.0
 """The bound on the first life's first connection (before the load starts)."""
-REAP_S = 10.0
 """The bound on reaping one killed child."""
 
 
@@ -109,18 +107,14 @@ def user_of(n: int) -> str:
 # -- the bot's lives ------------------------------------------------------------------------------
 
 
-class Bots:
+class Bots(Lives):
     """The bot's successive lives: child processes on one database, killed with SIGKILL."""
 
     def __init__(self, url: str, db: Path, log: IO[bytes]) -> None:
+        super().__init__()
         self.url = url
         self.db = db
         self.log = log
-        self.lives: list[asyncio.subprocess.Process] = []
-        self.kills = 0
-        """SIGKILLs that ended a running bot."""
-        self.other_exits: list[int] = []
-        """Exit statuses of lives that ended otherwise (each one is a harness or bot failure)."""
 
     @property
     def current(self) -> asyncio.subprocess.Process | None:
@@ -152,26 +146,8 @@ class Bots:
         return proc
 
     async def kill(self, proc: asyncio.subprocess.Process, *, crash: bool = True) -> None:
-        """SIGKILL ``proc`` (if it still runs) and reap it, bounded; counted as a kill under
-        load when ``crash`` (the final stop after the quiet period is not)."""
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGKILL)
-        code = await asyncio.wait_for(proc.wait(), REAP_S)
-        if code != -signal.SIGKILL:
-            self.other_exits.append(code)
-        elif crash:
-            self.kills += 1
-
-    async def kill_all(self) -> None:
-        """Kill and reap every life still running (teardown: never raises for one child)."""
-        for proc in self.lives:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGKILL)
-        for proc in self.lives:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(proc.wait(), REAP_S)
+        """SIGKILL the bot's life ``proc`` and reap it (see :meth:`Lives.kill_one`)."""
+        await self.kill_one(proc, crash=crash)
 
 
 async def crash_loop(
@@ -228,16 +204,6 @@ def ever_buffered(store: SQLiteStore) -> set[str]:
         if isinstance(message_id, str):
             ids.add(message_id)
     return ids
-
-
-@attrs.define
-class Quiet:
-    """How the quiet period ended."""
-
-    settled: bool = False
-    seconds: float = 0.0
-    owed: int | None = None
-    buffered: int | None = None
 
 
 async def quiet_period(

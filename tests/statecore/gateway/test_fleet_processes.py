@@ -28,10 +28,8 @@ Every wait is bounded, and every child is killed and reaped in a ``finally``.  A
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -55,6 +53,7 @@ from tests.crash_analysis import (
     analyse,
     percentile,
 )
+from tests.process_lives import Lives, Quiet
 from tests.statecore.gateway.fleet_child import PG_URL_ENV, chat_of, gateway_id
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="kills real processes with SIGKILL")
@@ -87,7 +86,6 @@ QUIET_MAX_S = 15.0
 """The longest the quiet period may last before the checks run anyway."""
 STABLE_S = 3.0
 """Settled without every answer: nothing owed, nothing buffered, no new reply for this long."""
-REAP_S = 10.0
 """The bound on reaping one killed child."""
 _OWED = (ObligationState.PENDING, ObligationState.ATTEMPTING, ObligationState.FAILED)
 
@@ -130,24 +128,22 @@ class SlowPlatform(TimedPlatform):
 # -- the fleet's processes ------------------------------------------------------------------------
 
 
-class Fleet:
+class Fleet(Lives):
     """The gateway processes: one slot per gateway, each a succession of lives."""
 
     def __init__(self, url: str, schema: str, pg_url: str, log: IO[bytes]) -> None:
+        super().__init__()
         self.url = url
         self.schema = schema
         self.env = {**os.environ, PG_URL_ENV: pg_url}  # never on a command line: a password
         self.log = log
         self.current: dict[int, asyncio.subprocess.Process] = {}
-        self.lives: list[asyncio.subprocess.Process] = []
         self.index_of: dict[int, int] = {}
         """pid -> the gateway number that process served."""
         self.spawned_at: dict[int, float] = {}
         """pid -> wall-clock time of its spawn (the audit's clock)."""
-        self.kills = 0
         self.kills_owing = 0
         """Kills that landed while the victim owned an owed row in the ledger."""
-        self.other_exits: list[int] = []
 
     async def spawn(self, index: int) -> asyncio.subprocess.Process:
         """Start a new life of gateway ``index``."""
@@ -190,25 +186,7 @@ class Fleet:
     async def kill(self, index: int, *, crash: bool = True) -> None:
         """SIGKILL gateway ``index``'s current life and reap it, bounded (a reaped process is
         no longer alive to the peers' process probe)."""
-        proc = self.current.pop(index)
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGKILL)
-        code = await asyncio.wait_for(proc.wait(), REAP_S)
-        if code != -signal.SIGKILL:
-            self.other_exits.append(code)
-        elif crash:
-            self.kills += 1
-
-    async def kill_all(self) -> None:
-        """Kill and reap every life still running (teardown: never raises for one child)."""
-        for proc in self.lives:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGKILL)
-        for proc in self.lives:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(proc.wait(), REAP_S)
+        await self.kill_one(self.current.pop(index), crash=crash)
 
 
 async def connected(connector: Connector, index: int, proc: asyncio.subprocess.Process) -> None:
@@ -273,16 +251,6 @@ async def load(platform: TimedPlatform, until: float, injected: list[Injected]) 
         injected.append(Injected(text, chat_of(chat), message_id, at))
         n += 1
         next_at += interval
-
-
-@attrs.define
-class Quiet:
-    """How the quiet period ended."""
-
-    settled: bool = False
-    seconds: float = 0.0
-    owed: int | None = None
-    buffered: int | None = None
 
 
 async def quiet_period(
