@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from websockets.exceptions import ConnectionClosed
 
 from relay.connector._instance import Instance
-from relay.connector._settings import DeliverySettings
+from relay.connector._settings import BufferSettings
 from relay.connector._store_thread import StoreThread
 from relay.connector._tasks import Tasks
 from statecore.metrics import NO_METRICS
@@ -45,7 +45,7 @@ class Delivery:
 
     def __init__(
         self,
-        connector: DeliverySettings,
+        connector: BufferSettings,
         *,
         served: Mapping[str, Instance],
         store: StoreThread,

@@ -21,8 +21,9 @@ from statecore.clock import Clock
 from statecore.metrics import Metrics
 
 __all__ = [
-    "DeliverySettings",
+    "BufferSettings",
     "EgressSettings",
+    "GuardSettings",
     "HandshakeSettings",
     "HousekeepingSettings",
     "HttpSettings",
@@ -30,7 +31,6 @@ __all__ = [
     "MetricsText",
     "ReaderSettings",
     "RosterSettings",
-    "StoreThreadSettings",
     "WakeHook",
 ]
 
@@ -43,41 +43,23 @@ MetricsText = Callable[[], bytes | str]
 ``prometheus_client.generate_latest``); called on a worker thread."""
 
 
-class StoreThreadSettings(Protocol):
-    """What the store thread reads of the connector."""
+class BufferSettings(Protocol):
+    """What the store thread and replay (the live pump and the replay records) read of the
+    connector."""
 
     @property
     def buffer(self) -> InboundBuffer:
-        """The durable inbound buffer its write rounds append to and retire from."""
+        """The durable inbound buffer a replay reads and the write rounds append to."""
         ...
 
     @property
     def clock(self) -> Clock:
-        """The clock a backlog's age is measured on."""
+        """The clock of backlog ages and of the replay records' grace."""
         ...
 
     @property
     def metrics(self) -> Metrics:
-        """Where the buffer depth is reported after each round of acks."""
-        ...
-
-
-class DeliverySettings(Protocol):
-    """What replay, the live pump and the replay records read of the connector."""
-
-    @property
-    def buffer(self) -> InboundBuffer:
-        """The durable inbound buffer a replay reads."""
-        ...
-
-    @property
-    def clock(self) -> Clock:
-        """The clock of the replay records' grace."""
-        ...
-
-    @property
-    def metrics(self) -> Metrics:
-        """Where the buffer depth and replay lag are reported as a replay starts."""
+        """Where buffer depth and replay lag are reported."""
         ...
 
 
@@ -123,22 +105,18 @@ class HandshakeSettings(Protocol):
         ...
 
 
-class EgressSettings(Protocol):
-    """What the outbound path (the tenant guard and the drivers) reads of the connector."""
-
-    @property
-    def drivers(self) -> Mapping[str, PlatformDriver]:
-        """Platform → the driver that performs its outbound actions."""
-        ...
+class GuardSettings(Protocol):
+    """What the tenant guard and provenance read of the connector, for egress and inbound."""
 
     @property
     def tenants(self) -> Mapping[str, frozenset[str]] | None:
-        """Gateway id → its approved scope (and user) ids; None: no tenants table."""
+        """Gateway id -> its approved scope (and user) ids; None: no tenants table."""
         ...
 
     @property
     def open_egress(self) -> bool:
-        """True when, without a tenants table, any target may be addressed."""
+        """True when, without a tenants table, any target may be addressed (nothing is
+        recorded in the provenance then)."""
         ...
 
     @property
@@ -147,23 +125,17 @@ class EgressSettings(Protocol):
         ...
 
 
-class InboundSettings(Protocol):
+class EgressSettings(GuardSettings, Protocol):
+    """What the outbound path (the guard and the drivers) reads of the connector."""
+
+    @property
+    def drivers(self) -> Mapping[str, PlatformDriver]:
+        """Platform -> the driver that performs its outbound actions."""
+        ...
+
+
+class InboundSettings(GuardSettings, Protocol):
     """What routing inbound events (and waking a sleeping gateway) reads of the connector."""
-
-    @property
-    def tenants(self) -> Mapping[str, frozenset[str]] | None:
-        """Gateway id → its approved scope (and user) ids; None: route by subscription."""
-        ...
-
-    @property
-    def open_egress(self) -> bool:
-        """True when egress is open: no provenance is recorded."""
-        ...
-
-    @property
-    def provenance(self) -> Provenance:
-        """Where the chats and users an event came from are recorded for its gateways."""
-        ...
 
     @property
     def wake_hook(self) -> WakeHook | None:
@@ -181,27 +153,13 @@ class InboundSettings(Protocol):
         ...
 
 
-class HousekeepingSettings(Protocol):
-    """What the housekeeping timer reads of the connector."""
-
-    @property
-    def buffer(self) -> InboundBuffer:
-        """The durable inbound buffer whose settled entries it prunes."""
-        ...
+class HousekeepingSettings(BufferSettings, Protocol):
+    """What the housekeeping timer reads of the connector: the buffer whose settled entries
+    it prunes, on its clock, counted in its metrics, and these."""
 
     @property
     def provenance(self) -> Provenance:
         """The provenance memory whose forgotten targets it prunes."""
-        ...
-
-    @property
-    def clock(self) -> Clock:
-        """The clock its timer runs on."""
-        ...
-
-    @property
-    def metrics(self) -> Metrics:
-        """Where each prune is counted."""
         ...
 
     @property

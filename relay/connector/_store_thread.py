@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from relay.connector._instance import Instance
-from relay.connector._settings import StoreThreadSettings
+from relay.connector._settings import BufferSettings
 from relay.wire.frames import InboundEvent
 from statecore.metrics import NO_METRICS
 
@@ -41,7 +41,7 @@ class StoreThread:
     (``connector.buffer``).
     """
 
-    def __init__(self, connector: StoreThreadSettings) -> None:
+    def __init__(self, connector: BufferSettings) -> None:
         self._connector = connector
         self._executor = _executor()
         # Guards the queues and ``_drain_pending``: the loop queues, the store thread takes.
