@@ -37,7 +37,12 @@ _SENT_GRACE_S = 1.0
 
 
 class Delivery:
-    """Replay, live pump, acks and replay records for the connector's served connections.
+    """Replay, live pump, acks, a cluster's catch-up and replay records for the connector's
+    served connections.
+
+    The class is long because its paths share one connection's delivery state (the cursor,
+    the window, the replays not yet recorded, the other nodes' entries queued): each rule of
+    "never the same line twice on one connection" is checked where every path can see it.
 
     ``served`` is the connector's table of served connections (gateway id → connection), read
     to tell whether a replaying connection was replaced meanwhile.
@@ -72,6 +77,10 @@ class Delivery:
                 extra={"gateway_id": instance.gateway_id},
             )
             instance.outbox.clear()
+            if instance.foreign_queued:
+                # Other nodes' entries dropped from the outbox: caught up again after the replay.
+                instance.foreign_queued.clear()
+                instance.catch_up_due = True
             instance.machine.fire("fall_behind")
             self._tasks.spawn(self.replay(instance, after=instance.last_sent_seq))
             return
@@ -93,6 +102,8 @@ class Delivery:
         outbox, send, unrecorded = instance.outbox, instance.ws.send, instance.unrecorded
         while not instance.is_closed():
             if not outbox or not instance.live:
+                if instance.catch_up_due and instance.live:
+                    self.catch_up(instance)  # other nodes' entries left for a drained outbox
                 instance.wake.clear()
                 await instance.wake.wait()
                 continue
@@ -100,8 +111,14 @@ class Delivery:
                 await self._window(instance)  # the gateway holds a full window: wait for acks
                 continue
             buffer_id, seq, line = outbox.popleft()
-            # Claimed before the send: a replay starting meanwhile reads after it.
-            instance.last_sent_seq = seq
+            if buffer_id in instance.foreign_queued:
+                # Another node's entry (a cluster): its seq says nothing about this node's order.
+                instance.foreign_queued.discard(buffer_id)
+            else:
+                # Claimed before the send: a replay starting meanwhile reads after it.
+                instance.last_sent_seq = seq
+            if buffer_id in instance.unacked:
+                continue  # already sent on this connection (a replay, or queued twice)
             instance.unacked.add(buffer_id)
             unrecorded[buffer_id] = self._connector.clock.monotonic()
             try:
@@ -144,6 +161,10 @@ class Delivery:
                 if not chunk:
                     if instance.appended == 0 and instance.machine.can("caught_up"):
                         instance.machine.fire("caught_up")  # nothing slipped in: go live
+                        if instance.catch_up_due:
+                            # Peers announced entries meanwhile; their seqs may lie behind this
+                            # replay's cursor (a cluster's nodes commit out of seq order).
+                            self.catch_up(instance)
                         return
                     continue
                 after, limit = chunk[-1][1], _REPLAY_CHUNK
@@ -152,6 +173,8 @@ class Delivery:
                 buffer_id = ""
                 try:
                     for buffer_id, seq, line in chunk:
+                        if buffer_id in instance.unacked or buffer_id in unrecorded:
+                            continue  # already sent on this connection (a cluster's catch-up)
                         while windowed and len(instance.unacked) >= instance.window:
                             await self._window(instance)  # a full window: wait for acks
                             if not instance.is_replaying():
@@ -184,6 +207,79 @@ class Delivery:
                     extra={"gateway_id": gateway_id, "replayed": replayed, "duration_s": took},
                 )
 
+    # -- a cluster's catch-up ------------------------------------------------------------------
+
+    def catch_up(self, instance: Instance) -> None:
+        """Deliver the entries other connector nodes appended for ``instance``'s gateway (a
+        peer announced some, or the cluster's sweep asks).  One catch-up runs at a time per
+        connection; a request while one runs makes it read again.  While the connection
+        replays, the replay's end runs it; a connection that is not live (asleep, buffered-only,
+        closed) is served by its next replay instead."""
+        instance.catch_up_due = True
+        if instance.live and (instance.catch_up_task is None or instance.catch_up_task.done()):
+            instance.catch_up_task = self._tasks.spawn(self._catch_up(instance))
+
+    async def _catch_up(self, instance: Instance) -> None:
+        buffer = self._connector.buffer
+        while instance.catch_up_due and instance.is_live():
+            instance.catch_up_due = False
+            instance.left_during_read = left = set()
+            try:
+                lines = await self._store.run(
+                    functools.partial(
+                        buffer.foreign_lines, instance.gateway_id, limit=_REPLAY_CHUNK
+                    )
+                )
+            finally:
+                instance.left_during_read = None
+            if left:
+                lines = [entry for entry in lines if entry[0] not in left]
+            if len(lines) == _REPLAY_CHUNK:
+                instance.catch_up_due = True  # more than one read's worth: read again
+            if instance.acked_live:
+                self._queue_foreign(instance, lines)
+                return  # the pump sends them, and asks again if more are due
+            unrecorded = instance.unrecorded
+            try:
+                for buffer_id, _seq, line in lines:
+                    if not instance.is_live():
+                        instance.catch_up_due = True  # the next replay or catch-up sends it
+                        return
+                    if buffer_id in unrecorded or buffer_id in instance.unacked:
+                        continue  # sent on this connection already
+                    unrecorded[buffer_id] = self._connector.clock.monotonic()
+                    try:
+                        await instance.ws.send(line)
+                    except ConnectionClosed:
+                        unrecorded.pop(buffer_id, None)  # never went out: replayed next time
+                        return
+            finally:
+                self._record_sent_later(instance)
+
+    def _queue_foreign(self, instance: Instance, lines: list[tuple[str, int, str]]) -> None:
+        """Hand other nodes' entries to the windowed pump of a gateway that acks live
+        deliveries (the window and the order of sends stay the pump's)."""
+        queued = instance.foreign_queued
+        fresh = [
+            entry
+            for entry in lines
+            if entry[0] not in queued
+            and entry[0] not in instance.unacked
+            and entry[0] not in instance.unrecorded
+        ]
+        room = max(0, _OUTBOX_MAX - len(instance.outbox))
+        if len(fresh) > room:
+            # Memory stays bounded: the pump asks for the rest once its outbox has drained.
+            fresh = fresh[:room]
+            instance.catch_up_due = True
+        if not fresh:
+            return
+        queued.update(entry[0] for entry in fresh)
+        instance.outbox.extend(fresh)
+        instance.wake.set()
+        if instance.pump is None or instance.pump.done():
+            instance.pump = self._tasks.spawn(self._pump(instance))
+
     # -- acks and the end of a connection ------------------------------------------------------
 
     def acked(self, instance: Instance, buffer_ids: list[str]) -> None:
@@ -191,6 +287,8 @@ class Delivery:
         at once, and are retired by the next write round on the store thread."""
         if instance.is_standby():
             return  # it was shown nothing: what it acks is not its to retire
+        if instance.left_during_read is not None:
+            instance.left_during_read.update(buffer_ids)
         unrecorded = instance.unrecorded
         if unrecorded:
             for buffer_id in buffer_ids:
@@ -206,6 +304,7 @@ class Delivery:
         """The connection ended (its machine is closed): end its pump and any replay waiting
         for the window, and record what it was shown and did not ack."""
         instance.outbox.clear()
+        instance.foreign_queued.clear()
         instance.wake.set()  # the pump sees the connection closed and ends
         instance.window_open.set()  # and so does a replay waiting for the window
         self._record_sent(instance, True)
@@ -249,4 +348,6 @@ class Delivery:
                 del pending[buffer_id]
             self._record_sent_later(instance)
         if due:
+            if instance.left_during_read is not None:
+                instance.left_during_read.update(due)
             self._store.record_sent(instance.gateway_id, due)

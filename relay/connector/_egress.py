@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from relay.connector._instance import Instance
@@ -44,6 +44,9 @@ class Egress:
         # (gateway id, idempotency key) -> the outcome of the request executed under it.
         self._outcomes: dict[tuple[str, str], asyncio.Future[OutboundOutcome]] = {}
         self._outcome_order: collections.deque[tuple[str, str]] = collections.deque()
+        self.recheck: Callable[[str, str, str], Awaitable[bool]] | None = None
+        """A cluster node's read of the shared provenance for a target this node's memory does
+        not hold (None: a lone connector, whose memory is the whole truth)."""
 
     async def outbound(self, instance: Instance, frame: Outbound) -> None:
         """Perform one outbound request of ``instance`` and send it the outcome."""
@@ -58,7 +61,9 @@ class Egress:
             return OutboundOutcome(
                 False, None, f"no hello for platform {platform!r}", "unknown_identity"
             )
-        if not self._allowed(instance.gateway_id, platform, frame.action):
+        if not self._allowed(instance.gateway_id, platform, frame.action) and not (
+            await self._learned_elsewhere(instance.gateway_id, platform, frame.action)
+        ):
             log.info(
                 "connector: declined egress of %s to a chat on %s", instance.gateway_id, platform
             )
@@ -92,6 +97,24 @@ class Egress:
         self._outcome_order.append(key)
         while len(self._outcome_order) > _IDEMPOTENCY_CACHE:
             self._outcomes.pop(self._outcome_order.popleft(), None)
+
+    async def _learned_elsewhere(
+        self, gateway_id: str, platform: str, action: Mapping[str, Any]
+    ) -> bool:
+        """A cluster node's second look before it declines: the target may have been learned
+        by another node (provenance, read from the shared store; see ``recheck``)."""
+        recheck = self.recheck
+        connector = self._connector
+        if recheck is None or connector.tenants is not None or connector.open_egress:
+            return False
+        target = target_chat(action)
+        if target is None:
+            return False
+        try:
+            return await recheck(gateway_id, platform, target)
+        except Exception:
+            log.warning("connector: reading the provenance of a target failed", exc_info=True)
+            return False
 
     def _allowed(self, gateway_id: str, platform: str, action: Mapping[str, Any]) -> bool:
         """The tenant guard: the target chat's tenant must be approved for this gateway; with no

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 
 from relay.connector._delivery import Delivery
 from relay.connector._instance import Instance
@@ -43,6 +44,9 @@ class Handshake:
         self._store = store
         self._delivery = delivery
         self._tasks = tasks
+        self.subscribe: Callable[[str, str], object] | None = None
+        """What records a new subscription on the store thread (default: the connector's
+        ``subscriptions.add``; a cluster node's also announces it)."""
 
     async def hello(self, instance: Instance, hello: Hello) -> None:
         """Answer one hello: the platform's descriptor (the subscription recorded first); the
@@ -55,9 +59,8 @@ class Handshake:
         instance.identities.append((hello.platform, hello.bot_id))
         if hello.platform not in self._subscribed[instance.gateway_id]:
             self._subscribed[instance.gateway_id].add(hello.platform)
-            await self._store.run(
-                functools.partial(connector.subscriptions.add, instance.gateway_id, hello.platform)
-            )
+            subscribe = self.subscribe or connector.subscriptions.add
+            await self._store.run(functools.partial(subscribe, instance.gateway_id, hello.platform))
         await instance.send(encode(DescriptorFrame(descriptor)))
         if instance.machine.can("hello"):
             instance.machine.fire("hello")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from relay.connector._delivery import Delivery
 from relay.connector._instance import Instance
@@ -49,6 +49,9 @@ class InboundRouter:
         self._store = store
         self._tasks = tasks
         self._last_wake: dict[str, float] = {}  # gateway id -> when it was last woken
+        self.refresh: Callable[[], Awaitable[None]] | None = None
+        """What re-reads the shared subscriptions before an event is found undeliverable (a
+        cluster node's; None: this connector's table is the whole truth)."""
         self.undeliverable = 0
         """Inbound events no gateway was subscribed to (each logged at WARNING)."""
 
@@ -66,6 +69,11 @@ class InboundRouter:
         if tenant is not None:
             self._chat_tenants[(platform, source.chat_id)] = tenant
         audience = self._audience(platform, event)
+        if not audience and self.refresh is not None:
+            # A cluster node: a peer may have recorded the first hello of a gateway moments
+            # ago (its notice still on the way); the shared table decides.
+            await self.refresh()
+            audience = self._audience(platform, event)
         if not audience:
             self.undeliverable += 1
             log.warning(

@@ -63,6 +63,16 @@ class Instance:
         self.window = DEFAULT_WINDOW
         self.unacked: set[str] = set()
         self.window_open = asyncio.Event()
+        # A cluster node's delivery of entries other nodes appended: whether a catch-up is due,
+        # the task running it, and the foreign bufferIds waiting in ``outbox`` (they never move
+        # ``last_sent_seq``: seqs of different nodes are not in commit order).
+        self.catch_up_due = False
+        self.catch_up_task: asyncio.Task[None] | None = None
+        self.foreign_queued: set[str] = set()
+        # While a catch-up read is in flight: the bufferIds that left ``unacked`` or
+        # ``unrecorded`` meanwhile (acked, or recorded as sent) -- the read may have seen them
+        # still ``buffered``, and they must not be sent again.
+        self.left_during_read: set[str] | None = None
 
     @property
     def acked_live(self) -> bool:
@@ -100,6 +110,10 @@ class Instance:
     def is_handshaken(self) -> bool:
         """True once it said hello, until it closes (replaying, live or buffered-only)."""
         return self.machine.state in (_C.REPLAYING, _C.LIVE, _C.BUFFERED_ONLY)
+
+    def is_live(self) -> bool:
+        """True while inbound may be delivered live (the ``live`` property, read as a call)."""
+        return self.machine.state is _C.LIVE
 
     def is_standby(self) -> bool:
         """True while it waits unserved for the served connection of its gateway to go."""

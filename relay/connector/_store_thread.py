@@ -51,6 +51,9 @@ class StoreThread:
         # True while a write round is queued on the store thread and has not taken the queues
         # yet: a new append or ack then joins it instead of queueing another.
         self._drain_pending = False
+        self.on_appended: Callable[[list[str]], None] | None = None
+        """Called on the store thread inside each write round's transaction with the gateway
+        ids it appends for (a cluster node announces them; see relay.connector._cluster)."""
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Run store work on the store thread (ordered, off the event loop)."""
@@ -104,6 +107,8 @@ class StoreThread:
         try:
             with buffer.store.atomic():
                 lines = buffer.append_many([(g, p, e) for g, p, e, _ in appends])
+                if appends and self.on_appended is not None:
+                    self.on_appended([g for g, *_ in appends])
                 for instance, ids in by_instance.items():
                     retired = buffer.ack(instance.gateway_id, ids)
                     if retired < len(set(ids)):

@@ -95,6 +95,10 @@ BUFFER_KIND: EntityKind[BufferState] = EntityKind(
 )
 
 
+_FOREIGN_PAGE = 2000
+"""Rows one read of :meth:`InboundBuffer.foreign_lines` takes."""
+
+
 @attrs.frozen
 class BufferEntry:
     """One unacked entry, ready to replay."""
@@ -258,6 +262,44 @@ class InboundBuffer:
             (row.id, row.values["seq"], buffered_inbound_line(row.id, row.values["event_json"]))
             for row in rows
         ]
+
+    @property
+    def origin(self) -> str:
+        """The prefix of the bufferIds this buffer hands out (``<origin>-<seq>``): random per
+        buffer, so that connectors sharing a store tell their own entries from the others'."""
+        return self._prefix
+
+    def foreign_lines(self, gateway_id: str, *, limit: int) -> list[tuple[str, int, str]]:
+        """Up to ``limit`` of ``gateway_id``'s never-sent (``buffered``) entries appended by
+        OTHER buffers on the same store (connectors of a cluster), in seq order, as wire lines
+        ``(bufferId, seq, line)``.
+
+        A connector serving the gateway delivers these when a peer announces them; its own
+        entries it delivers itself (live, or by a replay).  Reads page by page past the own
+        entries, so ``limit`` bounds what is returned, not what is read.
+        """
+        out: list[tuple[str, int, str]] = []
+        after: int | None = None
+        own = f"{self._prefix}-"
+        while len(out) < limit:
+            where: dict[str, object] = {"gateway_id": gateway_id}
+            if after is not None:
+                where["seq"] = gt(after)
+            rows = self.store.select(
+                BUFFER_KIND,
+                states=(_B.BUFFERED,),
+                where=where,
+                order_by="seq",
+                limit=_FOREIGN_PAGE,
+            )
+            for row in rows:
+                if not row.id.startswith(own):
+                    line = buffered_inbound_line(row.id, row.values["event_json"])
+                    out.append((row.id, row.values["seq"], line))
+            if len(rows) < _FOREIGN_PAGE:
+                break
+            after = rows[-1].values["seq"]
+        return out[:limit]
 
     def mark_sent_ids(self, gateway_id: str, buffer_ids: list[str]) -> None:
         """Record that these entries of ``gateway_id`` were replayed (one bulk write)."""

@@ -93,6 +93,20 @@ class Provenance:
         known = self._known
         return [t for t in dict.fromkeys(targets) if t and (gateway_id, platform, t) not in known]
 
+    def recheck(self, gateway_id: str, platform: str, target: str) -> bool:
+        """Read the store for one target this memory does not hold (learned by another
+        connector sharing the store, a cluster node) and remember it when it is known there;
+        return whether it is allowed now.  Off the loop (a store read); raises ``StoreError``
+        when the store cannot be read."""
+        if self.allows(gateway_id, platform, target):
+            return True
+        row = self.store.get(PROVENANCE_KIND, _key(gateway_id, platform, target))
+        if row is None or row.state is not _P.KNOWN:
+            return False
+        with self._lock:
+            self._known.add((gateway_id, platform, target))
+        return True
+
     def learn(self, gateway_id: str, platform: str, targets: Iterable[str]) -> int:
         """Remember ``targets`` for ``gateway_id`` on ``platform`` (idempotent); return how many
         were new.  Raises ``StoreError`` when the store cannot record them (nothing is then

@@ -30,6 +30,7 @@ collaborators, one concept each:
 * :mod:`relay.connector._store_thread` -- the store thread and its grouped write rounds;
 * :mod:`relay.connector._housekeeping` -- pruning settled buffer entries and forgotten targets;
 * :mod:`relay.connector._http` -- ``GET /healthz`` and ``GET /metrics`` on the same port;
+* :mod:`relay.connector._cluster` -- nodes sharing one store: announced appends, catch-up;
 * :mod:`relay.connector._tasks` -- the background tasks the connector owns.
 
 The collaborators never import this module: each reads the connector through a small protocol
@@ -41,12 +42,14 @@ Every part logs to the logger named ``relay.connector.server`` (docs/configurati
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 from websockets.asyncio.server import Server, ServerConnection, serve
 
 from relay.connector._admission import authenticate
+from relay.connector._cluster import Cluster
 from relay.connector._delivery import Delivery
 from relay.connector._egress import EGRESS_DECLINED_MESSAGE, Egress
 from relay.connector._handshake import Handshake
@@ -68,6 +71,7 @@ from relay.wire.auth import DEFAULT_MAX_TTL_S
 from relay.wire.compat import OUR_FEATURES
 from relay.wire.descriptor import CapabilityDescriptor
 from relay.wire.frames import InboundEvent
+from statecore.claims import NotifyingStore
 from statecore.clock import Clock, SystemClock
 from statecore.metrics import NO_METRICS, Metrics
 from statecore.store import Store
@@ -88,7 +92,8 @@ class Connector:
     ``Connector(store, *, secrets, descriptors=None, drivers, tenants=None, open_egress=False,
     wake_hook=None, wake_interval_s=30.0, retention_s=86400.0, max_frame_bytes=1 MiB,
     liveness_probe_s=5.0, max_token_ttl_s=3600, clock=None, buffer_retention_s=86400.0,
-    prune_interval_s=3600.0, metrics=NO_METRICS, http_metrics=None)``:
+    prune_interval_s=3600.0, metrics=NO_METRICS, http_metrics=None, cluster=False,
+    cluster_sweep_s=5.0)``:
 
     * ``secrets``: gateway id → its secrets, newest first (rotation);
     * ``descriptors``: platform → descriptor (default: each driver's own); the connector adds
@@ -108,7 +113,11 @@ class Connector:
       ``prune_interval_s`` on ``clock`` (0: never; see :mod:`relay.connector._housekeeping`);
     * ``metrics`` (:mod:`statecore.metrics`) gets the buffer's depth and replay lag and each
       prune; ``http_metrics`` (a callable returning Prometheus text) is what ``GET /metrics``
-      answers with, else 404; ``GET /healthz`` answers always (:mod:`relay.connector._http`).
+      answers with, else 404; ``GET /healthz`` answers always (:mod:`relay.connector._http`);
+    * ``cluster``: this connector is one node of several sharing ``store`` (which must carry
+      notifications: PostgreSQL), usually started with ``reuse_port`` behind one URL; an event
+      any node accepts reaches the gateway whose socket another node holds, and every node
+      re-checks the shared tables every ``cluster_sweep_s`` (:mod:`relay.connector._cluster`).
 
     ``async with Connector(...) as connector:`` starts it (any free port on 127.0.0.1, unless
     it was started already) and stops it.
@@ -134,15 +143,21 @@ class Connector:
         prune_interval_s: float = 3600.0,
         metrics: Metrics = NO_METRICS,
         http_metrics: MetricsText | None = None,
+        cluster: bool = False,
+        cluster_sweep_s: float = 5.0,
     ) -> None:
-        if not liveness_probe_s > 0:
-            raise ValueError(f"liveness_probe_s must be positive, not {liveness_probe_s!r}")
-        if isinstance(buffer_retention_s, bool) or not buffer_retention_s > 0:
-            raise ValueError(f"buffer_retention_s must be positive, not {buffer_retention_s!r}")
-        if isinstance(prune_interval_s, bool) or not prune_interval_s >= 0:
-            raise ValueError(f"prune_interval_s must be non-negative, not {prune_interval_s!r}")
-        if http_metrics is not None and not callable(http_metrics):
-            raise TypeError("http_metrics must be a callable returning the metrics text")
+        _check_options(
+            liveness_probe_s=liveness_probe_s,
+            buffer_retention_s=buffer_retention_s,
+            prune_interval_s=prune_interval_s,
+            cluster_sweep_s=cluster_sweep_s,
+            http_metrics=http_metrics,
+        )
+        if cluster and not isinstance(store, NotifyingStore):
+            raise TypeError(
+                "cluster=True needs a store that carries notifications between processes "
+                f"(PostgreSQL), not {type(store).__name__}"
+            )
         self.buffer_retention_s = float(buffer_retention_s)
         self.prune_interval_s = float(prune_interval_s)
         self.metrics = metrics
@@ -218,13 +233,20 @@ class Connector:
             store=self._store_thread,
             tasks=self._tasks,
         )
+        egress = Egress(self, chat_tenants=self._chat_tenants)
         self._reader = Reader(
             self,
             roster=self._roster,
             delivery=self._delivery,
             handshake=handshake,
-            egress=Egress(self, chat_tenants=self._chat_tenants),
+            egress=egress,
             tasks=self._tasks,
+        )
+        self.cluster_sweep_s = float(cluster_sweep_s)
+        self._cluster = (
+            self._join_cluster(store, handshake, egress)
+            if isinstance(store, NotifyingStore) and cluster
+            else None
         )
         self._housekeeping = Housekeeping(self, store=self._store_thread)
         self._http = HttpEndpoints(self, served=self._instances, store=self._store_thread)
@@ -235,9 +257,19 @@ class Connector:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    async def start(
+        self, host: str = "127.0.0.1", port: int = 0, *, reuse_port: bool = False
+    ) -> None:
         """Listen on ``host:port`` (0: any free port); ``url`` then says where.  The same port
-        answers ``GET /healthz`` and ``GET /metrics``; the housekeeping timer starts."""
+        answers ``GET /healthz`` and ``GET /metrics``; the housekeeping timer starts.
+
+        ``reuse_port`` lets several connector processes of a cluster listen on one port (the
+        kernel spreads new connections among them: one URL, and a node that dies only takes
+        its own connections with it).  A cluster node hears its peers before it accepts a
+        connection; raises ``StoreError`` when it cannot, ``OSError`` when the port is taken.
+        """
+        if self._cluster is not None:
+            await self._cluster.start()
         self._server = await serve(
             self._serve,
             host,
@@ -245,6 +277,7 @@ class Connector:
             process_request=self._http.process_request,
             compression=None,
             max_size=self.max_frame_bytes + 1024,
+            reuse_port=reuse_port,
         )
         sockname = next(iter(self._server.sockets)).getsockname()
         self.url = f"ws://{sockname[0]}:{sockname[1]}"
@@ -253,6 +286,8 @@ class Connector:
     async def stop(self) -> None:
         """Close every connection and stop listening; buffered entries stay in the store."""
         self._housekeeping.stop()
+        if self._cluster is not None:
+            await self._cluster.stop()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -307,6 +342,30 @@ class Connector:
         """
         await self._inbound.intake(platform, event)
 
+    def _join_cluster(self, store: NotifyingStore, handshake: Handshake, egress: Egress) -> Cluster:
+        """Make this connector a cluster node: its appends and subscriptions are announced on
+        the shared store, its peers' are heard, provenance is read through."""
+        cluster = Cluster(
+            self,
+            store=store,
+            served=self._instances,
+            subscribed=self._subscriptions,
+            delivery=self._delivery,
+            store_thread=self._store_thread,
+            tasks=self._tasks,
+        )
+        self._store_thread.on_appended = cluster.announce_appended
+        handshake.subscribe = cluster.subscribe
+        egress.recheck = self._recheck_provenance
+        self._inbound.refresh = cluster.refresh_subscriptions
+        return cluster
+
+    async def _recheck_provenance(self, gateway_id: str, platform: str, target: str) -> bool:
+        """A cluster node's read of the shared provenance for one target (store thread)."""
+        return await self._store_thread.run(
+            functools.partial(self.provenance.recheck, gateway_id, platform, target)
+        )
+
     async def _serve(self, ws: ServerConnection) -> None:
         """One upgraded connection, from its authentication to its end."""
         authenticated = await authenticate(
@@ -318,3 +377,25 @@ class Connector:
         instance = Instance(gateway_id, ws, features, self.clock)
         self._roster.admit(instance)
         await self._reader.read(instance)
+
+
+def _check_options(
+    *,
+    liveness_probe_s: float,
+    buffer_retention_s: float,
+    prune_interval_s: float,
+    cluster_sweep_s: float,
+    http_metrics: MetricsText | None,
+) -> None:
+    """Refuse a connector option out of its range (``ValueError``) or of the wrong kind
+    (``TypeError``), before anything is built."""
+    if not liveness_probe_s > 0:
+        raise ValueError(f"liveness_probe_s must be positive, not {liveness_probe_s!r}")
+    if isinstance(buffer_retention_s, bool) or not buffer_retention_s > 0:
+        raise ValueError(f"buffer_retention_s must be positive, not {buffer_retention_s!r}")
+    if isinstance(prune_interval_s, bool) or not prune_interval_s >= 0:
+        raise ValueError(f"prune_interval_s must be non-negative, not {prune_interval_s!r}")
+    if isinstance(cluster_sweep_s, bool) or not cluster_sweep_s >= 0:
+        raise ValueError(f"cluster_sweep_s must be non-negative, not {cluster_sweep_s!r}")
+    if http_metrics is not None and not callable(http_metrics):
+        raise TypeError("http_metrics must be a callable returning the metrics text")

@@ -294,7 +294,10 @@ async def test_thousands_of_unknown_acks_log_a_handful_of_lines(
             )
             await ws.send(lines)
         assert (await raw_request(ws, "sync", send_action("c1", "sync")))["success"]
-        await asyncio.sleep(0)
+        # The report comes back from the store thread's write round: wait for it (bounded).
+        await eventually(
+            lambda: any("ignored" in r.getMessage() for r in caplog.records), "acks reported"
+        )
     ack_lines = [r for r in caplog.records if "ignored" in r.getMessage()]
     assert 1 <= len(ack_lines) <= 5
     assert await asyncio.to_thread(connector.buffered, "gw-a") == 0
