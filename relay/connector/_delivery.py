@@ -223,7 +223,8 @@ class Delivery:
         buffer = self._connector.buffer
         while instance.catch_up_due and instance.is_live():
             instance.catch_up_due = False
-            instance.left_during_read = left = set()
+            left: set[str] = set()
+            instance.left_during_read = left
             try:
                 lines = await self._store.run(
                     functools.partial(
