@@ -36,6 +36,7 @@ from statecore.errors import InvalidTransition, StaleState, StoreError, UnknownE
 from statecore.gateway.aio import off_loop
 from statecore.gateway.routing import COMPRESSION_END_REASON, Route, RoutingOrigin, resolve_route
 from statecore.gateway.sessions import Session, SessionStore
+from statecore.leases import OWNER_KIND, OwnerLeases, judged_alive
 from statecore.lifecycle import Lifecycle, Transition
 from statecore.obligation import Owner
 from statecore.ownership import (
@@ -43,7 +44,6 @@ from statecore.ownership import (
     LivenessCache,
     ProcessProbe,
     PsutilProbe,
-    recorded_owner_alive,
 )
 from statecore.store import Audit, Row, Store, TransitionRecord, lt
 
@@ -232,6 +232,7 @@ class Delegations:
         self.lease_s = float(lease_s)
         self._owner_label = self.incarnation.label
         store.register(_K)
+        store.register(OWNER_KIND)  # read to judge owners on other hosts
         self.aio = AsyncDelegations(self)
         """The same methods as coroutine functions run on a worker thread."""
 
@@ -312,18 +313,22 @@ class Delegations:
     def recover_abandoned(self, *, now: float | None = None) -> list[dict[str, Any]]:
         """Mark running rows whose owner is dead ``unknown``; return their completion events.
 
-        Same rule as the ledger's startup sweep: a same-host owner is dead when its pid is gone
-        or now belongs to a process with another start time; an owner on another host when its
-        lease expired.  Each distinct owner is probed once.  This incarnation's own rows and
-        live owners' rows are never touched; a row another recoverer took first is skipped.
-        The origin is kept.  Next: route each event's delegation with :meth:`route_completion`.
+        Same rule as the ledger's sweeps: a same-host owner is dead when its pid is gone or now
+        belongs to a process with another start time; an owner on another host when it stopped
+        renewing its owner lease (the heartbeat of a ledger of its process,
+        :mod:`statecore.leases`: a delegation running longer than ``lease_s`` stays its owner's
+        while that beats), or -- an owner that never beat -- when the row's own lease expired.
+        Each distinct owner is probed once.  This incarnation's own rows and live owners' rows
+        are never touched; a row another recoverer took first is skipped.  The origin is kept.
+        Next: route each event's delegation with :meth:`route_completion`.
         """
         when = self.clock.now() if now is None else now
         liveness = LivenessCache(self.probe)
+        leases = OwnerLeases(self.store)  # owners on other hosts: their heartbeats, once each
         events: list[dict[str, Any]] = []
         candidates = self.store.select(_K, states=(_D.RUNNING,), order_by="created_at")
         for row in candidates:
-            if self._owner_alive(row, liveness, when):
+            if judged_alive(row.values, self.incarnation, liveness, leases, when):
                 continue
             try:
                 recovered = self.store.transition(
@@ -478,9 +483,6 @@ class Delegations:
             changes=changes,
         )
         return Delegation.from_row(row)
-
-    def _owner_alive(self, row: Row[DelegationState], liveness: LivenessCache, now: float) -> bool:
-        return recorded_owner_alive(row.values, self.incarnation, liveness, now)
 
 
 class AsyncDelegations:

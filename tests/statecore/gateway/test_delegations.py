@@ -42,6 +42,7 @@ from statecore.gateway.routing import (
     resolve_route,
 )
 from statecore.gateway.sessions import SESSION_KIND, SessionState, SessionStore
+from statecore.leases import Heartbeat
 from stores.memory import InMemoryStore
 from stores.sqlite import SQLiteStore
 
@@ -464,6 +465,24 @@ def test_recovery_of_other_host_waits_for_the_lease(
     local = make(store, clock, probe)
     assert local.recover_abandoned() == []
     clock.advance(61)
+    assert [e["delegation_id"] for e in local.recover_abandoned()] == [did]
+
+
+def test_a_remote_owner_that_still_beats_keeps_a_long_delegation(
+    store: Store, clock: FakeClock, probe: FakeProbe
+) -> None:
+    """A delegation running longer than its row's lease on another host stays its owner's
+    while that owner's heartbeat (its ledger's owner record) is renewed; once the beats stop
+    and the owner lease runs out, it is recovered."""
+    remote = Incarnation("elsewhere", 4001, 1_000, "remote-token")
+    did = make(store, clock, probe, remote, lease_s=60).dispatch(origin(), {})
+    local = make(store, clock, probe)
+    heartbeat = Heartbeat(store, remote, lease_s=60, label=remote.label)
+    for _ in range(5):  # five minutes of beats, every 20 s: far past the row's own lease
+        heartbeat.beat(clock.now())
+        clock.advance(20)
+        assert local.recover_abandoned() == []
+    clock.advance(41)  # no beat for 61 s: the owner lease is over
     assert [e["delegation_id"] for e in local.recover_abandoned()] == [did]
 
 
