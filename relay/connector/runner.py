@@ -7,6 +7,7 @@ environment, then the command line, each overriding the one before::
     port = 8765                       # STATECORE_CONNECTOR_PORT, --port
     store = "sqlite:///connector.db"  # STATECORE_STORE_URL, --store
     open_egress = false               # STATECORE_CONNECTOR_OPEN_EGRESS (1/0)
+    cluster = false                   # STATECORE_CONNECTOR_CLUSTER (1/0)
 
     [secrets]                         # STATECORE_CONNECTOR_SECRETS="bot=s1,s2;other=s3"
     my-bot = ["s3cret"]
@@ -19,8 +20,11 @@ environment, then the command line, each overriding the one before::
 
 The connector answers ``GET /healthz`` and, when ``prometheus-client`` is installed
 (``statecore[prometheus]``), ``GET /metrics`` on its own port.  SIGTERM or SIGINT stops it
-gracefully.  A configuration that cannot work (no secrets, an unknown driver, a bad port, an
-unreadable file) is refused before anything is opened, with a message naming the setting.
+gracefully.  With ``cluster = true`` the process is one node of a connector cluster: its store
+must be PostgreSQL, and it listens with ``SO_REUSEPORT`` so that several nodes on one host may
+share the port (``relay.connector._cluster``).  A configuration that cannot work (no secrets,
+an unknown driver, a bad port, an unreadable file, a cluster on anything but PostgreSQL) is
+refused before anything is opened, with a message naming the setting.
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ class ConnectorConfig:
     store: str = "sqlite:///connector.db"
     tenants: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
     open_egress: bool = False
+    cluster: bool = False
 
 
 def load_config(
@@ -100,8 +105,9 @@ def load_config(
             values[key] = env[_ENV_PREFIX + key.upper()]
     if env.get("STATECORE_STORE_URL"):
         values["store"] = env["STATECORE_STORE_URL"]
-    if env.get(_ENV_PREFIX + "OPEN_EGRESS"):
-        values["open_egress"] = env[_ENV_PREFIX + "OPEN_EGRESS"].strip() in ("1", "true", "yes")
+    for flag in ("open_egress", "cluster"):
+        if env.get(_ENV_PREFIX + flag.upper()):
+            values[flag] = env[_ENV_PREFIX + flag.upper()].strip() in ("1", "true", "yes")
     for key in ("secrets", "tenants"):
         if env.get(_ENV_PREFIX + key.upper()):
             values[key] = _pairs(key, env[_ENV_PREFIX + key.upper()])
@@ -146,15 +152,26 @@ def _checked(values: Mapping[str, Any]) -> ConnectorConfig:
             raise ConfigError(
                 f'drivers.{platform}: expected "loopback" or "package.module:factory", not {spec!r}'
             )
+    store = str(values.get("store", "sqlite:///connector.db"))
+    cluster = _flag("cluster", values.get("cluster", False))
+    if cluster and not store.startswith(("postgresql://", "postgres://")):
+        raise ConfigError("cluster: the nodes of a cluster share a PostgreSQL store (store = ...)")
     return ConnectorConfig(
         secrets=secrets,
         drivers=dict(drivers),
         host=str(values.get("host", "127.0.0.1")),
         port=port,
-        store=str(values.get("store", "sqlite:///connector.db")),
+        store=store,
         tenants=_string_lists("tenants", values.get("tenants", {})),
-        open_egress=bool(values.get("open_egress", False)),
+        open_egress=_flag("open_egress", values.get("open_egress", False)),
+        cluster=cluster,
     )
+
+
+def _flag(setting: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{setting}: expected true or false, not {value!r}")
+    return value
 
 
 def _string_lists(setting: str, value: object) -> dict[str, tuple[str, ...]]:
@@ -217,9 +234,10 @@ async def serve(config: ConnectorConfig, stop: asyncio.Event) -> None:
         open_egress=config.open_egress,
         metrics=metrics,
         http_metrics=metrics_text,
+        cluster=config.cluster,
     )
     try:
-        await connector.start(config.host, config.port)
+        await connector.start(config.host, config.port, reuse_port=config.cluster)
         print(f"statecore connector listening on {connector.url}", flush=True)
         log.info("connector listening on %s", connector.url, extra={"url": connector.url})
         await stop.wait()

@@ -172,6 +172,15 @@ def test_a_connector_and_a_gateway_run_are_probed_and_stop_on_sigterm(
             },
             "scheme 'mysql'",
         ),
+        (
+            ["connector", "--port", "0"],
+            {
+                "STATECORE_CONNECTOR_SECRETS": "bot=s",
+                "STATECORE_CONNECTOR_DRIVERS": "loopback=loopback",
+                "STATECORE_CONNECTOR_CLUSTER": "1",
+            },
+            "cluster: the nodes of a cluster share a PostgreSQL store",
+        ),
         (["gateway", "tests.relay.runner_bot:echo"], {}, "STATECORE_CONNECTOR_URL"),
         (
             ["gateway", "tests.relay.no_such_module:echo"],
@@ -189,6 +198,7 @@ def test_a_connector_and_a_gateway_run_are_probed_and_stop_on_sigterm(
         "unknown-driver",
         "missing-config",
         "unknown-store",
+        "cluster-on-sqlite",
         "no-connector",
         "no-handler",
         "sync-handler",
