@@ -21,6 +21,7 @@ from relay.connector._cluster import CHANNEL
 from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
 from relay.wire.frames import InboundEvent
+from statecore.errors import StoreError
 from stores import InMemoryStore, PostgresStore
 from tests.relay.connector.connector_harness import (
     BOUND,
@@ -300,3 +301,16 @@ def test_a_cluster_needs_a_store_that_notifies() -> None:
         Connector(InMemoryStore(), secrets=SECRETS, drivers={}, cluster=True)
     with pytest.raises(ValueError, match="cluster_sweep_s"):
         Connector(InMemoryStore(), secrets=SECRETS, drivers={}, cluster_sweep_s=-1)
+
+
+@pytest.mark.asyncio
+async def test_a_node_that_cannot_hear_its_peers_does_not_serve(postgres_url: str) -> None:
+    """A cluster node whose store cannot listen (here: closed) refuses to start with a
+    ``StoreError``, and listens on no port."""
+    store = PostgresStore(postgres_url, schema=f"c_{uuid.uuid4().hex[:16]}")
+    node = Connector(store, secrets=SECRETS, drivers={"loopback": LoopbackPlatform()}, cluster=True)
+    store.close()
+    with pytest.raises(StoreError):
+        await node.start()
+    assert node.url == ""
+    await node.stop()
