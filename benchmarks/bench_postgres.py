@@ -24,7 +24,8 @@ Parts and targets:
   ``PostgresStore`` through its claim capability (``claim_candidates`` then a guarded
   ``transition_many``, as a sweep claims), interleaved; the store's claims/s are printed next
   to the raw baseline with their ratio (no target).
-* Not measured here: cross-host reclaim latency (needs leases).
+* Reclaim latency after a SIGKILL (cross-host: the lease; same-host: at once) is measured by
+  ``bench_reclaim.py``.
 
 ``PostgresStore`` is imported lazily: when it cannot be imported or opened the script prints
 "PostgresStore: not available" and counts its targets as missed; it never prints a number it
@@ -66,7 +67,6 @@ from statecore.store import Audit
 RESULTS: list[tuple[str, float | None, str, bool]] = []
 # procrastinate warns when its App is built in __main__ (this script): not a problem here.
 logging.getLogger("procrastinate").setLevel(logging.ERROR)
-NOT_MEASURED = "cross-host reclaim latency: not measured: needs leases"
 
 
 def report(name: str, value: float | None, target: str, ok: bool) -> None:
@@ -744,8 +744,6 @@ def main(argv: list[str] | None = None) -> int:
                 print()
     finally:
         server.stop()
-    print(f"  {NOT_MEASURED}")
-    print()
     _table()
     missed = [r for r in RESULTS if not r[3]]
     print(f"{len(RESULTS) - len(missed)} of {len(RESULTS)} targets met")
@@ -757,8 +755,6 @@ def _table() -> None:
     print(f"  {'target':<46} {'measured':>10}   {'wanted':<8} result")
     for name, value, target, ok in RESULTS:
         print(f"  {name:<46} {_shown(value):>10}   {target:<8} {'ok' if ok else 'MISSED'}")
-    reclaim = "cross-host reclaim latency"
-    print(f"  {reclaim:<46} {'n/a':>10}   {'lease':<8} not measured: needs leases")
 
 
 if __name__ == "__main__":

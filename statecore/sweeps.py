@@ -142,13 +142,23 @@ class Sweeper:
         self._abandoned = 0
         candidates = store.select(_K, states=_OWED, order_by="created_at")
         for chunk in chunks(candidates, self._policy.sweep_chunk):
+            # Owners are judged on the plain listing, before anything is locked: a chunk whose
+            # owners all live opens no transaction (on a server, locking rows writes to its log
+            # and waits for a flush: a tick that finds nothing to claim must cost a read only).
+            # The rows locked below are dropped when their fence moved since the listing, so
+            # their owner is the one judged here.
+            dead = [
+                row
+                for row in chunk
+                if not judged_alive(row.values, self._incarnation, liveness, leases, when)
+            ]
+            if not dead:
+                continue
             # Rows that differ only in id are claimed by one bulk transition (a crash leaves
             # many rows of one owner at the same fence and attempt count).
             groups: dict[tuple[Any, ...], list[Row[ObligationState]]] = {}
             with self._chunk("startup") as gone:
-                for row in self._current(chunk, _OWED):
-                    if judged_alive(row.values, self._incarnation, liveness, leases, when):
-                        continue
+                for row in self._current(dead, _OWED):
                     if self._over_budget_or_stale(row, when):
                         self._abandon(row, when, gone)
                         continue
