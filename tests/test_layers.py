@@ -38,6 +38,7 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("relay/client", ("relay.connector", "stores")),
     ("relay/connector", ("relay.client", "statecore.gateway")),
+    ("relay/web", ("relay.client",)),
 ]
 
 
