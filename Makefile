@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Every Python tree that the gates check (those that exist in this checkout).
 CODE := $(wildcard statecore stores relay tests benchmarks examples docs)
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo chat test lint typecheck pytest bench clean
 
 $(BIN)/python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need Python 3.11+ on PATH (or make PYTHON=...)"; exit 1; }
@@ -19,6 +19,10 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
+
+# A live bot with the web chat and the dashboard, until Ctrl-C.
+chat: $(STAMP)
+	$(BIN)/python examples/chat.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(CODE)

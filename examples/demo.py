@@ -32,6 +32,9 @@ from relay.client.transport import WebSocketRelayTransport
 from relay.connector.buffer import BUFFER_KIND
 from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
+from relay.web.chat import WebChatPlatform
+from relay.web.dashboard import Dashboard
+from relay.web.server import WebServer
 from statecore.cli import main as statecore_cli
 from statecore.entity import EntityKind
 from statecore.gateway import Gateway, Turn
@@ -268,7 +271,9 @@ class Demo:
 
     def __init__(self, data: Path) -> None:
         self.data = data
-        self.platform = LoopbackPlatform(PLATFORM)
+        # The web chat is a loopback platform a person can also use from a browser: the story's
+        # users are scripted, and anyone may talk to the same bot at the chat URL meanwhile.
+        self.platform = WebChatPlatform(PLATFORM)
         self.store = NarratedStore(SQLiteStore(data / "connector.db"), [BUFFER_KIND], "buffer")
         self.connector = Connector(
             self.store, secrets={GATEWAY_ID: [SECRET]}, drivers={PLATFORM: self.platform}
@@ -342,6 +347,13 @@ class Demo:
         """Play the script; returns the exit status (0: nothing lost)."""
         await self.connector.start()
         _say("connector", f"listening on {self.connector.url} (loopback chat platform)")
+        # The bot's ledger as the dashboard shows it, and the chat: both live while it runs.
+        ledger = SQLiteStore(self.data / "gateway.db")
+        dashboard = Dashboard(ledger)
+        web = WebServer([self.platform, dashboard])
+        await web.start()
+        _say("web", f"talk to the bot yourself: {web.url}/chat/")
+        _say("web", f"watch its replies move:   {web.url}/dashboard/")
         try:
             await self.crash_mid_reply()
             bot = await self.restart()
@@ -356,6 +368,9 @@ class Demo:
                 if child.proc.returncode is None:
                     child.proc.kill()
                     await child.proc.wait()
+            await web.stop()
+            await dashboard.close()
+            ledger.close()
             await self.connector.stop()
             self.store.close()
 

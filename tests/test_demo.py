@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,3 +30,6 @@ def test_demo_survives_sigkill_and_dormancy_and_loses_nothing(tmp_path: Path) ->
     assert "ack -> acked" in out
     assert "Recovered reply" in out
     assert "summary: 4 messages, 4 replies sent, redelivered 1 (labelled 1), lost 0" in out
+    # While it runs, the web chat and the dashboard are up, and it says where.
+    assert re.search(r"talk to the bot yourself: http://127\.0\.0\.1:\d+/chat/", out), out
+    assert re.search(r"watch its replies move: +http://127\.0\.0\.1:\d+/dashboard/", out), out

@@ -10,6 +10,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -155,6 +156,65 @@ def test_cluster_of_gateways_and_connector_nodes_loses_nothing_under_kills(
     assert summary["peer_notices_acted_on"] >= 1, summary
     assert "every accepted message answered; every repeated reply labelled" in out
     assert postgres_url not in out  # the URL (with its password) is never printed
+
+
+# -- make chat -------------------------------------------------------------------------------------
+
+
+@posix_only
+@pytest.mark.asyncio
+async def test_chat_example_serves_a_bot_to_talk_to_until_ctrl_c(tmp_path: Path) -> None:
+    """``make chat``: it prints the chat and dashboard URLs and an operator token, a person
+    (here a raw client speaking the page's protocol) gets the bot's answer, the dashboard page
+    is served, and SIGINT stops it with exit 0."""
+    from websockets.asyncio.client import connect  # noqa: PLC0415
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "examples/chat.py",
+        "--data",
+        str(tmp_path / "chat-data"),
+        "--port",
+        "0",
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        assert proc.stdout is not None
+        printed: list[str] = []
+        async with asyncio.timeout(TIMEOUT_S):
+            while not printed or not printed[-1].startswith("Ctrl-C"):
+                printed.append((await proc.stdout.readline()).decode().strip())
+        chat_url = next(line.split()[-1] for line in printed if line.startswith("chat:"))
+        dashboard_url = next(line.split()[-1] for line in printed if line.startswith("dash"))
+        assert dashboard_url.endswith("/dashboard/")
+        page = await asyncio.to_thread(_get, dashboard_url)
+        assert b"dashboard.js" in page
+        async with connect(chat_url.replace("http", "ws") + "ws", open_timeout=10) as ws:
+            await ws.send(json.dumps({"type": "hello", "key": "x" * 32, "name": "Ada"}))
+            await ws.send(json.dumps({"type": "open", "chat": "general"}))
+            await ws.send(json.dumps({"type": "send", "chat": "general", "text": "hi there"}))
+            async with asyncio.timeout(TIMEOUT_S):
+                while True:
+                    message = json.loads(await ws.recv())
+                    if message["type"] == "message" and message["bot"]:
+                        break
+        assert message["text"] == "You said: hi there\n(2 words)"
+        proc.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(proc.wait(), TIMEOUT_S) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def _get(url: str) -> bytes:
+    import urllib.request  # noqa: PLC0415
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        body: bytes = response.read()
+        return body
 
 
 # -- scale to zero ---------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from selenium.webdriver.common.keys import Keys
 
 from relay.connector.server import Connector
 from relay.web.chat import WebChatPlatform
+from relay.web.dashboard import Dashboard
 from relay.web.server import WebServer
 from relay.wire.frames import OutboundOutcome
 from statecore import RECOVERED_MARKER
@@ -102,7 +103,9 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
     chat = HoldingChat()
     store = SQLiteStore(tmp_path / "connector.db")
     connector = Connector(store, secrets={"bot": [SECRET]}, drivers={"webchat": chat})
-    web = WebServer([chat])
+    ledger = SQLiteStore(tmp_path / "bot.db")  # the bot's ledger, as the dashboard reads it
+    dashboard = Dashboard(ledger, poll_s=0.2)
+    web = WebServer([chat, dashboard])
     await connector.start()
     await web.start()
     s = Stack(tmp_path, chat, connector, web)
@@ -113,6 +116,8 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
             s.bot.kill()
             s.bot.wait(timeout=WAIT_S)
         await web.stop()
+        await dashboard.close()
+        ledger.close()
         await connector.stop()
         store.close()
 
@@ -144,6 +149,14 @@ def write(browser: Any, text: str) -> None:
     box.clear()
     browser.execute_script("arguments[0].value = arguments[1];", box, text)
     box.send_keys(Keys.ENTER)
+
+
+def delivered_count(browser: Any) -> int:
+    """The dashboard's count of delivered replies."""
+    cell = browser.find_element(
+        By.CSS_SELECTOR, 'td[data-kind="obligation"][data-state="delivered"]'
+    )
+    return int(cell.text or 0)
 
 
 def attempting(db: Path) -> int:
@@ -185,6 +198,14 @@ async def test_a_person_chats_and_a_killed_bot_redelivers_labelled(
     assert await off_loop(lambda: browser.find_element(By.ID, "note").is_displayed())
     await off_loop(screenshot, browser, "chat")
 
+    # The dashboard, in a second tab, counts the two replies delivered so far.
+    chat_tab = await off_loop(lambda: browser.current_window_handle)
+    await off_loop(browser.switch_to.new_window, "tab")
+    await off_loop(browser.get, stack.web.url + "/dashboard/")
+    await wait_in_browser(browser, lambda b: delivered_count(b) == 2, "2 delivered counted")
+    dashboard_tab = await off_loop(lambda: browser.current_window_handle)
+    await off_loop(browser.switch_to.window, chat_tab)
+
     # The bot is killed while its reply is in flight, then started again.
     await off_loop(write, browser, "please hold on")
     await eventually(stack.chat.holding.is_set, "the reply in flight", timeout=WAIT_S)
@@ -204,6 +225,14 @@ async def test_a_person_chats_and_a_killed_bot_redelivers_labelled(
     )
     assert badge == "redelivered: may repeat"
     await off_loop(screenshot, browser, "chat-redelivery")
+
+    # The dashboard's count moved live: the recovered reply was delivered too.
+    await off_loop(browser.switch_to.window, dashboard_tab)
+    await wait_in_browser(browser, lambda b: delivered_count(b) == 3, "3 delivered counted")
+    await off_loop(screenshot, browser, "chat-dashboard")
+    assert await off_loop(console_errors, browser) == []
+    await off_loop(browser.close)
+    await off_loop(browser.switch_to.window, chat_tab)
 
     # Reopening the page keeps the conversation.
     await off_loop(browser.refresh)

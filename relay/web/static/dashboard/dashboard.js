@@ -1,0 +1,287 @@
+// The statecore dashboard page: one WebSocket to <prefix>/ws, JSON messages (relay/web/dashboard.py).
+// Every text from the server is put in the page with textContent, never parsed as HTML.
+"use strict";
+
+(function () {
+  const STREAM_ROWS = 200;
+  const OBLIGATION_ROWS = 300;
+  const $ = (id) => document.getElementById(id);
+
+  let socket = null;
+  let retryMs = 500;
+  let clockSkew = 0; // server time - browser time, seconds
+  let counts = [];
+  let selected = null; // the obligation id whose history is shown
+
+  function cell(tag, text, attrs) {
+    const node = document.createElement(tag);
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
+    return node;
+  }
+
+  function time(at) {
+    if (typeof at !== "number") return "";
+    const d = new Date(at * 1000);
+    const pad = (n, w) => String(n).padStart(w || 2, "0");
+    return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;
+  }
+
+  function age(seconds) {
+    if (typeof seconds !== "number") return "-";
+    if (seconds < 60) return `${Math.floor(seconds)} s`;
+    if (seconds < 3600) return `${Math.floor(seconds / 60)} min`;
+    if (seconds < 86400) return `${(seconds / 3600).toFixed(1)} h`;
+    return `${(seconds / 86400).toFixed(1)} d`;
+  }
+
+  function note(text, kind) {
+    const box = $("note");
+    box.textContent = text;
+    box.className = `note ${kind}`;
+    box.dataset.kind = kind;
+    box.hidden = false;
+  }
+
+  // -- counts -----------------------------------------------------------------------------------
+
+  function renderCounts() {
+    const holder = $("counts");
+    holder.replaceChildren();
+    const now = Date.now() / 1000 + clockSkew;
+    for (const k of counts) {
+      const table = cell("table", null, { class: "counts", "data-kind": k.kind });
+      const head = document.createElement("tr");
+      const body = document.createElement("tr");
+      head.append(cell("th", k.title, { class: "title" }));
+      body.append(cell("td", k.kind, { class: "muted" }));
+      for (const [state, n] of Object.entries(k.states)) {
+        head.append(cell("th", state));
+        body.append(cell("td", n, { class: n ? "count" : "count zero", "data-kind": k.kind, "data-state": state }));
+      }
+      head.append(cell("th", "owed"), cell("th", "oldest owed"));
+      body.append(cell("td", k.owed, { class: "count", "data-kind": k.kind, "data-field": "owed" }));
+      const oldest = typeof k.oldest_owed_at === "number" ? Math.max(0, now - k.oldest_owed_at) : null;
+      body.append(cell("td", age(oldest), { "data-kind": k.kind, "data-field": "oldest" }));
+      table.append(head, body);
+      holder.append(table);
+    }
+  }
+
+  function tickAges() {
+    const now = Date.now() / 1000 + clockSkew;
+    for (const k of counts) {
+      const td = document.querySelector(`#counts td[data-kind="${CSS.escape(k.kind)}"][data-field="oldest"]`);
+      const oldest = typeof k.oldest_owed_at === "number" ? Math.max(0, now - k.oldest_owed_at) : null;
+      if (td) td.textContent = age(oldest);
+    }
+  }
+
+  // -- rows -------------------------------------------------------------------------------------
+
+  function obligationRow(row) {
+    const tbody = $("obligations").tBodies[0];
+    let tr = tbody.querySelector(`tr[data-id="${CSS.escape(row.id)}"]`);
+    if (!tr) {
+      tr = cell("tr", null, { class: "obligation", "data-id": row.id, tabindex: "0" });
+      tbody.prepend(tr);
+      while (tbody.rows.length > OBLIGATION_ROWS) tbody.deleteRow(-1);
+    }
+    tr.dataset.state = row.state;
+    tr.replaceChildren(
+      cell("td", row.id, { class: "id" }),
+      cell("td", row.state, { class: "state", "data-state": row.state }),
+      cell("td", row.platform),
+      cell("td", row.chat_id),
+      cell("td", row.content + (row.content_cut ? "…" : ""), { class: "content" }),
+      cell("td", time(row.at)),
+    );
+    if (row.id === selected) $("detail-state").textContent = row.state;
+  }
+
+  function streamRow(change) {
+    const tbody = $("stream").tBodies[0];
+    const tr = cell("tr", null, { "data-kind": change.kind, "data-id": change.id, "data-state": change.state });
+    if (change.kind === "obligation") tr.classList.add("obligation");
+    tr.append(
+      cell("td", time(change.at)),
+      cell("td", change.kind),
+      cell("td", change.id, { class: "id" }),
+      cell("td", change.event || ""),
+      cell("td", change.from || ""),
+      cell("td", change.state, { class: "state", "data-state": change.state }),
+    );
+    tbody.prepend(tr);
+    while (tbody.rows.length > STREAM_ROWS) tbody.deleteRow(-1);
+  }
+
+  function change(c) {
+    streamRow(c);
+    if (c.kind === "obligation") obligationRow(c);
+    if (c.kind === "obligation" && c.id === selected) ask({ type: "history", id: selected });
+  }
+
+  // -- one obligation -----------------------------------------------------------------------------
+
+  function showHistory(msg) {
+    const detail = $("detail");
+    detail.hidden = false;
+    detail.dataset.id = msg.id;
+    $("detail-id").textContent = msg.id;
+    const tbody = $("history").tBodies[0];
+    tbody.replaceChildren();
+    if (!msg.found) {
+      $("detail-state").textContent = "unknown";
+      $("detail-content").textContent = "no such obligation (pruned, or never recorded)";
+      return;
+    }
+    $("detail-state").textContent = msg.row.state;
+    $("detail-state").dataset.state = msg.row.state;
+    $("detail-content").textContent = msg.row.content + (msg.row.content_cut ? "…" : "");
+    for (const r of msg.records) {
+      const tr = cell("tr", null, { "data-event": r.event });
+      tbody.append(tr);
+      tr.append(
+        cell("td", r.from || "(new)"),
+        cell("td", r.to),
+        cell("td", r.event),
+        cell("td", time(r.at)),
+        cell("td", r.owner || ""),
+        cell("td", r.attempts === null ? "" : r.attempts),
+        cell("td", r.reason || ""),
+      );
+    }
+  }
+
+  function select(id) {
+    selected = id;
+    ask({ type: "history", id });
+  }
+
+  function act(action) {
+    if (!selected) return;
+    const reason = $("reason").value.trim();
+    if (!reason) {
+      note(`${action}: type a reason first (it goes into the audit entry)`, "refused");
+      return;
+    }
+    ask({ type: action, id: selected, reason, token: $("token").value.trim() });
+  }
+
+  // -- the socket ---------------------------------------------------------------------------------
+
+  function ask(message) {
+    if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify(message));
+    else note("not connected: the request was not sent", "refused");
+  }
+
+  const handlers = {
+    hello(msg) {
+      clockSkew = msg.now - Date.now() / 1000;
+      $("store").textContent = msg.store;
+      if (!msg.writable) setMode(null, "read-only: no operator secrets");
+      counts = msg.counts;
+      renderCounts();
+      $("obligations").tBodies[0].replaceChildren();
+      $("stream").tBodies[0].replaceChildren();
+      for (const row of msg.obligations) obligationRow(row);
+      for (const c of msg.recent) change(c);
+      const diagrams = $("diagrams");
+      diagrams.replaceChildren();
+      for (const d of msg.diagrams) {
+        const figure = cell("figure", null, { "data-lifecycle": d.lifecycle });
+        const img = cell("img", null, { alt: `lifecycle ${d.lifecycle}` });
+        img.src = `data:image/svg+xml;charset=utf-8,${encodeURIComponent(d.svg)}`;
+        figure.append(img);
+        diagrams.append(figure);
+      }
+      if (selected) select(selected);
+    },
+    changes(msg) {
+      for (const c of msg.changes) change(c);
+    },
+    counts(msg) {
+      clockSkew = msg.now - Date.now() / 1000;
+      counts = msg.counts;
+      renderCounts();
+    },
+    history: showHistory,
+    auth(msg) {
+      setMode(msg.operator, msg.reason);
+    },
+    done(msg) {
+      note(`${msg.action} by ${msg.operator}: ${msg.message}`, "done");
+      if (msg.id === selected) ask({ type: "history", id: selected });
+    },
+    refused(msg) {
+      note(`${msg.action} of ${msg.id} refused: ${msg.reason}`, "refused");
+    },
+    error(msg) {
+      note(`error: ${msg.error}`, "refused");
+    },
+  };
+
+  function setMode(operator, reason) {
+    const mode = $("mode");
+    mode.dataset.mode = operator ? "operator" : "read-only";
+    mode.textContent = operator ? `operator ${operator}` : reason || "read-only";
+  }
+
+  function connect() {
+    const url = new URL("ws", window.location.href);
+    url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+    setConnection("connecting");
+    socket = new WebSocket(url);
+    socket.addEventListener("open", () => {
+      retryMs = 500;
+      setConnection("live");
+      const token = $("token").value.trim();
+      if (token) ask({ type: "auth", token });
+    });
+    socket.addEventListener("message", (event) => {
+      let msg;
+      try {
+        msg = JSON.parse(event.data);
+      } catch (_) {
+        return;
+      }
+      const handler = handlers[msg && msg.type];
+      if (handler) handler(msg);
+    });
+    socket.addEventListener("close", () => {
+      setConnection("disconnected");
+      socket = null;
+      window.setTimeout(connect, retryMs);
+      retryMs = Math.min(retryMs * 2, 10000);
+    });
+  }
+
+  function setConnection(status) {
+    const badge = $("connection");
+    badge.dataset.status = status;
+    badge.textContent = status;
+  }
+
+  function clickedRow(event) {
+    const tr = event.target.closest("tr.obligation");
+    if (tr && tr.dataset.id) select(tr.dataset.id);
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    $("obligations").addEventListener("click", clickedRow);
+    $("stream").addEventListener("click", clickedRow);
+    $("obligations").addEventListener("keydown", (event) => {
+      if (event.key === "Enter") clickedRow(event);
+    });
+    $("auth").addEventListener("submit", (event) => {
+      event.preventDefault();
+      ask({ type: "auth", token: $("token").value.trim() });
+    });
+    $("actions").addEventListener("submit", (event) => event.preventDefault());
+    for (const button of document.querySelectorAll("#actions button[data-action]")) {
+      button.addEventListener("click", () => act(button.dataset.action));
+    }
+    window.setInterval(tickAges, 1000); // the oldest owed ages keep growing
+    connect();
+  });
+})();

@@ -1,0 +1,347 @@
+"""The dashboard's WebSocket protocol, with a real ``WebServer`` on loopback, a real SQLite store
+and a real ``Ledger`` making obligations: counts, the live stream, one obligation's history, the
+operator's actions with and without a valid token, refusals, and bad input from a browser."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from relay.web.dashboard import Dashboard
+from relay.web.server import WebServer
+from relay.wire.auth import mint_token
+from statecore import Ledger
+from statecore.lifecycles import ObligationState
+from statecore.obligation import OBLIGATION_KIND
+from statecore.repair import retry_id
+from stores import SQLiteStore
+
+BOUND_S = 10.0
+SECRET = "s3cret-for-alice"
+SECRETS = {"alice": [SECRET]}
+
+
+@attrs.define
+class Stack:
+    store: SQLiteStore
+    ledger: Ledger
+    dashboard: Dashboard
+    url: str  # the dashboard's WebSocket
+
+    def record(self, content: str = "hello", chat: str = "c1") -> str:
+        return self.ledger.record(
+            session_key=f"s-{content}-{time.monotonic_ns()}",
+            platform="web",
+            chat_id=chat,
+            content=content,
+        ).obligation_id
+
+    def deliver(self, obligation_id: str) -> None:
+        self.ledger.mark_attempting(obligation_id)
+        self.ledger.mark_delivered(obligation_id)
+
+
+@asynccontextmanager
+async def running(tmp_path: Path, **options: Any) -> AsyncIterator[Stack]:
+    store = SQLiteStore(tmp_path / "x.db")
+    ledger = Ledger(store)
+    dashboard = Dashboard(store, poll_s=0.05, **options)
+    server = WebServer([dashboard])
+    await server.start()
+    try:
+        yield Stack(store, ledger, dashboard, server.url.replace("http", "ws") + "/dashboard/ws")
+    finally:
+        await server.stop()
+        await dashboard.close()
+        store.close()
+
+
+async def receive(
+    ws: ClientConnection, kind: str, match: Callable[[dict[str, Any]], bool] = lambda m: True
+) -> dict[str, Any]:
+    """The next message of type ``kind`` that ``match`` accepts (bounded)."""
+    deadline = time.monotonic() + BOUND_S
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {kind!r} message within {BOUND_S} s"
+        message: dict[str, Any] = json.loads(await asyncio.wait_for(ws.recv(), left))
+        if message["type"] == kind and match(message):
+            return message
+
+
+async def ask(ws: ClientConnection, message: dict[str, Any], kind: str) -> dict[str, Any]:
+    await ws.send(json.dumps(message))
+    return await receive(ws, kind)
+
+
+def counts_of(message: dict[str, Any], kind: str = "obligation") -> dict[str, Any]:
+    found: dict[str, Any] = next(c for c in message["counts"] if c["kind"] == kind)
+    return found
+
+
+@pytest.mark.asyncio
+async def test_a_new_browser_gets_counts_of_every_kind_and_the_diagrams(tmp_path: Path) -> None:
+    """The snapshot: every watched kind with every declared state (zeros for empty tables), the
+    owed obligations, the oldest owed age, and four SVG diagrams; no secret anywhere."""
+    async with running(tmp_path, secrets=SECRETS, store_label="sqlite:///x.db") as stack:
+        first = stack.record("one")
+        stack.record("two")
+        async with connect(stack.url) as ws:
+            hello = await receive(ws, "hello")
+    assert hello["store"] == "sqlite:///x.db"
+    assert hello["writable"] is True
+    assert [c["kind"] for c in hello["counts"]] == [
+        "obligation",
+        "buffer_entry",
+        "session",
+        "delegation",
+    ]
+    obligations = counts_of(hello)
+    assert obligations["states"] == {
+        "pending": 2,
+        "attempting": 0,
+        "delivered": 0,
+        "failed": 0,
+        "abandoned": 0,
+    }
+    assert obligations["owed"] == 2
+    assert obligations["oldest_owed_id"] == first
+    assert 0 <= obligations["oldest_owed_age_s"] < BOUND_S
+    for kind in ("buffer_entry", "session", "delegation"):
+        empty = counts_of(hello, kind)
+        assert set(empty["states"].values()) == {0}, kind
+        assert (empty["owed"], empty["oldest_owed_at"]) == (0, None)
+    assert [d["lifecycle"] for d in hello["diagrams"]] == [
+        "obligation",
+        "buffer",
+        "session",
+        "delegation",
+    ]
+    assert all(d["svg"].startswith("<svg") for d in hello["diagrams"])
+    assert {o["content"] for o in hello["obligations"]} == {"one", "two"}
+    assert SECRET not in json.dumps(hello)
+
+
+@pytest.mark.asyncio
+async def test_transitions_are_streamed_as_they_happen_and_counts_follow(tmp_path: Path) -> None:
+    """A row recorded, attempted and delivered after the browser connected arrives as changes
+    (with the event and the state it came from), and the counts follow."""
+    async with running(tmp_path) as stack, connect(stack.url) as ws:
+        await receive(ws, "hello")
+        oid = stack.record("streamed")
+        changes = await receive(ws, "changes")
+        change = changes["changes"][0]
+        assert (change["kind"], change["id"], change["state"]) == ("obligation", oid, "pending")
+        assert (change["event"], change["from"], change["content"]) == (
+            "record",
+            None,
+            "streamed",
+        )
+        counts = await receive(ws, "counts", lambda m: counts_of(m)["states"]["pending"] == 1)
+        assert counts_of(counts)["owed"] == 1
+        stack.deliver(oid)
+        delivered = await receive(
+            ws, "changes", lambda m: any(c["state"] == "delivered" for c in m["changes"])
+        )
+        last = delivered["changes"][-1]
+        assert (last["event"], last["from"], last["state"]) == (
+            "deliver",
+            "attempting",
+            "delivered",
+        )
+        counts = await receive(ws, "counts", lambda m: counts_of(m)["states"]["delivered"] == 1)
+        assert counts_of(counts)["owed"] == 0
+
+
+@pytest.mark.asyncio
+async def test_a_browser_that_connects_later_gets_the_recent_transitions(tmp_path: Path) -> None:
+    """Changes seen while one browser watched are in the next browser's snapshot (the ring)."""
+    async with running(tmp_path) as stack:
+        async with connect(stack.url) as first:
+            await receive(first, "hello")
+            oid = stack.record("early")
+            await receive(first, "changes")
+        async with connect(stack.url) as second:
+            hello = await receive(second, "hello")
+    assert [c["id"] for c in hello["recent"]] == [oid]
+
+
+@pytest.mark.asyncio
+async def test_one_obligations_history_on_request(tmp_path: Path) -> None:
+    """The audit entries of one obligation, oldest first; an unknown id is found=False."""
+    async with running(tmp_path) as stack:
+        oid = stack.record("traced")
+        stack.deliver(oid)
+        async with connect(stack.url) as ws:
+            await receive(ws, "hello")
+            history = await ask(ws, {"type": "history", "id": oid}, "history")
+            missing = await ask(ws, {"type": "history", "id": "nope"}, "history")
+    assert history["found"] is True
+    assert history["row"]["state"] == "delivered"
+    assert [(r["from"], r["to"], r["event"]) for r in history["records"]] == [
+        (None, "pending", "record"),
+        ("pending", "attempting", "attempt"),
+        ("attempting", "delivered", "deliver"),
+    ]
+    assert set(history["records"][0]) == {
+        "from",
+        "to",
+        "event",
+        "at",
+        "owner",
+        "attempts",
+        "reason",
+    }
+    assert (missing["found"], missing["records"]) == (False, [])
+
+
+@pytest.mark.asyncio
+async def test_an_operator_with_a_valid_token_abandons_and_retries(tmp_path: Path) -> None:
+    """Abandon an owed row, then retry it: the CLI's repairs, audited as dashboard:alice with
+    the typed reason; the moves show up in the stream."""
+    async with running(tmp_path, secrets=SECRETS) as stack:
+        oid = stack.record("stuck")
+        token = mint_token("alice", SECRET)
+        async with connect(stack.url) as ws:
+            await receive(ws, "hello")
+            auth = await ask(ws, {"type": "auth", "token": token}, "auth")
+            assert auth["operator"] == "alice"
+            action = {"type": "abandon", "id": oid, "reason": "stuck for ages", "token": token}
+            done = await ask(ws, action, "done")
+            assert (done["operator"], done["state"]) == ("alice", "abandoned")
+            await receive(
+                ws, "changes", lambda m: any(c["state"] == "abandoned" for c in m["changes"])
+            )
+            retry = {"type": "retry", "id": oid, "reason": "try again", "token": token}
+            retried = await ask(ws, retry, "done")
+            assert retried["new_id"] == retry_id(oid)
+            assert SECRET not in json.dumps([auth, done, retried])
+            assert token not in json.dumps([auth, done, retried])
+        history = stack.store.history(OBLIGATION_KIND, oid)
+        assert (history[-1].event, history[-1].owner) == ("abandon", "dashboard:alice")
+        assert history[-1].reason == "abandoned by alice: stuck for ages"
+        new = stack.store.get(OBLIGATION_KIND, retry_id(oid))
+        assert new is not None
+        assert new.state is ObligationState.PENDING
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("secrets", [None, SECRETS], ids=["no-secrets", "with-secrets"])
+@pytest.mark.parametrize(
+    ("token", "reason"),
+    [
+        ("", "read-only"),
+        ("garbage", "malformed"),
+        (mint_token("alice", "not-the-secret"), "forged"),
+        (mint_token("mallory", SECRET), "unknown"),
+        (mint_token("alice", SECRET, now=time.time() - 7200), "expired"),
+    ],
+    ids=["none", "malformed", "forged", "unknown", "expired"],
+)
+async def test_no_action_without_a_valid_token(
+    tmp_path: Path, secrets: dict[str, list[str]] | None, token: str, reason: str
+) -> None:
+    """Without a verified token (or without any secret configured) every action is refused,
+    saying why, and nothing is written."""
+    async with running(tmp_path, secrets=secrets) as stack:
+        oid = stack.record("owed")
+        before = stack.store.history(OBLIGATION_KIND, oid)
+        async with connect(stack.url) as ws:
+            await receive(ws, "hello")
+            for kind in ("abandon", "retry"):
+                message = {"type": kind, "id": oid, "reason": "r", "token": token}
+                refused = await ask(ws, message, "refused")
+                assert refused["action"] == kind
+                assert (reason if secrets else "read-only") in refused["reason"]
+            if not token:  # a missing token is the same as an empty one
+                message = {"type": "abandon", "id": oid, "reason": "r"}
+                assert "read-only" in (await ask(ws, message, "refused"))["reason"]
+        assert stack.store.history(OBLIGATION_KIND, oid) == before
+
+
+@pytest.mark.asyncio
+async def test_an_action_on_a_row_in_the_wrong_state_is_refused(tmp_path: Path) -> None:
+    """Abandon a delivered row, retry an owed one, act on an unknown id: each refused with the
+    store's reason, nothing changes, and the session goes on."""
+    async with running(tmp_path, secrets=SECRETS) as stack:
+        delivered = stack.record("sent")
+        stack.deliver(delivered)
+        owed = stack.record("owed")
+        token = mint_token("alice", SECRET)
+        async with connect(stack.url) as ws:
+            await receive(ws, "hello")
+            cases = [("abandon", delivered, "delivered"), ("retry", owed, "pending")]
+            for action, oid, state in cases:
+                message = {"type": action, "id": oid, "reason": "r", "token": token}
+                refused = await ask(ws, message, "refused")
+                assert state in refused["reason"]
+                assert refused["operator"] == "alice"
+            message = {"type": "abandon", "id": "no-such-row", "reason": "r", "token": token}
+            assert "no-such-row" in (await ask(ws, message, "refused"))["reason"]
+            assert (await ask(ws, {"type": "history", "id": owed}, "history"))["found"]
+        assert stack.store.get(OBLIGATION_KIND, delivered).state is ObligationState.DELIVERED  # type: ignore[union-attr]
+        assert stack.store.get(OBLIGATION_KIND, owed).state is ObligationState.PENDING  # type: ignore[union-attr]
+        assert stack.store.get(OBLIGATION_KIND, retry_id(owed)) is None
+
+
+@pytest.mark.asyncio
+async def test_bad_input_is_answered_and_never_breaks_the_session(tmp_path: Path) -> None:
+    """Malformed JSON, non-objects, unknown types, wrong field types, overlong fields and binary
+    frames are each answered with an error; the session still works. A frame past the server's
+    bound closes that connection (1009) and the server goes on serving."""
+    bad: list[str | bytes] = [
+        "not json",
+        "[1, 2]",
+        "null",
+        '{"type": 5}',
+        '{"no": "type"}',
+        '{"type": "drop_tables"}',
+        '{"type": "history"}',
+        '{"type": "history", "id": 12}',
+        '{"type": "history", "id": ""}',
+        json.dumps({"type": "history", "id": "x" * 5000}),
+        json.dumps({"type": "abandon", "id": "a", "reason": ["r"], "token": "t"}),
+        json.dumps({"type": "abandon", "id": "a", "reason": "r", "token": 7}),
+        "[" * 5000 + "]" * 5000,
+        b"\x00\xff binary",
+    ]
+    async with running(tmp_path, secrets=SECRETS) as stack:
+        oid = stack.record("fine")
+        async with connect(stack.url) as ws:
+            await receive(ws, "hello")
+            for frame in bad:
+                await ws.send(frame)
+                error = await receive(ws, "error")
+                assert error["error"], frame
+                assert "x" * 100 not in error["error"]
+            history = await ask(ws, {"type": "history", "id": oid}, "history")
+            assert history["found"]
+        async with connect(stack.url, max_size=None) as ws:
+            await receive(ws, "hello")
+            await ws.send("x" * 200_000)
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(receive(ws, "never"), BOUND_S)
+            assert closed.value.rcvd is not None
+            assert closed.value.rcvd.code == 1009
+        async with connect(stack.url) as ws:
+            assert (await receive(ws, "hello"))["type"] == "hello"
+
+
+def test_poll_interval_must_be_positive(tmp_path: Path) -> None:
+    """A dashboard that would never poll is refused when made."""
+    store = SQLiteStore(tmp_path / "x.db")
+    try:
+        with pytest.raises(ValueError, match="poll_s"):
+            Dashboard(store, poll_s=0)
+    finally:
+        store.close()
