@@ -59,7 +59,8 @@ async def serve(data: Path, host: str, port: int, stop: asyncio.Event) -> None:
     chat = WebChatPlatform(PLATFORM)
     connector_store, gateway_store, dashboard_store = (SQLiteStore(db) for _ in range(3))
     connector = Connector(connector_store, secrets={GATEWAY_ID: [secret]}, drivers={PLATFORM: chat})
-    dashboard = Dashboard(dashboard_store, secrets={"operator": [secret]})
+    # show_content: this local page is yours alone; a shared dashboard keeps replies hidden.
+    dashboard = Dashboard(dashboard_store, secrets={"operator": [secret]}, show_content=True)
     web = WebServer([chat, dashboard])
     gateway = Gateway(gateway_store)
     gateway.on_message(answer)

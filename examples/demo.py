@@ -349,7 +349,7 @@ class Demo:
         _say("connector", f"listening on {self.connector.url} (loopback chat platform)")
         # The bot's ledger as the dashboard shows it, and the chat: both live while it runs.
         ledger = SQLiteStore(self.data / "gateway.db")
-        dashboard = Dashboard(ledger)
+        dashboard = Dashboard(ledger, show_content=True)  # a local demo: every chat is yours
         web = WebServer([self.platform, dashboard])
         await web.start()
         _say("web", f"talk to the bot yourself: {web.url}/chat/")

@@ -37,11 +37,13 @@ _SEEN_MAX = 20_000
 class ChangeFeed:
     """Finds the rows of :data:`WATCHED` that changed since the last :meth:`poll`.
 
-    ``ChangeFeed(since)``: changes at or after ``since`` (seconds since the epoch) are
-    reported.  Use it from one thread only.
+    ``ChangeFeed(since, *, show_content=False)``: changes at or after ``since`` (seconds since
+    the epoch) are reported, replies' content only with ``show_content``.  Use it from one
+    thread only.
     """
 
-    def __init__(self, since: float) -> None:
+    def __init__(self, since: float, *, show_content: bool = False) -> None:
+        self._show_content = show_content
         self._marks: dict[tuple[str, str], float] = {
             (w.kind.name, column): since for w in WATCHED for column in w.changed
         }
@@ -89,7 +91,7 @@ class ChangeFeed:
             if len(reported) <= HISTORY_READS:
                 history = store.history(watched.kind, row.id)
                 record = history[-1] if history else None
-            changes.append(row_json(watched, row, at, record))
+            changes.append(row_json(watched, row, at, record, show_content=self._show_content))
         # Only now that every read succeeded does the feed move on.
         self._marks = marks
         for change in changes:

@@ -99,11 +99,17 @@ def count_kind(store: Store, watched: Watched, now: float) -> dict[str, Any]:
 
 
 def row_json(
-    watched: Watched, row: Row[Any], at: float, record: TransitionRecord | None
+    watched: Watched,
+    row: Row[Any],
+    at: float,
+    record: TransitionRecord | None,
+    *,
+    show_content: bool,
 ) -> dict[str, Any]:
     """One row as the stream shows it: kind, id, state, fence, when it changed and, when its
     last audit entry ``record`` was read, the event and the state it came from; an obligation
-    also with its platform, chat, attempts and (cut) content."""
+    also with its platform, chat, attempts and -- with ``show_content`` -- its (cut) content,
+    else ``content_hidden``."""
     out: dict[str, Any] = {
         "kind": watched.kind.name,
         "id": row.id,
@@ -114,22 +120,24 @@ def row_json(
         "from": None if record is None or record.from_state is None else record.from_state.value,
     }
     if watched.kind is OBLIGATION_KIND:
-        out.update(_obligation_fields(row.values))
+        out.update(_obligation_fields(row.values, show_content))
     return out
 
 
-def _obligation_fields(values: Mapping[str, Any]) -> dict[str, Any]:
-    content = str(values["content"])
+def _obligation_fields(values: Mapping[str, Any], show_content: bool) -> dict[str, Any]:
+    content = str(values["content"]) if show_content else ""
     return {
         "platform": values["platform"],
         "chat_id": values["chat_id"],
         "attempts": values["attempts"],
         "content": content[:CONTENT_CHARS],
         "content_cut": len(content) > CONTENT_CHARS,
+        # What users were told is theirs: shown only where the deployer chose to show it.
+        "content_hidden": not show_content,
     }
 
 
-def owed_obligations(store: Store) -> list[dict[str, Any]]:
+def owed_obligations(store: Store, *, show_content: bool) -> list[dict[str, Any]]:
     """The owed obligations (oldest first, at most :data:`OWED_LISTED`) as the stream shows
     rows (without an event).  Raises ``StoreError`` when the store cannot be read."""
     watched = WATCHED[0]
@@ -137,7 +145,9 @@ def owed_obligations(store: Store) -> list[dict[str, Any]]:
     rows = store.select(
         OBLIGATION_KIND, states=OWED_STATES, order_by="created_at", limit=OWED_LISTED
     )
-    return [row_json(watched, row, row["updated_at"], None) for row in rows]
+    return [
+        row_json(watched, row, row["updated_at"], None, show_content=show_content) for row in rows
+    ]
 
 
 def history_json(record: TransitionRecord) -> dict[str, Any]:

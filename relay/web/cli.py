@@ -141,11 +141,12 @@ async def serve(
     secrets: Mapping[str, Sequence[str]],
     label: str,
     stop: asyncio.Event,
+    show_content: bool = False,
 ) -> None:
     """Serve the dashboard of ``store`` on ``host:port`` until ``stop`` is set; then stop the
     server and the dashboard (the caller closes the store).  Prints one ``statecore dashboard on
     URL`` line once it serves.  Raises ``OSError`` when it cannot listen."""
-    dashboard = Dashboard(store, secrets=secrets, store_label=label)
+    dashboard = Dashboard(store, secrets=secrets, store_label=label, show_content=show_content)
     server = WebServer([dashboard])
     try:
         await server.start(host, port)
@@ -177,6 +178,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         metavar="OPERATOR",
         help=f"print a token for OPERATOR (secret from ${SECRETS_ENV}), valid for an hour",
     )
+    parser.add_argument(
+        "--show-content",
+        action="store_true",
+        help="show the replies' text (anyone who can open the page reads every chat's replies)",
+    )
     args = parser.parse_args(argv)
     try:
         secrets = parse_secrets(environ.get(SECRETS_ENV, ""))
@@ -203,7 +209,15 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await serve(store, host=host, port=port, secrets=secrets, label=_safe_label(url), stop=stop)
+        await serve(
+            store,
+            host=host,
+            port=port,
+            secrets=secrets,
+            label=_safe_label(url),
+            stop=stop,
+            show_content=args.show_content,
+        )
 
     try:
         asyncio.run(run())

@@ -96,10 +96,14 @@ class _Browser:
 class Dashboard:
     """The dashboard app (see the module docs).
 
-    ``Dashboard(store, *, secrets=None, clock=None, poll_s=0.5, store_label=None)``:
+    ``Dashboard(store, *, secrets=None, clock=None, poll_s=0.5, store_label=None,
+    show_content=False)``:
     ``secrets`` maps each operator id to its secrets, newest first (the format of the relay's
     gateway secrets); ``store_label`` is what the page calls the store (give a URL without its
-    password; default: the store's class name).  The caller owns ``store``; call :meth:`close`
+    password; default: the store's class name); ``show_content`` sends replies' text to the
+    page -- what the bot told each user, visible to anyone who can open the page, so only where
+    every viewer may read every chat (a local demo); without it the page shows that it is
+    hidden.  The caller owns ``store``; call :meth:`close`
     when the server is stopped, before closing the store.  Raises ``FileNotFoundError`` when
     the package's page files are missing, ``ValueError`` for a ``poll_s`` that is not positive.
     """
@@ -115,6 +119,7 @@ class Dashboard:
         clock: Clock | None = None,
         poll_s: float = 0.5,
         store_label: str | None = None,
+        show_content: bool = False,
     ) -> None:
         if not poll_s > 0:
             raise ValueError(f"poll_s must be positive, not {poll_s}")
@@ -131,7 +136,8 @@ class Dashboard:
         # The one thread every store call runs on; the feed and _counted_at are touched only
         # there, so they need no lock.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dashboard-store")
-        self._feed = ChangeFeed(self._clock.now())
+        self._show_content = show_content
+        self._feed = ChangeFeed(self._clock.now(), show_content=show_content)
         self._counted_at = float("-inf")
         self._browsers: set[_Browser] = set()
         self._poller: asyncio.Task[None] | None = None
@@ -283,7 +289,7 @@ class Dashboard:
                 for w in WATCHED
             ],
             "counts": [count_kind(self._store, w, now) for w in WATCHED],
-            "obligations": owed_obligations(self._store),
+            "obligations": owed_obligations(self._store, show_content=self._show_content),
             "recent": self._feed.recent,
             "diagrams": self._diagrams,
         }
@@ -312,7 +318,13 @@ class Dashboard:
             "type": "history",
             "id": obligation_id,
             "found": True,
-            "row": row_json(WATCHED[0], row, row["updated_at"], records[-1] if records else None),
+            "row": row_json(
+                WATCHED[0],
+                row,
+                row["updated_at"],
+                records[-1] if records else None,
+                show_content=self._show_content,
+            ),
             "records": [history_json(r) for r in records],
         }
 

@@ -104,6 +104,27 @@ async def test_a_person_writes_and_the_bot_answers_live(stack: Stack) -> None:
 
 
 @pytest.mark.asyncio
+async def test_typing_and_edits_show_up_live(stack: Stack) -> None:
+    """The bot's typing status and its edit of a reply reach the page as they happen (the
+    connector performs them through the driver like any action)."""
+    ws, welcome = await stack.browser("e" * 32)
+    await ws.send(json.dumps({"type": "open", "chat": "general"}))
+    await ws.send(json.dumps({"type": "send", "chat": "general", "text": "draft"}))
+    reply = await expect(ws, "message", bot=True)
+    chat_id = f"{welcome['user']}.general"
+    typing = await stack.chat.perform({"op": "typing", "chat_id": chat_id, "content": "typing"})
+    assert typing.success
+    assert (await expect(ws, "typing"))["status"] == "typing"
+    edit = {"op": "edit", "chat_id": chat_id, "message_id": reply["id"], "content": "final"}
+    assert (await stack.chat.perform(edit)).success
+    edited = await expect(ws, "edit")
+    assert (edited["id"], edited["text"], edited["edited"]) == (reply["id"], "final", True)
+    again, _ = await stack.browser("e" * 32)
+    history = await expect(again, "history", chat="general")
+    assert [m["text"] for m in history["messages"]] == ["draft", "final"]
+
+
+@pytest.mark.asyncio
 async def test_reopening_the_page_keeps_the_conversation(stack: Stack) -> None:
     """A tab closed and opened again (same key) is welcomed with its chats and their history;
     several chats stay apart."""

@@ -55,6 +55,7 @@ class Stack:
 async def running(tmp_path: Path, **options: Any) -> AsyncIterator[Stack]:
     store = SQLiteStore(tmp_path / "x.db")
     ledger = Ledger(store)
+    options.setdefault("show_content", True)
     dashboard = Dashboard(store, poll_s=0.05, **options)
     server = WebServer([dashboard])
     await server.start()
@@ -161,6 +162,27 @@ async def test_transitions_are_streamed_as_they_happen_and_counts_follow(tmp_pat
         )
         counts = await receive(ws, "counts", lambda m: counts_of(m)["states"]["delivered"] == 1)
         assert counts_of(counts)["owed"] == 0
+
+
+@pytest.mark.asyncio
+async def test_replies_text_is_hidden_unless_the_dashboard_shows_it(tmp_path: Path) -> None:
+    """By default the page never receives what the bot told a user (anyone who can open the
+    page would read every chat): not in the owed list, the stream or a history; only the
+    deployer's ``show_content=True`` sends it."""
+    async with running(tmp_path, show_content=False) as stack:
+        owed = stack.record("a private reply")
+        async with connect(stack.url) as ws:
+            hello = await receive(ws, "hello")
+            streamed = stack.record("another private reply")
+            changes = await receive(
+                ws, "changes", lambda m: any(c["id"] == streamed for c in m["changes"])
+            )
+            await ws.send(json.dumps({"type": "history", "id": owed}))
+            history = await receive(ws, "history")
+    rows = [*hello["obligations"], *changes["changes"], history["row"]]
+    assert {row["id"] for row in rows} == {owed, streamed}
+    assert all(row["content"] == "" and row["content_hidden"] is True for row in rows)
+    assert "private" not in json.dumps([hello, changes, history])
 
 
 @pytest.mark.asyncio

@@ -38,7 +38,9 @@ class Served:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.dashboard = Dashboard(store, secrets={"alice": [SECRET]}, poll_s=0.1)
+        self.dashboard = Dashboard(
+            store, secrets={"alice": [SECRET]}, poll_s=0.1, show_content=True
+        )
         self.server = WebServer([self.dashboard])
         self.call(self.server.start())
         self.url = f"{self.server.url}/dashboard/"

@@ -2,6 +2,14 @@
 // Every text from the server is put in the page with textContent, never parsed as HTML.
 "use strict";
 
+// A reply's text, or a note that this dashboard does not show it (show_content is off).
+function shownContent(row) {
+  if (row.content_hidden) {
+    return "(hidden)";
+  }
+  return row.content + (row.content_cut ? "…" : "");
+}
+
 (function () {
   const STREAM_ROWS = 200;
   const OBLIGATION_ROWS = 300;
@@ -93,7 +101,7 @@
       cell("td", row.state, { class: "state", "data-state": row.state }),
       cell("td", row.platform),
       cell("td", row.chat_id),
-      cell("td", row.content + (row.content_cut ? "…" : ""), { class: "content" }),
+      cell("td", shownContent(row), { class: row.content_hidden ? "content hidden" : "content" }),
       cell("td", time(row.at)),
     );
     if (row.id === selected) $("detail-state").textContent = row.state;
@@ -137,7 +145,7 @@
     }
     $("detail-state").textContent = msg.row.state;
     $("detail-state").dataset.state = msg.row.state;
-    $("detail-content").textContent = msg.row.content + (msg.row.content_cut ? "…" : "");
+    $("detail-content").textContent = shownContent(msg.row);
     for (const r of msg.records) {
       const tr = cell("tr", null, { "data-event": r.event });
       tbody.append(tr);
