@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Every Python tree that the gates check (those that exist in this checkout).
 CODE := $(wildcard statecore stores relay tests benchmarks examples docs)
 
-.PHONY: demo chat test lint typecheck pytest bench clean
+.PHONY: demo chat sim test lint typecheck pytest bench clean
 
 $(BIN)/python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need Python 3.11+ on PATH (or make PYTHON=...)"; exit 1; }
@@ -36,6 +36,11 @@ pytest: $(STAMP)
 	$(BIN)/pytest -q
 
 test: lint typecheck pytest
+
+# The deterministic simulation's long campaign: make sim SEEDS=10000 (make test runs 300).
+SEEDS ?= 10000
+sim: $(STAMP)
+	$(BIN)/python -m relay.sim --seeds $(SEEDS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py

@@ -115,14 +115,24 @@ class BufferEntry:
 class InboundBuffer:
     """The buffer over any Store (synchronous: the connector calls it off the event loop).
 
-    ``retention_s`` bounds how long an unacked entry is kept before it expires.
+    ``retention_s`` bounds how long an unacked entry is kept before it expires; ``origin``
+    (default: random) prefixes the bufferIds it hands out (see :attr:`origin`).
     """
 
     def __init__(
-        self, store: Store, *, retention_s: float = 86_400.0, clock: Clock | None = None
+        self,
+        store: Store,
+        *,
+        retention_s: float = 86_400.0,
+        clock: Clock | None = None,
+        origin: str | None = None,
     ) -> None:
         if not retention_s > 0:
             raise ValueError(f"retention_s must be positive, not {retention_s!r}")
+        if origin is not None and not (
+            isinstance(origin, str) and origin.isalnum() and origin.isascii()
+        ):
+            raise ValueError(f"origin must be ASCII letters and digits, not {origin!r}")
         self.store = store
         self.retention_s = float(retention_s)
         self.clock: Clock = clock or SystemClock()
@@ -133,7 +143,8 @@ class InboundBuffer:
         # only delegates gets single writes, which its own overrides then see).
         self._batch = has_batch(store, "insert_each")
         self._lock = threading.Lock()
-        self._prefix = secrets.token_hex(3)
+        # Random unless given (a simulation replaying a seed needs the same ids every run).
+        self._prefix = secrets.token_hex(3) if origin is None else origin
         # The last seq handed out; None until the first append reads the store for a floor.
         self._seq: int | None = None
 
