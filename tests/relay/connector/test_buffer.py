@@ -431,3 +431,19 @@ def test_no_buffer_code_reads_the_time_module(
     assert calls == []
     start_ns = 1_000_000_000 * 10**9
     assert all(start_ns <= seq < start_ns + 1_000_000 for seq in seqs), seqs
+
+
+def test_an_origin_names_the_buffer_ids_and_bad_ones_are_refused() -> None:
+    """A given origin prefixes every bufferId (a replayed simulation needs the same ids); one
+    that is not ASCII letters and digits is refused at construction."""
+    buffer = InboundBuffer(InMemoryStore(), origin="node7")
+    assert buffer.origin == "node7"
+    event = InboundEvent(
+        text="hi",
+        message_id="m1",
+        source=EventSource(platform="loopback", chat_id="c1", chat_type="dm", user_id="u"),
+    )
+    assert buffer.append("gw", "loopback", event).startswith("node7-")
+    for bad in ("", "a-b", "ü", "a b"):
+        with pytest.raises(ValueError, match="origin"):
+            InboundBuffer(InMemoryStore(), origin=bad)
