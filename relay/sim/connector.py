@@ -16,8 +16,10 @@ from relay.connector.buffer import InboundBuffer
 from relay.sim.faults import FlakyStore
 from relay.sim.net import Connection
 from relay.sim.platform import PLATFORM, SimPlatform, tenant_of
-from relay.sim.world import World
+from relay.sim.world import ProcessClock, World
+from relay.wire.auth import verify_token
 from relay.wire.codec import encode
+from relay.wire.errors import AuthError
 from relay.wire.frames import (
     EGRESS_DECLINED,
     Frame,
@@ -52,6 +54,9 @@ class SimConnector:
         self.platform = platform
         self.store = store
         self.gateways = dict(gateways)
+        self.secrets: dict[str, list[str]] = {g: [f"{g}-secret-1"] for g in gateways}
+        """Each gateway's accepted secrets, newest first (a rotation adds one in front)."""
+        self.clock = ProcessClock(world.clock)
         self._by_tenant = {tenant: g for g, tenant in gateways.items()}
         self.on_ack = on_ack
         self.up = False
@@ -68,7 +73,7 @@ class SimConnector:
             raise RuntimeError("the connector is running: crash it first")
         self.life += 1
         self.up = True
-        self.buffer = InboundBuffer(self.store, clock=self.world.clock, origin=f"c{self.life}")
+        self.buffer = InboundBuffer(self.store, clock=self.clock, origin=f"c{self.life}")
         self.world.log(f"connector: life {self.life} up")
 
     def crash(self) -> None:
@@ -106,6 +111,11 @@ class SimConnector:
         """A gateway dialled: its frames come here from now on."""
         if not self.up:
             conn.cut("connector down")
+            return
+        try:
+            verify_token(conn.token, self.secrets, now=self.clock.now())
+        except AuthError as exc:  # refused at the upgrade, as the real connector refuses
+            conn.cut(f"auth: {exc.reason}")
             return
         life = self.life
         conn.on_connector = lambda c, frame: self._frame(life, c, frame)

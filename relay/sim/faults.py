@@ -22,6 +22,7 @@ KINDS = (
     "partition",
     "delay_spike",
     "clock_jump",
+    "secret_rotation",
     "store_fail",
     "platform_refuse",
     "platform_slow",
@@ -58,8 +59,11 @@ def schedule(rng: Any, *, seconds: float, gateways: Sequence[str], count: int) -
             fault = Fault(at, kind, gateway, rng.uniform(0.5, 8.0))
         elif kind == "delay_spike":
             fault = Fault(at, kind, "network", rng.uniform(1.0, 5.0))
-        elif kind == "clock_jump":
-            fault = Fault(at, kind, "wall", rng.choice((-3600.0, -5.0, 5.0, 600.0)))
+        elif kind == "clock_jump":  # one process's wall clock; the monotonic clock is steady
+            target = rng.choice([*gateways, "connector"])
+            fault = Fault(at, kind, target, rng.choice((-3600.0, -30.0, 5.0, 600.0)))
+        elif kind == "secret_rotation":  # the gateway picks up the new secret after ``size`` s
+            fault = Fault(at, kind, gateway, rng.uniform(0.0, 6.0))
         elif kind == "store_fail":
             fault = Fault(at, kind, rng.choice([*gateways, "connector"]), rng.randint(1, 4))
         elif kind == "platform_refuse":

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from relay.sim.faults import FlakyStore
 from relay.sim.net import Connection, Network
 from relay.sim.platform import PLATFORM
-from relay.sim.world import World
+from relay.sim.world import ProcessClock, World
+from relay.wire.auth import mint_token
 from relay.wire.codec import encode
 from relay.wire.frames import (
     EGRESS_DECLINED,
@@ -91,6 +92,10 @@ class SimGateway:
         self.ledger: Ledger | None = None
         self.conn: Connection | None = None
         self.pending: dict[str, str] = {}  # request id -> obligation id
+        self.secret = f"{gateway_id}-secret-1"
+        """The secret it mints its tokens with (a rotation hands it a new one)."""
+        self.clock = ProcessClock(world.clock)
+        self.refusals = 0
         self._requests = itertools.count(1)
 
     # -- life -------------------------------------------------------------------------------
@@ -106,7 +111,7 @@ class SimGateway:
         self.ledger = Ledger(
             self.store,
             policy=POLICY,
-            clock=self.world.clock,
+            clock=self.clock,
             incarnation=incarnation,
             probe=self.probe,
         )
@@ -145,6 +150,8 @@ class SimGateway:
         conn.on_gateway = lambda c, frame: self._frame(life, c, frame)
         conn.closed_gateway = lambda c: self._closed(life, c)
         self.conn = conn
+        # A fresh token per dial, on this process's own wall clock.
+        conn.token = mint_token(self.gateway_id, self.secret, ttl_s=60.0, now=self.clock.now())
         self.connector_attach(conn)
         conn.to_connector(encode(Hello(PLATFORM, "bot")))
 
@@ -152,6 +159,8 @@ class SimGateway:
         if life != self.life or conn is not self.conn:
             return
         self.conn = None
+        if conn.reason.startswith("auth"):
+            self.refusals += 1
         for request_id in list(self.pending):
             self._settle(request_id, None, "connection lost")
         life_now = self.life

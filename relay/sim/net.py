@@ -52,6 +52,10 @@ class Connection:
         self.name = name
         self.gateway_id = gateway_id
         self.open = True
+        self.token = ""
+        """The bearer token the gateway dialled with."""
+        self.reason = ""
+        """Why it was cut (once it was)."""
         self._partitioned_at: float | None = None
         self._last = {"c": 0.0, "g": 0.0}
         self._decoders = {"c": FrameDecoder(), "g": FrameDecoder()}
@@ -113,6 +117,7 @@ class Connection:
         if not self.open:
             return
         self.open = False
+        self.reason = why
         world = self.net.world
         world.log(f"net {self.name}: cut ({why})")
         for closed in (self.closed_connector, self.closed_gateway):

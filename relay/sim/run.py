@@ -113,15 +113,8 @@ def run_seed(seed: int, *, trace: bool = False) -> Outcome:
         # Heal: every fault lifted, every process up; the gateways restart once (the last
         # budgeted attempt of a reply is kept for a restart, by design).
         world.log("heal")
-        for store in flaky.values():
-            store.fail_writes = 0
-        platform.refuse_next = platform.duplicate_next = 0
-        platform.slow_until = net.spike_until = -1.0
-        if not connector.up:
-            connector.start()
+        parts.heal()
         for gateway in gateways.values():
-            if gateway.conn is not None:
-                gateway.conn.partition(False)
             gateway.crash()
             gateway.start()
         began = world.now
@@ -181,6 +174,40 @@ class _Parts:
     platform: SimPlatform
     stores: dict[str, FlakyStore]
 
+    def rotate(self, fault: Fault) -> None:
+        """A new secret in front at the connector now; the gateway takes it after
+        ``fault.size`` s; the connector drops the old one after a random while -- sometimes
+        before the gateway switched (its dials are refused until it does)."""
+        gateway = self.gateways[fault.target]
+        accepted = self.connector.secrets[gateway.gateway_id]
+        new = f"{gateway.gateway_id}-secret-{len(accepted) + 1}-{fault.at:.3f}"
+        accepted.insert(0, new)
+
+        def switch() -> None:
+            gateway.secret = new
+
+        def drop_old() -> None:
+            del accepted[1:]
+
+        self.world.at(fault.size, "gateway takes the new secret", switch)
+        self.world.at(self.world.rng.uniform(0.0, 8.0), "connector drops old secrets", drop_old)
+
+    def heal(self) -> None:
+        """Every fault lifted: clocks set right, stores and platform well, every gateway on
+        its newest secret, every process up, every link healed."""
+        for store in self.stores.values():
+            store.fail_writes = 0
+        self.platform.refuse_next = self.platform.duplicate_next = 0
+        self.platform.slow_until = self.net.spike_until = -1.0
+        self.connector.clock.offset = 0.0
+        if not self.connector.up:
+            self.connector.start()
+        for gateway in self.gateways.values():
+            gateway.clock.offset = 0.0
+            gateway.secret = self.connector.secrets[gateway.gateway_id][0]
+            if gateway.conn is not None:
+                gateway.conn.partition(False)
+
     def injector(self, fault: Fault) -> Callable[[], None]:
         """The event that injects ``fault``."""
         return lambda: self.inject(fault)
@@ -208,7 +235,11 @@ class _Parts:
         elif kind == "delay_spike":
             self.net.spike_until = world.now + fault.size
         elif kind == "clock_jump":
-            world.clock.wall_offset += fault.size
+            clock = self.connector.clock if fault.target == "connector" else None
+            clock = clock or self.gateways[fault.target].clock
+            clock.offset += fault.size
+        elif kind == "secret_rotation":
+            self.rotate(fault)
         elif kind == "store_fail":
             self.stores[fault.target].fail_writes += int(fault.size)
         elif kind == "platform_refuse":

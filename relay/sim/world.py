@@ -6,7 +6,7 @@ import heapq
 import random
 from collections.abc import Callable
 
-__all__ = ["SimClock", "World"]
+__all__ = ["ProcessClock", "SimClock", "World"]
 
 EPOCH = 1_800_000_000.0
 """The wall clock's reading at virtual time 0."""
@@ -31,6 +31,27 @@ class SimClock:
 
     async def sleep(self, seconds: float) -> None:
         """Not used by the simulated parts (they schedule events instead)."""
+        raise RuntimeError("the simulation schedules events; nothing sleeps")
+
+
+class ProcessClock:
+    """One process's view of the clocks: the world's monotonic clock, and a wall clock with
+    the process's own offset (a host whose clock jumped); a :class:`~statecore.clock.Clock`."""
+
+    def __init__(self, world: SimClock) -> None:
+        self.world = world
+        self.offset = 0.0
+
+    def now(self) -> float:
+        """This process's wall clock."""
+        return self.world.now() + self.offset
+
+    def monotonic(self) -> float:
+        """The monotonic clock (never jumps)."""
+        return self.world.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        """Not used by the simulated parts."""
         raise RuntimeError("the simulation schedules events; nothing sleeps")
 
 
