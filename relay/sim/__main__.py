@@ -15,7 +15,7 @@ import sys
 import time
 
 from relay.sim.faults import KINDS
-from relay.sim.run import Outcome, run_seed
+from relay.sim.run import Outcome, run_seed, shrink
 
 
 def report_failure(outcome: Outcome) -> str:
@@ -27,66 +27,89 @@ def report_failure(outcome: Outcome) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the campaign; 0 when every run held every invariant, 1 otherwise."""
-    parser = argparse.ArgumentParser(prog="python -m relay.sim", description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, default=300, help="how many seeds to run")
-    parser.add_argument("--first", type=int, default=1, help="the first seed")
-    parser.add_argument("--seed", type=int, help="run this one seed only")
-    parser.add_argument("--trace", action="store_true", help="print every step (one seed)")
-    args = parser.parse_args(argv)
-    # The ledger logs each abandonment at WARNING: expected under faults, counted below.
-    logging.getLogger("statecore").setLevel(logging.ERROR)
-    if args.seed is not None:
-        outcome = run_seed(args.seed, trace=args.trace)
-        if args.trace:
-            print("\n".join(outcome.trace))
-        print(report_failure(outcome) if not outcome.ok else f"seed {args.seed}: ok")
-        return 0 if outcome.ok else 1
-    if args.seeds < 1:
-        parser.error("--seeds must be at least 1")
+def one_seed(seed: int, *, trace: bool, shrinking: bool) -> int:
+    """Run one seed (printing its trace when asked, its shrunk schedule when it fails and
+    ``shrinking``); 0 when it held."""
+    outcome = run_seed(seed, trace=trace)
+    if trace:
+        print("\n".join(outcome.trace))
+    print(report_failure(outcome) if not outcome.ok else f"seed {seed}: ok")
+    if shrinking and not outcome.ok:
+        print("a shorter schedule that still fails:")
+        print("\n".join(f"  {fault}" for fault in shrink(seed)))
+    return 0 if outcome.ok else 1
+
+
+def campaign(first: int, seeds: int) -> int:
+    """Run ``seeds`` seeds from ``first`` with a progress bar and the summary table; 0 when
+    every run held every invariant."""
     faults: collections.Counter[str] = collections.Counter()
     stores: collections.Counter[str] = collections.Counter()
-    checks = replies = labelled = abandoned = steps = 0
+    totals: collections.Counter[str] = collections.Counter()
     failed: list[Outcome] = []
     began = time.monotonic()
     tty = sys.stdout.isatty()
-    for n, seed in enumerate(range(args.first, args.first + args.seeds), 1):
+    for n, seed in enumerate(range(first, first + seeds), 1):
         outcome = run_seed(seed)
         faults.update(f.kind for f in outcome.faults)
         stores[outcome.store] += 1
         verdict = outcome.verdict
-        checks += verdict.checks
-        replies += verdict.replies
-        labelled += verdict.labelled
-        abandoned += verdict.abandoned
-        steps += outcome.steps
+        totals.update(
+            checks=verdict.checks,
+            replies=verdict.replies,
+            labelled=verdict.labelled,
+            abandoned=verdict.abandoned,
+            steps=outcome.steps,
+        )
         if not outcome.ok:
             failed.append(outcome)
             print(("\n" if tty else "") + report_failure(outcome), flush=True)
-        if tty or n % max(1, args.seeds // 20) == 0 or n == args.seeds:
-            width = 30
-            done = width * n // args.seeds
-            bar = "#" * done + "." * (width - done)
-            line = f"[{bar}] {n}/{args.seeds} seeds, {len(failed)} failed"
+        if tty or n % max(1, seeds // 20) == 0 or n == seeds:
+            bar = "#" * (30 * n // seeds) + "." * (30 - 30 * n // seeds)
+            line = f"[{bar}] {n}/{seeds} seeds, {len(failed)} failed"
             print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
     took = time.monotonic() - began
     print("\n" if tty else "", end="")
     print(
-        f"\n{args.seeds} runs (seeds {args.first}..{args.first + args.seeds - 1}) in "
-        f"{took:.1f} s; stores: {dict(sorted(stores.items()))}; {steps} steps"
+        f"\n{seeds} runs (seeds {first}..{first + seeds - 1}) in {took:.1f} s; "
+        f"stores: {dict(sorted(stores.items()))}; {totals['steps']} steps"
     )
     print(f"\n  {'fault injected':<22}{'count':>8}")
     for kind in KINDS:
         print(f"  {kind:<22}{faults[kind]:>8}")
     print(f"  {'(all)':<22}{sum(faults.values()):>8}")
-    print(f"\n  invariant checks made   {checks:>10}")
-    print(f"  replies users saw       {replies:>10}  ({labelled} labelled as possible repeats)")
-    print(f"  replies abandoned       {abandoned:>10}  (each with its reason)")
+    print(f"\n  invariant checks made   {totals['checks']:>10}")
+    print(
+        f"  replies users saw       {totals['replies']:>10}  "
+        f"({totals['labelled']} labelled as possible repeats)"
+    )
+    print(f"  replies abandoned       {totals['abandoned']:>10}  (each with its reason)")
     print(f"  runs with a violation   {len(failed):>10}")
     for outcome in failed[:10]:
         print(f"  seed {outcome.seed}: {outcome.verdict.violations[0]}")
     return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one seed or a campaign (see the module docs)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m relay.sim", description=(__doc__ or "").split("\n")[0]
+    )
+    parser.add_argument("--seeds", type=int, default=300, help="how many seeds to run")
+    parser.add_argument("--first", type=int, default=1, help="the first seed")
+    parser.add_argument("--seed", type=int, help="run this one seed only")
+    parser.add_argument("--trace", action="store_true", help="print every step (one seed)")
+    parser.add_argument(
+        "--shrink", action="store_true", help="reduce a failing seed's fault schedule (one seed)"
+    )
+    args = parser.parse_args(argv)
+    # The ledger logs each abandonment at WARNING: expected under faults, counted instead.
+    logging.getLogger("statecore").setLevel(logging.ERROR)
+    if args.seed is not None:
+        return one_seed(args.seed, trace=args.trace, shrinking=args.shrink)
+    if args.seeds < 1:
+        parser.error("--seeds must be at least 1")
+    return campaign(args.first, args.seeds)
 
 
 if __name__ == "__main__":

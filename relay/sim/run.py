@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import attrs
@@ -21,7 +21,7 @@ from relay.sim.world import World
 from statecore.store import Store
 from stores import InMemoryStore, SQLiteStore
 
-__all__ = ["Outcome", "run_seed"]
+__all__ = ["Outcome", "run_seed", "shrink"]
 
 WRITING_S = 20.0
 """How long users write (and faults land)."""
@@ -63,14 +63,18 @@ def _stores(kind: str) -> Iterator[dict[str, Store]]:
                 store.close()
 
 
-def run_seed(seed: int, *, trace: bool = False) -> Outcome:
-    """Run the world of ``seed`` (see the module docs); ``trace`` keeps every step."""
+def run_seed(seed: int, *, trace: bool = False, faults: Sequence[Fault] | None = None) -> Outcome:
+    """Run the world of ``seed`` (see the module docs); ``trace`` keeps every step.
+
+    ``faults`` replaces the seed's own schedule (the shrinker's smaller ones); the schedule is
+    still drawn, so that everything else the seed decides stays the same."""
     world = World(seed)
     store_kind = "sqlite" if seed % 4 == 0 else "memory"
     gateway_ids = {f"gw-{t}": t for t in TENANTS}
-    faults = schedule(
+    drawn = schedule(
         world.rng, seconds=WRITING_S, gateways=list(gateway_ids), count=world.rng.randint(2, 12)
     )
+    faults = list(drawn if faults is None else faults)
     with _stores(store_kind) as stores:
         flaky = {name: FlakyStore(store) for name, store in stores.items()}
         net = Network(world)
@@ -248,6 +252,23 @@ class _Parts:
             self.platform.slow_until = world.now + fault.size
         elif kind == "duplicate_delivery":
             self.platform.duplicate_next += int(fault.size)
+
+
+def shrink(seed: int) -> list[Fault]:
+    """A smaller fault schedule on which ``seed``'s world still fails: each fault is dropped
+    in turn, and kept out while the run still fails (one pass, then again until nothing more
+    can go).  Returns the seed's whole schedule when the run does not fail at all."""
+    faults = list(run_seed(seed).faults)
+    if run_seed(seed, faults=faults).ok:
+        return faults
+    shrunk = True
+    while shrunk:
+        shrunk = False
+        for fault in list(faults):
+            fewer = [f for f in faults if f is not fault]
+            if not run_seed(seed, faults=fewer).ok:
+                faults, shrunk = fewer, True
+    return faults
 
 
 def fault_counts(outcomes: list[Outcome]) -> collections.Counter[str]:

@@ -3,6 +3,7 @@ and the checks are not vacuous -- a world with a known bug planted fails them.""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import subprocess
 import sys
@@ -11,14 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from relay.connector.buffer import BUFFER_KIND
 from relay.sim import gateway as sim_gateway
 from relay.sim.__main__ import report_failure
 from relay.sim.connector import SimConnector
 from relay.sim.gateway import SimGateway
 from relay.sim.net import Connection
-from relay.sim.run import Outcome, run_seed
+from relay.sim.run import Outcome, run_seed, shrink
 from relay.wire.codec import encode
 from relay.wire.frames import Frame, Inbound, InboundAck
+from statecore.store import Audit
 
 ROOT = Path(__file__).resolve().parents[3]
 SEEDS = range(1, 301)
@@ -130,6 +133,31 @@ def test_a_dropped_message_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     failed = failures(range(1, 3))
     assert any("lost: m3" in v for o in failed for v in o.verdict.violations)
     assert "fault schedule" in report_failure(failed[0])
+
+
+def test_the_shrinker_keeps_only_the_faults_a_failure_needs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bug that shows only when the connector crashes: the shrunk schedule still fails, is
+    shorter than the seed's, and holds a connector crash."""
+    original = SimConnector.start
+
+    def forgets_its_buffer(self: SimConnector) -> None:
+        original(self)
+        if self.life > 1:  # a restarted connector that lost everything buffered before
+            for row in self.store.select(BUFFER_KIND):
+                with contextlib.suppress(Exception):
+                    self.store.transition(
+                        BUFFER_KIND, row.id, "ack", audit=Audit(0.0, None, reason="bug")
+                    )
+
+    monkeypatch.setattr(SimConnector, "start", forgets_its_buffer)
+    seed = next(o.seed for o in failures(range(1, 60)) if len(o.faults) > 3)
+    full = run_seed(seed).faults
+    smaller = shrink(seed)
+    assert len(smaller) < len(full)
+    assert any(f.kind == "crash_connector" for f in smaller)
+    assert not run_seed(seed, faults=smaller).ok
 
 
 # -- the command -----------------------------------------------------------------------------------
