@@ -43,6 +43,7 @@ sim: $(STAMP)
 	$(BIN)/python -m relay.sim --seeds $(SEEDS)
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python benchmarks/run_all.py
 
 clean:

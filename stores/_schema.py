@@ -4,7 +4,7 @@ come from each store's own SQL seam (passed in)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, TypeVar
 
 from statecore.entity import EntityKind, Field
@@ -28,18 +28,18 @@ def migration(
     *,
     add_managed: Callable[[EntityKind[Any], str], str],
     add_field: Callable[[EntityKind[Any], Field], str],
+    managed: Iterable[str] = ("fence", "prev_state"),
 ) -> list[str]:
     """The statements adding what an existing table of ``kind`` lacks (it has the columns
     ``have``), for the store at ``where``.  Raises ``StoreError`` when the table is not one of
-    ``kind`` or a required column without a default would have to be added to existing rows."""
+    ``kind`` or a required column without a default would have to be added to existing rows.
+    ``managed`` names the columns the store itself keeps on every table."""
     if kind.id_field not in have or "state" not in have:
         raise StoreError(
             f"{where}: table {kind.table} exists without "
             f"{kind.id_field}/state columns; it is not a {kind.name} table"
         )
-    statements = [
-        add_managed(kind, column) for column in ("fence", "prev_state") if column not in have
-    ]
+    statements = [add_managed(kind, column) for column in managed if column not in have]
     for f in kind.fields:
         if f.name not in have:
             if not f.nullable and f.default is None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import stores._sqlite_sql as sql
 from statecore.errors import StatecoreError, StoreError
 
-__all__ = ["Connections", "Txn", "check_header"]
+__all__ = ["Connections", "Statement", "Txn", "check_header"]
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -127,6 +127,29 @@ class Connections:
             with contextlib.suppress(sqlite3.Error):  # closing is best effort
                 conn.close()
         self.local = _Local()
+
+
+class Statement:
+    """One write statement, as a context: outside any transaction it commits on its own (with
+    the triggers it fires: one statement is atomic), inside ``atomic()`` it is part of the
+    enclosing transaction.  No BEGIN, no COMMIT: a single write costs one round trip into
+    SQLite.  Driver errors are translated to StoreError naming ``what``.
+    """
+
+    __slots__ = ("db", "what")
+
+    def __init__(self, db: Connections, what: str) -> None:
+        self.db = db
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if isinstance(exc, sqlite3.Error | OSError):
+            raise self.db.error(exc, self.what) from exc
 
 
 class Txn:

@@ -27,7 +27,7 @@ import stores._sqlite_sql as sql
 from statecore.batch import Move
 from statecore.entity import EntityKind
 from statecore.errors import StoreError
-from statecore.store import Row, TransitionPlan, Where, plan_transition
+from statecore.store import Audit, Row, TransitionPlan, Where, plan_transition
 from statecore.trusted import trusted_constructor
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "CompiledKind",
     "FastUpdate",
     "Step",
+    "audit_values",
     "distinct_runs",
     "fast_key",
     "learn",
@@ -182,18 +183,20 @@ class FastUpdate:
         fence: object,
         expect: Mapping[str, object] | None,
         changes: Mapping[str, object] | None,
+        audit: Sequence[Any],
         *,
         bulk: bool,
     ) -> list[Any] | None:
         """The bound values, or None when any needs the full checks: in the order of
         :func:`~stores._sqlite_sql.update_params` or, with ``bulk``, of a
-        :func:`~stores._sqlite_sql.bulk_row`."""
+        :func:`~stores._sqlite_sql.bulk_row` (``audit``: the audit columns' values)."""
         if type(entity_id) is not str or (fence is not None and type(fence) is not int):
             return None
         key: list[Any] = [entity_id] if fence is None else [entity_id, fence]
         values: list[Any] = key if bulk else []
         if changes and not _plain(changes, self.change_types, values):
             return None
+        values.extend(audit)
         if not bulk:
             values.extend(key)
         if expect and not _plain(expect, self.expect_types, values):
@@ -257,7 +260,14 @@ class Step:
         if fast is not None:
             # A shape planned before, and plain values: admitted by the same checks (see
             # FastUpdate), so the plan is made only if the move misses.
-            values = fast.values(move.entity_id, move.fence, expect, changes, bulk=True)
+            values = fast.values(
+                move.entity_id,
+                move.fence,
+                expect,
+                changes,
+                audit_values(move.event, move.audit),
+                bulk=True,
+            )
             if values is not None:
                 known: sql.BulkShape = (move.event, move.fence is not None, key[3], key[2])
                 return cls(index, move, None, known, values)
@@ -269,7 +279,9 @@ class Step:
         shape = sql.bulk_shape(plan)
         if shape is None:
             return cls(index, move, plan, None, [])
-        return cls(index, move, plan, shape, sql.bulk_row(plan))
+        return cls(
+            index, move, plan, shape, sql.bulk_row(plan, audit_values(move.event, move.audit))
+        )
 
     def planned(self, kind: EntityKind[Any]) -> TransitionPlan[Any]:
         """The move's plan (made now if the fast check admitted it)."""
@@ -279,6 +291,12 @@ class Step:
                 kind, m.entity_id, m.event, fence=m.fence, expect=m.expect, changes=m.changes
             )
         return self.plan
+
+
+def audit_values(event: str, audit: Audit) -> tuple[Any, ...]:
+    """The values of the audit columns for a write by ``event`` (see
+    :data:`~stores._sqlite_sql.AUDIT_COLUMNS`)."""
+    return (event, audit.at, audit.owner, audit.attempts, audit.reason)
 
 
 def distinct_runs(items: list[_T], key: Callable[[_T], tuple[str, object]]) -> list[list[_T]]:

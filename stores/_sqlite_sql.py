@@ -15,7 +15,7 @@ the same.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from enum import Enum
 from typing import Any
 
@@ -23,6 +23,7 @@ from statecore.entity import EntityKind, Field
 from statecore.store import Cmp, TransitionPlan, Where
 
 __all__ = [
+    "AUDIT_COLUMNS",
     "AUDIT_DELETE",
     "AUDIT_INSERT",
     "AUDIT_TABLE",
@@ -31,12 +32,14 @@ __all__ = [
     "FOREIGN_KEYS_ON",
     "HISTORY",
     "JOURNAL_WAL",
+    "MANAGED_COLUMNS",
     "ROLLBACK",
     "USER_VERSION",
     "BulkShape",
     "add_field_sql",
     "add_managed_sql",
     "audit_schema_sql",
+    "audit_trigger_sql",
     "bulk_row",
     "bulk_shape",
     "bulk_update_sql",
@@ -70,7 +73,22 @@ _SQL_TYPES = {str: "TEXT", int: "INTEGER", float: "REAL", bool: "INTEGER"}
 # Columns the store manages besides the id and state, as declared when a table is created and
 # when an older table lacks them.  fence: bumped by every transition; prev_state: the state a
 # transition left, read back by RETURNING for its audit entry.
-_MANAGED = {"fence": "fence INTEGER NOT NULL DEFAULT 0", "prev_state": "prev_state TEXT"}
+_MANAGED = {
+    "fence": "fence INTEGER NOT NULL DEFAULT 0",
+    "prev_state": "prev_state TEXT",
+    "audit_event": "audit_event TEXT",
+    "audit_at": "audit_at REAL",
+    "audit_owner": "audit_owner TEXT",
+    "audit_attempts": "audit_attempts INTEGER",
+    "audit_reason": "audit_reason TEXT",
+}
+MANAGED_COLUMNS = tuple(_MANAGED)
+"""The managed columns, in the order a table declares them (a migration adds those missing)."""
+
+AUDIT_COLUMNS = ("audit_event", "audit_at", "audit_owner", "audit_attempts", "audit_reason")
+"""The row's copy of its last audit entry: every write sets them, in the same statement, and
+the table's triggers copy them into the audit table (see :func:`audit_trigger_sql`).  Bound in
+this order: event, at, owner, attempts, reason."""
 
 
 # -- connections and transactions -------------------------------------------------------------
@@ -150,13 +168,34 @@ def create_table_sql(kind: EntityKind[Any]) -> str:
 
 
 def add_managed_sql(kind: EntityKind[Any], column: str) -> str:
-    """Adds the managed ``column`` (``fence`` or ``prev_state``) to an older table."""
+    """Adds the managed ``column`` (one of :data:`MANAGED_COLUMNS`) to an older table."""
     return f"ALTER TABLE {kind.table} ADD COLUMN {_MANAGED[column]}"
 
 
 def add_field_sql(kind: EntityKind[Any], field: Field) -> str:
     """Adds a declared field to an older table; existing rows get the field's default."""
     return f"ALTER TABLE {kind.table} ADD COLUMN {_column_sql(field, new_table=False)}"
+
+
+def audit_trigger_sql(kind: EntityKind[Any]) -> tuple[str, str]:
+    """The two triggers that write ``kind``'s audit entries, if absent: after a creation (from
+    state NULL) and after every transition (an UPDATE of ``fence``, which only a transition
+    makes), each copying the row's :data:`AUDIT_COLUMNS` and its states.  A trigger runs inside
+    the statement that fired it, so an entry is written exactly when its write is: one
+    statement per write, atomic on its own."""
+    table, name = kind.table, _literal(kind.name)
+    columns = "kind, entity_id, event, from_state, to_state, at, owner, attempts, reason"
+    new = "NEW.audit_event, {source}, NEW.state, NEW.audit_at, NEW.audit_owner, " + (
+        "NEW.audit_attempts, NEW.audit_reason"
+    )
+    return (
+        f"CREATE TRIGGER IF NOT EXISTS {table}_audit_create AFTER INSERT ON {table} "
+        f"BEGIN INSERT INTO {AUDIT_TABLE} ({columns}) VALUES "
+        f"({name}, NEW.{kind.id_field}, {new.format(source='NULL')}); END",
+        f"CREATE TRIGGER IF NOT EXISTS {table}_audit_move AFTER UPDATE OF fence ON {table} "
+        f"BEGIN INSERT INTO {AUDIT_TABLE} ({columns}) VALUES "
+        f"({name}, NEW.{kind.id_field}, {new.format(source='OLD.state')}); END",
+    )
 
 
 def index_sql(kind: EntityKind[Any]) -> list[str]:
@@ -234,20 +273,23 @@ AUDIT_DELETE = f"DELETE FROM {AUDIT_TABLE} WHERE kind = ? AND entity_id = ?"
 
 
 def insert_sql(kind: EntityKind[Any]) -> str:
-    """Creates one entity unless its id exists (bound: the :func:`select_cols` values)."""
+    """Creates one entity unless its id exists (bound: the :func:`select_cols` values, then
+    the :data:`AUDIT_COLUMNS` values; the trigger writes the audit entry)."""
     return (
-        f"INSERT INTO {kind.table} ({select_cols(kind)}) "
-        f"VALUES ({', '.join('?' * (3 + len(kind.fields)))}) "
+        f"INSERT INTO {kind.table} ({select_cols(kind)}, {', '.join(AUDIT_COLUMNS)}) "
+        f"VALUES ({', '.join('?' * (3 + len(kind.fields) + len(AUDIT_COLUMNS)))}) "
         f"ON CONFLICT({kind.id_field}) DO NOTHING"
     )
 
 
 def insert_rows_sql(kind: EntityKind[Any], count: int) -> str:
-    """Creates ``count`` entities, skipping ids that exist, and returns the rows created."""
-    one = f"({', '.join('?' * (3 + len(kind.fields)))})"
+    """Creates ``count`` entities, skipping ids that exist, and returns the rows created (each
+    row bound as :func:`insert_sql` binds one)."""
+    one = f"({', '.join('?' * (3 + len(kind.fields) + len(AUDIT_COLUMNS)))})"
     cols = select_cols(kind)
     return (
-        f"INSERT INTO {kind.table} ({cols}) VALUES {', '.join([one] * count)} "
+        f"INSERT INTO {kind.table} ({cols}, {', '.join(AUDIT_COLUMNS)}) "
+        f"VALUES {', '.join([one] * count)} "
         f"ON CONFLICT({kind.id_field}) DO NOTHING RETURNING {cols}"
     )
 
@@ -261,10 +303,10 @@ def update_sql(plan: TransitionPlan[Any]) -> str:
     return _guarded_update(plan, f"{plan.kind.id_field} = ?")
 
 
-def update_params(plan: TransitionPlan[Any]) -> list[Any]:
-    """The bound values of :func:`update_sql`: changed values, id, fence (when fenced), then the
-    compared values."""
-    params: list[Any] = [*plan.changes.values(), plan.entity_id]
+def update_params(plan: TransitionPlan[Any], audit: Sequence[Any]) -> list[Any]:
+    """The bound values of :func:`update_sql`: changed values, the audit values (see
+    :data:`AUDIT_COLUMNS`), id, fence (when fenced), then the compared values."""
+    params: list[Any] = [*plan.changes.values(), *audit, plan.entity_id]
     if plan.fence is not None:
         params.append(plan.fence)
     params.extend(where_params(plan.expect))
@@ -273,7 +315,8 @@ def update_params(plan: TransitionPlan[Any]) -> list[Any]:
 
 def update_many_sql(plan: TransitionPlan[Any], increments: Iterable[str], ids: int) -> str:
     """The guarded UPDATE of ``ids`` entities at once (``transition_many``), adding to the
-    ``increments`` fields.  Bound: changed values, increments, the ids, the compared values."""
+    ``increments`` fields.  Bound: changed values, increments, the audit values, the ids, the
+    compared values."""
     return _guarded_update(
         plan, f"{plan.kind.id_field} IN ({', '.join('?' * ids)})", increments=increments
     )
@@ -296,13 +339,14 @@ def bulk_shape(plan: TransitionPlan[Any]) -> BulkShape | None:
     )
 
 
-def bulk_row(plan: TransitionPlan[Any]) -> list[Any]:
+def bulk_row(plan: TransitionPlan[Any], audit: Sequence[Any]) -> list[Any]:
     """A plan's row of :func:`bulk_update_sql`: id, fence (when fenced), the changed values, the
-    compared values."""
+    audit values, the compared values."""
     row: list[Any] = [plan.entity_id]
     if plan.fence is not None:
         row.append(plan.fence)
     row.extend(plan.changes.values())
+    row.extend(audit)
     row.extend(cmp.value for _, cmp in plan.expect)
     return row
 
@@ -323,7 +367,7 @@ def bulk_update_sql(kind: EntityKind[Any], shape: BulkShape, rows: int) -> str:
     if fenced:
         conditions.append(f"fence = v.column{column}")
         column += 1
-    for name in changed:
+    for name in (*changed, *AUDIT_COLUMNS):
         sets.append(f"{name} = v.column{column}")
         column += 1
     for name in compared:
@@ -371,6 +415,7 @@ def _guarded_update(plan: TransitionPlan[Any], find: str, *, increments: Iterabl
     sets = [_set_state(plan.targets), "fence = fence + 1", "prev_state = state"]
     sets += [f"{name} = ?" for name in plan.changes]
     sets += [f"{name} = {name} + ?" for name in increments]
+    sets += [f"{name} = ?" for name in AUDIT_COLUMNS]  # read by the audit trigger
     # The id finds the row(s); the state is only a guard.  Its unary + keeps SQLite from
     # scanning a partial index on state instead of looking each id up (a bulk IN list would
     # otherwise visit every owed row per statement).

@@ -2,20 +2,25 @@
 
 * WAL journal, ``synchronous`` NORMAL (default) or FULL, a busy timeout: a database locked
   longer than that raises :class:`~statecore.errors.StoreError`, it never hangs.
-* One long-lived connection per thread, never one per call; writes run in ``BEGIN IMMEDIATE``
-  transactions and nested :meth:`SQLiteStore.atomic` blocks are savepoints
-  (``stores._sqlite_conn``).
+* One long-lived connection per thread, never one per call.  A single write outside
+  :meth:`SQLiteStore.atomic` is one statement that commits on its own; a write of several
+  statements (a batch, a prune) runs in a ``BEGIN IMMEDIATE`` transaction, and nested ``atomic``
+  blocks are savepoints (``stores._sqlite_conn``).
 * A guarded transition is one ``UPDATE ... WHERE id AND state IN (...) AND fence ...
-  RETURNING`` plus its audit ``INSERT``, compiled from the same plan the in-memory store
-  evaluates.  Every statement's text comes from one seam, ``stores._sqlite_sql``, pinned by
-  golden files; state lists are inlined as literals so the partial indexes declared by each kind
-  are usable by the planner.
+  RETURNING``, compiled from the same plan the in-memory store evaluates; it also sets the
+  row's audit columns, and the table's trigger copies them into the audit table inside the
+  same statement (a creation likewise), so the audit entry is committed exactly with its write.
+  Every statement's text comes from one seam, ``stores._sqlite_sql``, pinned by golden files;
+  state lists are inlined as literals so the partial indexes declared by each kind are usable
+  by the planner.
 * The speed shortcuts -- statement texts cached per kind and shape, transition shapes learned
   once and then bound directly, batches run as multi-row statements -- sit behind one seam,
   ``stores._sqlite_shortcuts``; each admits and writes exactly what the plain path would.
-* The schema is versioned (``PRAGMA user_version``) and tables are migrated in place: columns a
-  kind declares but an older table lacks are added with their defaults.  A database newer than
-  this code, or a file that is not SQLite, raises ``StoreError`` naming the path.
+* The schema is versioned (``PRAGMA user_version``, :data:`SCHEMA_VERSION`) and tables are
+  migrated in place: columns a kind declares but an older table lacks are added with their
+  defaults, and a version 1 table gains the audit columns and triggers, its history kept.  A
+  database newer than this code, or a file that is not SQLite, raises ``StoreError`` naming the
+  path.
 """
 
 from __future__ import annotations
@@ -54,10 +59,11 @@ from statecore.store import (
 )
 from stores._closing import ClosesOnExit
 from stores._schema import migration, registered
-from stores._sqlite_conn import Connections, Txn, check_header
+from stores._sqlite_conn import Connections, Statement, Txn, check_header
 from stores._sqlite_shortcuts import (
     CompiledKind,
     Step,
+    audit_values,
     distinct_runs,
     fast_key,
     new_row,
@@ -68,34 +74,12 @@ __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
 S = TypeVar("S", bound=Enum)
 
-SCHEMA_VERSION = 1
-"""The layout version this code writes (``PRAGMA user_version``); 0 is a pre-versioned file."""
+SCHEMA_VERSION = 2
+"""The layout version this code writes (``PRAGMA user_version``); 0 is a pre-versioned file.
+Version 2 writes audit entries by trigger (each write one statement); a version 1 table gains
+the audit columns and triggers when its kind is registered, its history kept."""
 
 _BULK_CHUNK = 500  # ids per transition_many UPDATE (well under SQLite's bound-parameter limit)
-
-
-def _audit_row(
-    kind: EntityKind[Any],
-    entity_id: str,
-    event: str,
-    source: str | None,
-    target: str,
-    *,
-    audit: Audit,
-) -> tuple[Any, ...]:
-    """The parameters of one AUDIT_INSERT: a move of ``entity_id`` from state value ``source``
-    (None for a creation) to ``target``."""
-    return (
-        kind.name,
-        entity_id,
-        event,
-        source,
-        target,
-        audit.at,
-        audit.owner,
-        audit.attempts,
-        audit.reason,
-    )
 
 
 class SQLiteStore(ClosesOnExit):
@@ -176,7 +160,7 @@ class SQLiteStore(ClosesOnExit):
             else:
                 for statement in self._migration(kind, have):
                     conn.execute(statement)
-            for statement in sql.index_sql(kind):
+            for statement in (*sql.audit_trigger_sql(kind), *sql.index_sql(kind)):
                 conn.execute(statement)
         self._kinds[kind.name] = CompiledKind(kind)
 
@@ -187,6 +171,7 @@ class SQLiteStore(ClosesOnExit):
             have,
             add_managed=sql.add_managed_sql,
             add_field=sql.add_field_sql,
+            managed=sql.MANAGED_COLUMNS,
         )
 
     def _compiled(self, kind: EntityKind[Any]) -> CompiledKind:
@@ -265,20 +250,24 @@ class SQLiteStore(ClosesOnExit):
         event: str,
         audit: Audit,
     ) -> tuple[Row[S], bool]:
-        """Create the entity (idempotent: an existing id is returned untouched)."""
+        """Create the entity (idempotent: an existing id is returned untouched): one
+        ``INSERT``, its audit entry written by the table's trigger in the same statement."""
         c = self._compiled(kind)
         state, checked = plan_creation(kind, entity_id, event, values)
-        params = [entity_id, state.value, 0, *c.column_values(checked)]
-        with Txn(self._db, "insert", savepoint=False):
+        params = [
+            entity_id,
+            state.value,
+            0,
+            *c.column_values(checked),
+            *audit_values(event, audit),
+        ]
+        with Statement(self._db, "insert"):
             conn = self._db.conn()
             if conn.execute(c.insert_sql, params).rowcount == 0:  # the id exists: untouched
                 existing = self._current(conn, c, entity_id)
-                assert existing is not None  # the conflict was on this id, in this transaction
+                if existing is None:  # deleted between the two statements: a prune won
+                    raise StoreError(f"{self.path}: {kind.name} {entity_id!r} was just pruned")
                 return existing, False
-            conn.execute(
-                sql.AUDIT_INSERT,
-                _audit_row(kind, entity_id, event, None, state.value, audit=audit),
-            )
         # Exactly what was written: the checked values are in the form a read returns.
         return new_row(entity_id, state, 0, checked), True
 
@@ -293,21 +282,24 @@ class SQLiteStore(ClosesOnExit):
         expect: Mapping[str, object] | None = None,
         changes: Mapping[str, object] | None = None,
     ) -> Row[S]:
-        """One guarded ``UPDATE ... RETURNING`` plus its audit entry, in one transaction."""
+        """One guarded ``UPDATE ... RETURNING``; the table's trigger writes its audit entry in
+        the same statement."""
         c = self._compiled(kind)
         key = fast_key(event, fence, expect, changes)
         fast = c.fast.get(key)
         params = (
-            None if fast is None else fast.values(entity_id, fence, expect, changes, bulk=False)
+            None
+            if fast is None
+            else fast.values(
+                entity_id, fence, expect, changes, audit_values(event, audit), bulk=False
+            )
         )
         if fast is not None and params is not None:
-            with Txn(self._db, "transition", savepoint=False):
+            with Statement(self._db, "transition"):
                 conn = self._db.conn()
-                row = self._write_one(
-                    conn, c, fast.sql, params, entity_id=entity_id, event=event, audit=audit
-                )
-                if row is not None:
-                    return row
+                raw = conn.execute(fast.sql, params).fetchone()
+                if raw is not None:
+                    return c.row(raw, self.path)
                 current = self._current(conn, c, entity_id)
             # A miss: the full plan names the refusal.
             plan = plan_transition(
@@ -317,32 +309,11 @@ class SQLiteStore(ClosesOnExit):
         plan = plan_transition(kind, entity_id, event, fence=fence, expect=expect, changes=changes)
         if fast is None:
             c.learn(key, plan)
-        with Txn(self._db, "transition", savepoint=False):
+        with Statement(self._db, "transition"):
             outcome = self._one_planned(self._db.conn(), c, plan, audit)
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
-
-    def _write_one(
-        self,
-        conn: sqlite3.Connection,
-        c: CompiledKind,
-        text: str,
-        params: list[Any],
-        *,
-        entity_id: str,
-        event: str,
-        audit: Audit,
-    ) -> Row[Any] | None:
-        """One guarded UPDATE and its audit entry; None when the guard matched nothing."""
-        raw = conn.execute(text, params).fetchone()
-        if raw is None:
-            return None
-        # raw[-1] is prev_state (the state left), raw[1] the new state, both as stored.
-        conn.execute(
-            sql.AUDIT_INSERT, _audit_row(c.kind, entity_id, event, raw[-1], raw[1], audit=audit)
-        )
-        return c.row(raw, self.path)
 
     def _current(
         self, conn: sqlite3.Connection, c: CompiledKind, entity_id: str
@@ -354,17 +325,13 @@ class SQLiteStore(ClosesOnExit):
     def _one_planned(
         self, conn: sqlite3.Connection, c: CompiledKind, plan: TransitionPlan[Any], audit: Audit
     ) -> Row[Any] | Exception:
-        """The plan's single-row UPDATE and audit entry: the row written, or the refusal."""
-        row = self._write_one(
-            conn,
-            c,
-            c.update_sql(plan),
-            sql.update_params(plan),
-            entity_id=plan.entity_id,
-            event=plan.event,
-            audit=audit,
-        )
-        return row if row is not None else plan.miss(self._current(conn, c, plan.entity_id))
+        """The plan's single-row UPDATE (its trigger writes the audit entry): the row written,
+        or the refusal."""
+        params = sql.update_params(plan, audit_values(plan.event, audit))
+        raw = conn.execute(c.update_sql(plan), params).fetchone()
+        if raw is not None:
+            return c.row(raw, self.path)
+        return plan.miss(self._current(conn, c, plan.entity_id))
 
     def transition_many(
         self,
@@ -403,18 +370,15 @@ class SQLiteStore(ClosesOnExit):
         plan = plan_transition(kind, "-", event, expect=expect, changes=changes)
         added = check_increments(kind, increments, changes)
         compared = sql.where_params(plan.expect)
+        audited = audit_values(event, audit)
         rows: dict[str, Row[S]] = {}
         with Txn(self._db, "transition_many", savepoint=False):
             conn = self._db.conn()
             for start in range(0, len(ids), _BULK_CHUNK):
                 chunk = ids[start : start + _BULK_CHUNK]
                 text = sql.update_many_sql(plan, added, len(chunk))
-                params = [*plan.changes.values(), *added.values(), *chunk, *compared]
+                params = [*plan.changes.values(), *added.values(), *audited, *chunk, *compared]
                 raws = conn.execute(text, params).fetchall()
-                conn.executemany(
-                    sql.AUDIT_INSERT,
-                    [_audit_row(kind, raw[0], event, raw[-1], raw[1], audit=audit) for raw in raws],
-                )
                 for raw in raws:
                     rows[raw[0]] = c.row(raw, self.path)
         return [rows[i] for i in ids if i in rows]
@@ -462,7 +426,13 @@ class SQLiteStore(ClosesOnExit):
             except REFUSALS as exc:
                 outcomes[i] = exc
                 continue
-            params = [creation.entity_id, state.value, 0, *c.column_values(checked)]
+            params = [
+                creation.entity_id,
+                state.value,
+                0,
+                *c.column_values(checked),
+                *audit_values(creation.event, creation.audit),
+            ]
             ready.append((i, creation, state, params))
         with Txn(self._db, "insert_each", savepoint=False):
             conn = self._db.conn()
@@ -471,24 +441,12 @@ class SQLiteStore(ClosesOnExit):
                     text = c.insert_rows_sql(len(chunk))
                     raws = conn.execute(text, [p for item in chunk for p in item[3]]).fetchall()
                     created = {raw[0]: raw for raw in raws}
-                    audits = []
-                    for i, creation, initial, _ in chunk:
+                    for i, creation, _, _ in chunk:
                         raw = created.get(creation.entity_id)
                         if raw is None:  # it existed: returned untouched, as insert() does
                             outcomes[i] = (self._current(conn, c, creation.entity_id), False)
                             continue
                         outcomes[i] = (c.row(raw, self.path), True)
-                        audits.append(
-                            _audit_row(
-                                kind,
-                                creation.entity_id,
-                                creation.event,
-                                None,
-                                initial.value,
-                                audit=creation.audit,
-                            )
-                        )
-                    conn.executemany(sql.AUDIT_INSERT, audits)
         return outcomes
 
     def transition_each(
@@ -534,16 +492,10 @@ class SQLiteStore(ClosesOnExit):
         text = c.bulk_update_sql(shape, len(chunk))
         params = [value for step in chunk for value in step.values]
         written = {raw[0]: raw for raw in conn.execute(text, params).fetchall()}
-        audits = []
         for step in chunk:
-            move = step.move
-            raw = written.get(move.entity_id)
+            raw = written.get(step.move.entity_id)
             if raw is None:
-                current = self._current(conn, c, move.entity_id)
+                current = self._current(conn, c, step.move.entity_id)
                 outcomes[step.index] = step.planned(c.kind).miss(current)
                 continue
             outcomes[step.index] = c.row(raw, self.path)
-            audits.append(
-                _audit_row(c.kind, move.entity_id, move.event, raw[-1], raw[1], audit=move.audit)
-            )
-        conn.executemany(sql.AUDIT_INSERT, audits)

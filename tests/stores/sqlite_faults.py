@@ -119,7 +119,8 @@ def corrupt_obligation_pages(path: str | os.PathLike[str]) -> None:
         roots = [
             root
             for (root,) in conn.execute(
-                "SELECT rootpage FROM sqlite_master WHERE tbl_name = 'delivery_obligations'"
+                "SELECT rootpage FROM sqlite_master WHERE tbl_name = 'delivery_obligations' "
+                "AND rootpage > 0"  # its triggers have no pages
             )
         ]
     finally:

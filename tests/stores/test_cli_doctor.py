@@ -20,6 +20,7 @@ from statecore.errors import StoreError
 from statecore.ownership import host_identity
 from stores import SQLiteStore
 from stores.cli import open_sqlite, sqlite_checks, sqlite_path
+from stores.sqlite import SCHEMA_VERSION
 from tests.cli_run import run, run_json, run_on_terminal, snapshot, url
 
 HOUR = 3600.0
@@ -66,7 +67,7 @@ def test_a_healthy_file_passes_and_is_not_changed(tmp_path: Path) -> None:
     assert result.stderr == ""
     lines = result.stdout.splitlines()
     assert lines[0] == f"statecore doctor: {url(path)}"
-    assert lines[1].split()[:4] == ["ok", "schema", "version", "1"]
+    assert lines[1].split()[:4] == ["ok", "schema", "version", str(SCHEMA_VERSION)]
     assert lines[2].split()[:4] == ["ok", "journal", "mode", "wal"]
     assert lines[3].split()[:4] == ["ok", "integrity", "ok", "(integrity_check)"]
     assert lines[4].split()[:3] == ["info", "file", "size"]
@@ -153,7 +154,8 @@ def test_a_newer_schema_is_a_problem_and_is_left_alone(tmp_path: Path) -> None:
     conn.close()
     result = run("doctor", store=url(path))
     assert result.returncode == 1
-    assert "99 is newer than this statecore understands (1): upgrade statecore" in result.stdout
+    wanted = f"99 is newer than this statecore understands ({SCHEMA_VERSION}): upgrade statecore"
+    assert wanted in result.stdout
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == 99
     conn.close()

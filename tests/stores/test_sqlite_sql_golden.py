@@ -168,8 +168,12 @@ def render(title: str, *statements: Statement) -> str:
     return "\n".join(parts)
 
 
+AUDIT = ("attempt", NOW, "host:1:tok", 1, None)
+"""The audit columns' values every case binds (event, at, owner, attempts, reason)."""
+
+
 def _with_params(plan: TransitionPlan[Any]) -> tuple[str, list[Any]]:
-    return sql.update_sql(plan), sql.update_params(plan)
+    return sql.update_sql(plan), sql.update_params(plan, AUDIT)
 
 
 def case_connection() -> str:
@@ -205,6 +209,7 @@ def _schema(kind: EntityKind[Any]) -> str:
         f"The {kind.name} kind's table and indexes (register on a new file)",
         sql.table_info_sql(kind),
         sql.create_table_sql(kind),
+        *sql.audit_trigger_sql(kind),
         *sql.index_sql(kind),
     )
 
@@ -222,8 +227,7 @@ def case_parcel_migration() -> str:
     return render(
         "An older parcels table gains the managed columns and the fields it lacks (all but the "
         "required label, which has no default for existing rows)",
-        sql.add_managed_sql(kind, "fence"),
-        sql.add_managed_sql(kind, "prev_state"),
+        *(sql.add_managed_sql(kind, column) for column in sql.MANAGED_COLUMNS),
         *(sql.add_field_sql(kind, f) for f in kind.fields if f.nullable or f.default is not None),
     )
 
@@ -290,7 +294,7 @@ def case_obligation_bulk_update() -> str:
         "A batch of the ledger's settles of one shape: one UPDATE ... FROM (VALUES ...)",
         (
             sql.bulk_update_sql(OBLIGATION_KIND, shape, len(plans)),
-            [value for plan in plans for value in sql.bulk_row(plan)],
+            [value for plan in plans for value in sql.bulk_row(plan, AUDIT)],
         ),
     )
 
@@ -303,7 +307,7 @@ def case_parcel_bulk_update() -> str:
     assert shape is not None
     return render(
         "A bulk multi-target move guarded by equality (IS: a NULL compares too)",
-        (sql.bulk_update_sql(PARCEL_KIND, shape, 1), sql.bulk_row(plan)),
+        (sql.bulk_update_sql(PARCEL_KIND, shape, 1), sql.bulk_row(plan, AUDIT)),
     )
 
 
@@ -311,7 +315,13 @@ def case_obligation_transition_many() -> str:
     plan = claim_plan()
     ids = ["ob-1", "ob-2", "ob-3"]
     increments = {"attempts": 1}
-    params = [*plan.changes.values(), *increments.values(), *ids, *sql.where_params(plan.expect)]
+    params = [
+        *plan.changes.values(),
+        *increments.values(),
+        *AUDIT,
+        *ids,
+        *sql.where_params(plan.expect),
+    ]
     return render(
         "The sweep's claim of several rows at once, adding to attempts",
         (sql.update_many_sql(plan, increments, len(ids)), params),
@@ -404,10 +414,10 @@ def test_a_learned_update_binds_what_the_plain_path_binds() -> None:
     compiled.learn(key, plan)
     fast = compiled.fast[key]
     assert fast.sql == sql.update_sql(plan)
-    bound = fast.values(plan.entity_id, plan.fence, expect, changes, bulk=False)
-    assert bound == sql.update_params(plan)
-    row = fast.values(plan.entity_id, plan.fence, expect, changes, bulk=True)
-    assert row == sql.bulk_row(plan)
+    bound = fast.values(plan.entity_id, plan.fence, expect, changes, AUDIT, bulk=False)
+    assert bound == sql.update_params(plan, AUDIT)
+    row = fast.values(plan.entity_id, plan.fence, expect, changes, AUDIT, bulk=True)
+    assert row == sql.bulk_row(plan, AUDIT)
 
 
 def test_a_batch_step_binds_the_bulk_row_and_uses_the_seams_bulk_text() -> None:
@@ -416,14 +426,13 @@ def test_a_batch_step_binds_the_bulk_row_and_uses_the_seams_bulk_text() -> None:
     plan = attempt_plan()
     compiled = CompiledKind(OBLIGATION_KIND)
     expect, changes = _request(plan)
-    move = Move(
-        plan.entity_id, plan.event, Audit(NOW), fence=plan.fence, expect=expect, changes=changes
-    )
+    audit = Audit(NOW, "host:1:tok", 1)
+    move = Move(plan.entity_id, plan.event, audit, fence=plan.fence, expect=expect, changes=changes)
     planned = Step.of(compiled, 0, move)  # first: planned, and its shape learned
     learned = Step.of(compiled, 1, move)  # then: admitted by the learned shape
     for step in (planned, learned):
         assert step.shape == sql.bulk_shape(plan)
-        assert step.values == sql.bulk_row(plan)
+        assert step.values == sql.bulk_row(plan, (plan.event, NOW, "host:1:tok", 1, None))
     assert planned.plan is not None
     assert learned.plan is None
     shape = sql.bulk_shape(plan)

@@ -279,6 +279,80 @@ def test_old_dead_owner_rows_are_claimable_after_migration(
     assert ledger.mark_delivered("ob-1").state is S.DELIVERED
 
 
+AUDIT_COLUMNS = ("audit_event", "audit_at", "audit_owner", "audit_attempts", "audit_reason")
+
+
+def _names(raw: sqlite3.Connection, kind: str) -> set[str]:
+    rows = raw.execute("SELECT name FROM sqlite_schema WHERE type = ?", (kind,))
+    return {r[0] for r in rows}
+
+
+def _as_version_one(path: Path) -> None:
+    """Turn a file this code wrote into the layout of schema version 1: no audit columns, no
+    audit triggers (the store wrote each audit entry with its own INSERT)."""
+    with raw_connect(path) as raw:
+        for name in _names(raw, "trigger"):
+            raw.execute(f"DROP TRIGGER {name}")
+        for table in ("delivery_obligations", "statecore_owners"):
+            for column in AUDIT_COLUMNS:
+                raw.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        raw.execute("PRAGMA user_version = 1")
+
+
+def test_a_version_one_file_keeps_its_history_and_audits_each_write_once(
+    opened: Callable[..., SQLiteStore], db_path: Path
+) -> None:
+    """A file of schema version 1 opens: its kinds gain the audit columns and triggers, every
+    row and every history entry written before stays, and each later write adds exactly one
+    audit entry (the trigger's), with its event, owner, attempts and reason."""
+    clock = FakeClock(1_700_000_000.0)
+    first = ledger_on(opened(), clock)
+    old = record(first, "ob-old")
+    first.mark_attempting(old)
+    first.mark_failed(old, "connection reset")
+    before = first.history(old)
+    first.store.close()
+    _as_version_one(db_path)
+    second = ledger_on(opened(), clock)
+    with raw_connect(db_path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        triggers = _names(raw, "trigger")
+    assert {"delivery_obligations_audit_create", "delivery_obligations_audit_move"} <= triggers
+    assert second.history(old) == before
+    claims = second.sweep_failed_for_runtime("slack", now=clock.now() + 3600)
+    assert [c.obligation_id for c in claims] == [old]
+    second.mark_delivered(old)
+    after = second.history(old)
+    assert after[: len(before)] == before
+    assert [(e.event, e.from_state, e.to_state) for e in after[len(before) :]] == [
+        ("claim", S.FAILED, S.ATTEMPTING),
+        ("deliver", S.ATTEMPTING, S.DELIVERED),
+    ]
+    assert after[-1].owner == second.incarnation.label
+
+
+def test_each_write_outside_a_block_is_one_statement(opened: Callable[..., SQLiteStore]) -> None:
+    """A creation and a transition each cost one statement into SQLite (no BEGIN, no COMMIT,
+    no separate audit INSERT: the trigger writes it inside the same statement)."""
+    ledger = ledger_on(opened(), FakeClock())
+    oid = record(ledger, "ob-warm")  # the kinds' statements prepared
+    ledger.mark_attempting(oid)
+    statements: list[str] = []
+    conn = ledger.store._conn()  # type: ignore[attr-defined]
+    conn.set_trace_callback(statements.append)
+    try:
+        oid = record(ledger, "ob-counted")
+        ledger.mark_attempting(oid)
+        ledger.mark_delivered(oid)
+    finally:
+        conn.set_trace_callback(None)
+    # The trace repeats a statement's text for each trigger step it runs: count each once.
+    ours = [s for i, s in enumerate(statements) if i == 0 or s != statements[i - 1]]
+    assert [s.split()[0] for s in ours] == ["INSERT", "UPDATE", "UPDATE"], ours
+    assert not any(s.split()[0] in ("BEGIN", "COMMIT") for s in ours)
+    assert [e.event for e in ledger.history(oid)] == ["record", "attempt", "deliver"]
+
+
 # -- locking -----------------------------------------------------------------------------------
 
 

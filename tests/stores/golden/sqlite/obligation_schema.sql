@@ -3,7 +3,11 @@
 
 PRAGMA table_info(delivery_obligations);
 
-CREATE TABLE delivery_obligations (obligation_id TEXT PRIMARY KEY NOT NULL, state TEXT NOT NULL, fence INTEGER NOT NULL DEFAULT 0, prev_state TEXT, session_key TEXT NOT NULL, platform TEXT NOT NULL, chat_id TEXT NOT NULL, thread_id TEXT, reply_to TEXT, content TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, created_at REAL NOT NULL, updated_at REAL NOT NULL, owner_host TEXT, owner_pid INTEGER, owner_started_at INTEGER, owner_token TEXT, lease_expires_at REAL, last_error TEXT, error_kind TEXT, next_attempt_at REAL, adapter_profile TEXT NOT NULL DEFAULT 'default');
+CREATE TABLE delivery_obligations (obligation_id TEXT PRIMARY KEY NOT NULL, state TEXT NOT NULL, fence INTEGER NOT NULL DEFAULT 0, prev_state TEXT, audit_event TEXT, audit_at REAL, audit_owner TEXT, audit_attempts INTEGER, audit_reason TEXT, session_key TEXT NOT NULL, platform TEXT NOT NULL, chat_id TEXT NOT NULL, thread_id TEXT, reply_to TEXT, content TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, created_at REAL NOT NULL, updated_at REAL NOT NULL, owner_host TEXT, owner_pid INTEGER, owner_started_at INTEGER, owner_token TEXT, lease_expires_at REAL, last_error TEXT, error_kind TEXT, next_attempt_at REAL, adapter_profile TEXT NOT NULL DEFAULT 'default');
+
+CREATE TRIGGER IF NOT EXISTS delivery_obligations_audit_create AFTER INSERT ON delivery_obligations BEGIN INSERT INTO statecore_audit (kind, entity_id, event, from_state, to_state, at, owner, attempts, reason) VALUES ('obligation', NEW.obligation_id, NEW.audit_event, NULL, NEW.state, NEW.audit_at, NEW.audit_owner, NEW.audit_attempts, NEW.audit_reason); END;
+
+CREATE TRIGGER IF NOT EXISTS delivery_obligations_audit_move AFTER UPDATE OF fence ON delivery_obligations BEGIN INSERT INTO statecore_audit (kind, entity_id, event, from_state, to_state, at, owner, attempts, reason) VALUES ('obligation', NEW.obligation_id, NEW.audit_event, OLD.state, NEW.state, NEW.audit_at, NEW.audit_owner, NEW.audit_attempts, NEW.audit_reason); END;
 
 CREATE INDEX IF NOT EXISTS delivery_obligations_state_owner_pid_attempting_failed_pending ON delivery_obligations(state, owner_pid) WHERE state IN ('attempting', 'failed', 'pending');
 

@@ -5,6 +5,16 @@ ALTER TABLE parcels ADD COLUMN fence INTEGER NOT NULL DEFAULT 0;
 
 ALTER TABLE parcels ADD COLUMN prev_state TEXT;
 
+ALTER TABLE parcels ADD COLUMN audit_event TEXT;
+
+ALTER TABLE parcels ADD COLUMN audit_at REAL;
+
+ALTER TABLE parcels ADD COLUMN audit_owner TEXT;
+
+ALTER TABLE parcels ADD COLUMN audit_attempts INTEGER;
+
+ALTER TABLE parcels ADD COLUMN audit_reason TEXT;
+
 ALTER TABLE parcels ADD COLUMN weight REAL NOT NULL DEFAULT 0.0;
 
 ALTER TABLE parcels ADD COLUMN fragile INTEGER NOT NULL DEFAULT 0;

@@ -1,0 +1,716 @@
+"""statecore against the libraries a user would pick instead, side by side in one run.
+
+Run: ``.venv/bin/python benchmarks/bench_peers.py`` (``--check`` exits 1 if a target is
+missed; ``--only NAME`` runs one part; ``--quick`` shrinks every size for a smoke run).  Needs
+the peers in the venv: ``litequeue``, ``persist-queue``, ``python-statemachine`` and
+``transitions``.
+
+Parts and targets:
+
+* ``normal``: 1,500 items, each enqueue -> claim -> settle with a commit per step, on SQLite WAL
+  + synchronous NORMAL.  ``Ledger(SQLiteStore)`` (record -> mark_attempting -> mark_delivered,
+  audit rows included) >= 1.0x ``litequeue`` (put -> pop -> done); below 0.8x is also flagged.
+* ``full``: the same at synchronous FULL.  ``Ledger(SQLiteStore(synchronous="FULL"))`` >= 1.0x
+  ``persistqueue.SQLiteAckQueue`` (put -> get -> ack), its connection set to FULL.
+* ``async``: ``AsyncLedger`` with 100 concurrent senders, each running the same lifecycle,
+  >= 2.5x the sequential ``Ledger`` at NORMAL and >= 5x at FULL.
+* ``lifecycle``: one event fired on a ``Lifecycle.track`` machine >= 30x faster than on a
+  ``transitions`` model and than on a ``python-statemachine`` machine (the same 4-state
+  lifecycle); heap per tracked object (tracemalloc over many objects) <= 256 bytes, printed
+  next to the peers'.
+
+Every workload runs in a fresh temporary directory; the contenders of a part run in turn in
+every round (the order rotates), rates printed are medians over the rounds and the ratio checked
+is the median of the rounds' own ratios.  The pragmas in effect are read back from each side's
+connection, and SQL statements, commits and WAL frames per item are counted (trace callback) on a
+separate, untimed run.  Absolute numbers drift between runs, ratios hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import timeit
+import tracemalloc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, cast
+
+import litequeue  # type: ignore[import-untyped]
+import persistqueue
+import statemachine
+import transitions
+from bench_ledger import _async_senders, _fresh_db, _paired
+
+from statecore import AsyncLedger, Ledger, Lifecycle, Transition
+from stores import SQLiteStore
+
+# -- results and the final table ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the final table: our figure, the peer's, their ratio and its target."""
+
+    part: str
+    measure: str
+    ours: str
+    ours_value: float
+    peer: str
+    peer_value: float
+    ratio: float | None
+    target: str
+    ok: bool
+
+
+RESULTS: list[Row] = []
+PRAGMAS: list[tuple[str, str]] = []
+COUNTS: list[tuple[str, str]] = []
+
+
+def _figure(value: float, measure: str) -> str:
+    if measure.startswith("ns"):
+        return f"{value:,.0f} ns"
+    if measure.startswith("bytes"):
+        return f"{value:,.0f} B"
+    return f"{value:,.0f}/s"
+
+
+def report(row: Row) -> None:
+    """Record one comparison and print its ratio against the target."""
+    RESULTS.append(row)
+    ratio = "" if row.ratio is None else f"{row.ratio:8.2f}x"
+    print(f"  {row.part} {row.measure} vs {row.peer}: {ratio}  target {row.target}  {_mark(row)}")
+
+
+def _mark(row: Row) -> str:
+    return "ok" if row.ok else "MISSED"
+
+
+def print_table() -> None:
+    """Every comparison side by side: ours, the peer, the ratio and the target."""
+    head = ("part", "measure", "statecore", "", "peer", "", "ratio", "target", "")
+    lines = [head]
+    for r in RESULTS:
+        ratio = "-" if r.ratio is None else f"{r.ratio:.2f}x"
+        lines.append(
+            (
+                r.part,
+                r.measure,
+                r.ours,
+                _figure(r.ours_value, r.measure),
+                r.peer,
+                _figure(r.peer_value, r.measure),
+                ratio,
+                r.target,
+                _mark(r),
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    right = {3, 5, 6}
+    for line in lines:
+        cells = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(line)
+        ]
+        print("  " + "  ".join(cells).rstrip())
+    if PRAGMAS:
+        print("pragmas read back from each side's connection (journal_mode, synchronous):")
+        for who, pragmas in PRAGMAS:
+            print(f"  {who:<48} {pragmas}")
+    if COUNTS:
+        print("per item, counted with a trace callback on an untimed run:")
+        for who, counts in COUNTS:
+            print(f"  {who:<48} {counts}")
+
+
+# -- shared helpers -------------------------------------------------------------------------------
+
+PAYLOAD: dict[str, str] = {
+    "session_key": "agent:main:slack:channel:C1",
+    "platform": "slack",
+    "chat_id": "C1",
+    "thread_id": "171.001",
+    "content": "x" * 100,
+}
+"""What every item carries (the fields bench_ledger's sequential part records)."""
+
+_SYNC_NAMES = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
+
+
+@contextlib.contextmanager
+def _fresh_dir(name: str) -> Iterator[Path]:
+    """A new temporary directory for one workload, deleted afterwards."""
+    with tempfile.TemporaryDirectory(prefix=f"statecore-peers-{name}-") as tmp:
+        yield Path(tmp)
+
+
+def _pragmas(conn: sqlite3.Connection) -> str:
+    mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+    sync = conn.execute("PRAGMA synchronous").fetchone()[0]
+    return f"{mode}, {_SYNC_NAMES.get(sync, str(sync))}"
+
+
+def _store_connections(store: SQLiteStore) -> list[sqlite3.Connection]:
+    """The store's open connections (private: read only to print pragmas and trace)."""
+    conns = getattr(getattr(store, "_db", None), "_connections", None)
+    return list(conns) if isinstance(conns, list) else []
+
+
+def _store_pragmas(store: SQLiteStore) -> str:
+    conns = _store_connections(store)
+    if not conns:
+        return "could not read (no connection reachable)"
+    return "; ".join(sorted({_pragmas(c) for c in conns}))
+
+
+def _note_pragmas(who: str, pragmas: str) -> None:
+    if (who, pragmas) not in PRAGMAS:
+        PRAGMAS.append((who, pragmas))
+        print(f"  pragmas {who}: {pragmas}")
+
+
+class _Tracer:
+    """Counts statements and commits seen by ``sqlite3`` trace callbacks: a commit is a
+    ``COMMIT``/``END``/outermost ``RELEASE``, or a write statement run outside an explicit
+    transaction.  The callback reports a trigger's steps with the text of the statement that
+    fired them, so an entry repeating the previous one is counted as a trigger callback."""
+
+    _WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
+
+    def __init__(self) -> None:
+        self.statements = 0
+        self.trigger_calls = 0
+        self.commits = 0
+        self._open = False
+        self._savepoints = 0  # > 0: the transaction was opened by a SAVEPOINT
+        self._last = ""
+
+    def __call__(self, sql: str) -> None:
+        if sql == self._last:
+            self.trigger_calls += 1
+            return
+        self._last = sql
+        self.statements += 1
+        words = sql.split(None, 1)
+        head = words[0].upper() if words else ""
+        if head == "BEGIN":
+            self._open = True
+        elif head == "SAVEPOINT" and (self._savepoints or not self._open):
+            self._open = True
+            self._savepoints += 1
+        elif head == "RELEASE" and self._savepoints:
+            self._savepoints -= 1
+            if not self._savepoints:
+                self.commits += 1
+                self._open = False
+        elif head in ("COMMIT", "END"):
+            self.commits += self._open
+            self._open = False
+            self._savepoints = 0
+        elif head == "ROLLBACK" and len(words) == 1:
+            self._open = False
+            self._savepoints = 0
+        elif head in self._WRITES and not self._open:
+            self.commits += 1
+
+    def per_item(self, n: int) -> str:
+        triggers = (
+            f" (+{self.trigger_calls / n:.1f} trigger callbacks)" if self.trigger_calls else ""
+        )
+        return f"{self.statements / n:.1f} statements{triggers}, {self.commits / n:.1f} commits"
+
+
+def _count(who: str, conns: list[sqlite3.Connection], run: Callable[[], None], n: int) -> None:
+    """Run ``n`` items with every statement traced and the WAL kept whole (no automatic
+    checkpoint), then print statements, commits and WAL frames (pages written) per item."""
+    tracer = _Tracer()
+    conns[0].execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    for conn in conns:
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        conn.set_trace_callback(tracer)
+    run()
+    for conn in conns:
+        conn.set_trace_callback(None)
+    frames = conns[0].execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
+    counts = f"{tracer.per_item(n)}, {frames / n:.1f} WAL frames"
+    COUNTS.append((who, counts))
+    print(f"  {who}: {counts} per item")
+
+
+def _rotated(runs: list[Callable[[], None]], r: int) -> None:
+    """Run every contender once, starting with a different one each round."""
+    for i in range(len(runs)):
+        runs[(i + r) % len(runs)]()
+
+
+# -- the ledger's lifecycle ------------------------------------------------------------------------
+
+
+def _ledger_items(ledger: Ledger, n: int, first: int = 0) -> None:
+    for i in range(first, first + n):
+        ob = ledger.record(**PAYLOAD, obligation_id=f"ob-{i}")
+        ledger.mark_attempting(ob.obligation_id)
+        ledger.mark_delivered(ob.obligation_id)
+
+
+def _ledger_store(tmp: Path, sync: str) -> SQLiteStore:
+    """A store on a new file with the obligation table made (as the peers make theirs when
+    constructed, before the clock starts)."""
+    return _fresh_db(tmp, "ledger", sync)[1]
+
+
+def _time_ledger(sync: str, n: int, samples: list[float], pragmas: list[str]) -> None:
+    with _fresh_dir("ledger") as tmp:
+        store = _ledger_store(tmp, sync)
+        ledger = Ledger(store)
+        gc.collect()
+        start = time.perf_counter()
+        _ledger_items(ledger, n)
+        samples.append(n / (time.perf_counter() - start))
+        pragmas.append(_store_pragmas(store))
+        store.close()
+
+
+def _count_ledger(sync: str, n: int) -> None:
+    with _fresh_dir("ledger-trace") as tmp:
+        store = _ledger_store(tmp, sync)
+        ledger = Ledger(store)
+        _ledger_items(ledger, 1)  # opens what the first item opens
+        conns = _store_connections(store)
+        if conns:
+            _count(f"Ledger(SQLiteStore), {sync}", conns, lambda: _ledger_items(ledger, n, 1), n)
+        else:
+            COUNTS.append((f"Ledger(SQLiteStore), {sync}", "could not reach its connection"))
+        store.close()
+
+
+# -- normal: litequeue ----------------------------------------------------------------------------
+
+
+def _litequeue_items(queue: Any, n: int) -> None:
+    for _ in range(n):
+        queue.put(json.dumps(PAYLOAD))
+        message = queue.pop()
+        assert message is not None
+        queue.done(message.message_id)
+
+
+def _time_litequeue(n: int, samples: list[float], pragmas: list[str]) -> None:
+    with _fresh_dir("litequeue") as tmp:
+        queue = litequeue.LiteQueue(str(tmp / "queue.db"))
+        gc.collect()
+        start = time.perf_counter()
+        _litequeue_items(queue, n)
+        samples.append(n / (time.perf_counter() - start))
+        pragmas.append(_pragmas(queue.conn))
+        queue.close()
+
+
+def _count_litequeue(n: int) -> None:
+    with _fresh_dir("litequeue-trace") as tmp:
+        queue = litequeue.LiteQueue(str(tmp / "queue.db"))
+        _count("litequeue, NORMAL", [queue.conn], lambda: _litequeue_items(queue, n), n)
+        queue.close()
+
+
+def bench_normal(n: int, rounds: int) -> None:
+    """Ledger vs litequeue, a commit per step, WAL + synchronous NORMAL."""
+    print(f"normal: enqueue -> claim -> settle (n={n}, {rounds} rounds, WAL, synchronous=NORMAL)")
+    ours: list[float] = []
+    peer: list[float] = []
+    our_pragmas: list[str] = []
+    peer_pragmas: list[str] = []
+    for r in range(rounds):
+        _rotated(
+            [
+                lambda: _time_ledger("NORMAL", n, ours, our_pragmas),
+                lambda: _time_litequeue(n, peer, peer_pragmas),
+            ],
+            r,
+        )
+    our, their = statistics.median(ours), statistics.median(peer)
+    print(f"  {'litequeue put -> pop -> done':<50} {their:10.0f} items/s")
+    print(f"  {'Ledger record -> mark_attempting -> mark_delivered':<50} {our:10.0f} items/s")
+    _note_pragmas("Ledger(SQLiteStore()), normal", "; ".join(sorted(set(our_pragmas))))
+    _note_pragmas("litequeue.LiteQueue, normal", "; ".join(sorted(set(peer_pragmas))))
+    _count_ledger("NORMAL", min(n, 300))
+    _count_litequeue(min(n, 300))
+    ratio = _paired(ours, peer)
+    row = Row(
+        "normal",
+        "items/s, NORMAL",
+        "Ledger",
+        our,
+        "litequeue",
+        their,
+        ratio,
+        ">= 1.0 (floor 0.8)",
+        ratio >= 1.0,
+    )
+    report(row)
+    if ratio < 0.8:
+        print(f"  below the 0.8x floor as well ({ratio:.2f}x)")
+
+
+# -- full: persist-queue --------------------------------------------------------------------------
+
+
+def _persist_queue(tmp: Path) -> persistqueue.SQLiteAckQueue:
+    """A SQLiteAckQueue committing every step (its only mode), its connection set to FULL."""
+    queue = persistqueue.SQLiteAckQueue(str(tmp / "queue"), auto_commit=True, multithreading=False)
+    # The queue opens one connection (putter and getter are the same object without
+    # multithreading); it sets WAL but leaves synchronous at SQLite's default.
+    _persist_conn(queue).execute("PRAGMA synchronous = FULL")
+    return queue
+
+
+def _persist_conn(queue: persistqueue.SQLiteAckQueue) -> sqlite3.Connection:
+    """The queue's connection (private; its type hints declare it None)."""
+    assert queue._putter is queue._getter
+    return cast(sqlite3.Connection, queue._putter)
+
+
+def _persist_items(queue: persistqueue.SQLiteAckQueue, n: int) -> None:
+    for _ in range(n):
+        queue.put(PAYLOAD)
+        item = queue.get(block=False, raw=True)
+        queue.ack(id=item["pqid"])
+
+
+def _time_persist(n: int, samples: list[float], pragmas: list[str]) -> None:
+    with _fresh_dir("persistqueue") as tmp:
+        queue = _persist_queue(tmp)
+        gc.collect()
+        start = time.perf_counter()
+        _persist_items(queue, n)
+        samples.append(n / (time.perf_counter() - start))
+        pragmas.append(_pragmas(_persist_conn(queue)))
+        queue.close()
+
+
+def _count_persist(n: int) -> None:
+    with _fresh_dir("persistqueue-trace") as tmp:
+        queue = _persist_queue(tmp)
+        conn = _persist_conn(queue)
+        _count("persistqueue.SQLiteAckQueue, FULL", [conn], lambda: _persist_items(queue, n), n)
+        queue.close()
+
+
+def bench_full(n: int, rounds: int) -> None:
+    """Ledger vs persist-queue's SQLiteAckQueue, a commit per step, WAL + synchronous FULL."""
+    print(f"full: enqueue -> claim -> settle (n={n}, {rounds} rounds, WAL, synchronous=FULL)")
+    ours: list[float] = []
+    peer: list[float] = []
+    our_pragmas: list[str] = []
+    peer_pragmas: list[str] = []
+    for r in range(rounds):
+        _rotated(
+            [
+                lambda: _time_ledger("FULL", n, ours, our_pragmas),
+                lambda: _time_persist(n, peer, peer_pragmas),
+            ],
+            r,
+        )
+    our, their = statistics.median(ours), statistics.median(peer)
+    print(f"  {'SQLiteAckQueue put -> get -> ack':<50} {their:10.0f} items/s")
+    print(f"  {'Ledger record -> mark_attempting -> mark_delivered':<50} {our:10.0f} items/s")
+    _note_pragmas(
+        'Ledger(SQLiteStore(synchronous="FULL")), full', "; ".join(sorted(set(our_pragmas)))
+    )
+    _note_pragmas("persistqueue.SQLiteAckQueue, full", "; ".join(sorted(set(peer_pragmas))))
+    _count_ledger("FULL", min(n, 100))
+    _count_persist(min(n, 100))
+    ratio = _paired(ours, peer)
+    report(
+        Row(
+            "full",
+            "items/s, FULL",
+            "Ledger",
+            our,
+            "persist-queue SQLiteAckQueue",
+            their,
+            ratio,
+            ">= 1.0",
+            ratio >= 1.0,
+        )
+    )
+
+
+# -- async: group commit against the sequential ledger --------------------------------------------
+
+
+def _time_async(sync: str, senders: int, per_sender: int, out: list[float]) -> tuple[int, int]:
+    with _fresh_dir("async") as tmp:
+        store = _ledger_store(tmp, sync)
+        ledger = AsyncLedger(store)
+        gc.collect()
+        start = time.perf_counter()
+        asyncio.run(_async_senders(ledger, senders, per_sender))
+        out.append(senders * per_sender / (time.perf_counter() - start))
+        pragmas = _store_pragmas(store)
+        batches, ops = ledger.batches, ledger.operations
+        ledger.close()
+        store.close()
+    _note_pragmas(f"AsyncLedger(SQLiteStore), {sync}", pragmas)
+    return batches, ops
+
+
+def _async_at(sync: str, target: float, n: int, rounds: int) -> None:
+    senders = 100
+    per_sender = max(1, n // senders)
+    seq_n = n if sync == "NORMAL" else max(50, n // 3)
+    print(
+        f"async: {senders} senders x {per_sender} lifecycles vs the sequential Ledger "
+        f"({seq_n} lifecycles), {rounds} rounds, synchronous={sync}"
+    )
+    ours: list[float] = []
+    seq: list[float] = []
+    seq_pragmas: list[str] = []
+    group: list[tuple[int, int]] = []
+    for r in range(rounds):
+        _rotated(
+            [
+                lambda: group.append(_time_async(sync, senders, per_sender, ours)),
+                lambda: _time_ledger(sync, seq_n, seq, seq_pragmas),
+            ],
+            r,
+        )
+    our, base = statistics.median(ours), statistics.median(seq)
+    batches = sum(b for b, _ in group)
+    ops = sum(o for _, o in group)
+    print(f"  {'Ledger, sequential':<50} {base:10.0f} items/s")
+    print(
+        f"  {f'AsyncLedger, {senders} senders':<50} {our:10.0f} items/s "
+        f"({ops / max(1, batches):.0f} operations per commit)"
+    )
+    ratio = _paired(ours, seq)
+    report(
+        Row(
+            "async",
+            f"items/s, {sync}",
+            f"AsyncLedger x{senders}",
+            our,
+            "sequential Ledger",
+            base,
+            ratio,
+            f">= {target}",
+            ratio >= target,
+        )
+    )
+
+
+def bench_async(n: int, rounds: int) -> None:
+    """AsyncLedger, 100 concurrent senders, vs the sequential Ledger, NORMAL and FULL."""
+    _async_at("NORMAL", 2.5, n, rounds)
+    _async_at("FULL", 5.0, n, rounds)
+
+
+# -- lifecycle: the in-memory machine against transitions and python-statemachine ---------------
+
+
+class Reply(StrEnum):
+    """The 4-state lifecycle every contender declares."""
+
+    PENDING = "pending"
+    ATTEMPTING = "attempting"
+    FAILED = "failed"
+    DELIVERED = "delivered"
+
+
+REPLY: Lifecycle[Reply] = Lifecycle(
+    "reply",
+    Reply,
+    initial=Reply.PENDING,
+    terminal=(Reply.DELIVERED,),
+    transitions=(
+        Transition("attempt", Reply.PENDING, Reply.ATTEMPTING),
+        Transition("deliver", Reply.ATTEMPTING, Reply.DELIVERED),
+        Transition("fail", Reply.ATTEMPTING, Reply.FAILED),
+        Transition("retry", Reply.FAILED, Reply.ATTEMPTING),
+    ),
+)
+
+_MOVES = [
+    {"trigger": t.event, "source": list(t.sources), "dest": t.target} for t in REPLY.transitions
+]
+
+
+class ReplyFlow(statemachine.StateMachine):
+    """The same lifecycle as a python-statemachine class."""
+
+    pending = statemachine.State(initial=True)
+    attempting = statemachine.State()
+    failed = statemachine.State()
+    delivered = statemachine.State(final=True)
+
+    attempt = pending.to(attempting)
+    deliver = attempting.to(delivered)
+    fail = attempting.to(failed)
+    retry = failed.to(attempting)
+
+
+class _Model:
+    """A plain object a ``transitions`` machine decorates."""
+
+
+def _transitions_machine(models: list[_Model] | None) -> transitions.Machine:
+    return transitions.Machine(
+        model=models,
+        states=Reply,
+        transitions=_MOVES,
+        initial=Reply.PENDING,
+        auto_transitions=False,
+    )
+
+
+def _event_loops(number: int) -> dict[str, tuple[timeit.Timer, int]]:
+    """Per contender: a timer firing ``fail`` then ``retry`` (two real moves, so every loop
+    fires the same events without resetting), and its loop count."""
+    ours = REPLY.track()
+    ours.fire("attempt")
+    model = _Model()
+    _transitions_machine([model])
+    model.trigger("attempt")  # type: ignore[attr-defined]
+    flow = ReplyFlow()
+    flow.send("attempt")
+    stmt = "fire('fail'); fire('retry')"
+    return {
+        "ours": (timeit.Timer(stmt, globals={"fire": ours.fire}), number),
+        "transitions": (
+            timeit.Timer(stmt, globals={"fire": model.trigger}),  # type: ignore[attr-defined]
+            max(1, number // 20),
+        ),
+        "python-statemachine": (
+            timeit.Timer(stmt, globals={"fire": flow.send}),
+            max(1, number // 200),
+        ),
+    }
+
+
+def _heap_per_object(make: Callable[[], object], n: int) -> float:
+    """Heap bytes per object kept alive, over ``n`` objects (tracemalloc)."""
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    kept = [make() for _ in range(n)]
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    del kept
+    return (after - before) / n
+
+
+def _memory(n: int) -> dict[str, float]:
+    shared = _transitions_machine(None)
+
+    def transitions_model() -> object:
+        model = _Model()
+        shared.add_model(model)
+        return model
+
+    return {
+        "ours": _heap_per_object(REPLY.track, n),
+        "transitions": _heap_per_object(transitions_model, max(100, n // 4)),
+        "python-statemachine": _heap_per_object(ReplyFlow, max(100, n // 10)),
+        "bare model": _heap_per_object(_Model, n),
+    }
+
+
+def bench_lifecycle(number: int, rounds: int, objects: int) -> None:
+    """Per-event time and heap per tracked object: ours vs transitions and python-statemachine."""
+    print(f"lifecycle: one event on a tracked machine ({rounds} interleaved rounds)")
+    loops = _event_loops(number)
+    samples: dict[str, list[float]] = {name: [] for name in loops}
+    for r in range(rounds):
+        names = list(loops)
+        for i in range(len(names)):
+            name = names[(i + r) % len(names)]
+            timer, count = loops[name]
+            samples[name].append(timer.timeit(count) / (2 * count))
+    per = {name: statistics.median(values) for name, values in samples.items()}
+    for name, seconds in per.items():
+        print(f"  {name:<50} {seconds * 1e9:10.0f} ns/event")
+    heap = _memory(objects)
+    print(f"heap per tracked object ({objects} of ours; tracemalloc)")
+    for name in ("ours", "transitions", "python-statemachine"):
+        print(f"  {name:<50} {heap[name]:10.0f} bytes")
+    print(
+        f"  (transitions: a plain model object added to one shared Machine, the object "
+        f"itself included; a bare instance of it: {heap['bare model']:.0f} bytes)"
+    )
+    for peer in ("transitions", "python-statemachine"):
+        ratio = _paired(samples[peer], samples["ours"])
+        report(
+            Row(
+                "lifecycle",
+                "ns/event",
+                "Lifecycle.track",
+                per["ours"] * 1e9,
+                peer,
+                per[peer] * 1e9,
+                ratio,
+                ">= 30 (peer/ours)",
+                ratio >= 30,
+            )
+        )
+    for peer in ("transitions", "python-statemachine"):
+        report(
+            Row(
+                "lifecycle",
+                "bytes/object",
+                "Lifecycle.track",
+                heap["ours"],
+                peer,
+                heap[peer],
+                heap[peer] / heap["ours"],
+                "ours <= 256 B",
+                heap["ours"] <= 256,
+            )
+        )
+
+
+# -- main -----------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the selected parts; with ``--check`` return 1 when a target is missed."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", choices=("normal", "full", "async", "lifecycle"))
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    began = time.perf_counter()
+    parts: dict[str, Callable[[], None]] = {
+        "normal": lambda: bench_normal(300 if quick else 1500, 3 if quick else 5),
+        "full": lambda: bench_full(150 if quick else 1500, 3 if quick else 5),
+        "async": lambda: bench_async(500 if quick else 1500, 3 if quick else 5),
+        "lifecycle": lambda: bench_lifecycle(
+            20_000 if quick else 100_000, 3 if quick else 7, 2_000 if quick else 20_000
+        ),
+    }
+    for name, run in parts.items():
+        if args.only in (None, name):
+            run()
+            print()
+    print("side by side (rates and times: medians over rounds; ratio: median of per-round ratios)")
+    print_table()
+    missed = [r for r in RESULTS if not r.ok]
+    print(f"{len(RESULTS) - len(missed)} of {len(RESULTS)} targets met")
+    print(f"took {time.perf_counter() - began:.1f} s")
+    return 1 if args.check and missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
