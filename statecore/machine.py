@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
+from types import MappingProxyType
 from typing import Any, Generic, Protocol, TypeVar
 
 from transitions import EventData, Machine, MachineError
@@ -78,6 +79,12 @@ class _DeclaredMove(Protocol[S_co]):
     def target(self) -> S_co | None: ...
 
 
+_NO_CALLBACKS: Mapping[Any, Any] = MappingProxyType({})
+"""The callbacks of a machine given none (shared: read-only)."""
+_NO_LISTENERS: tuple[()] = ()
+"""The listeners of a machine nobody subscribed to yet (shared: replaced by a list)."""
+
+
 class _Model:
     """The private object ``transitions`` decorates with its generated attributes."""
 
@@ -97,7 +104,9 @@ class StateMachine(Generic[S]):
     a listener that raises is logged and never undoes the change or stops the other listeners.
     """
 
-    __slots__ = ("_declaration", "_enter", "_exit", "_listeners", "_machine", "_model")
+    # A tracked machine (Lifecycle.track) is one of many: it keeps its state in a slot, shares
+    # one empty mapping for absent callbacks and one empty tuple until a listener subscribes.
+    __slots__ = ("_declaration", "_enter", "_exit", "_listeners", "_machine", "_model", "_state")
 
     def __init__(
         self,
@@ -110,15 +119,18 @@ class StateMachine(Generic[S]):
         on_exit: Mapping[S, Listener[S]] | None = None,
     ) -> None:
         self._declaration = declaration
-        self._model = _Model()
-        self._listeners: list[Listener[S]] = [] if on_change is None else [on_change]
+        self._listeners: list[Listener[S]] | tuple[()] = (
+            _NO_LISTENERS if on_change is None else [on_change]
+        )
         self._enter = _checked(declaration, "on_enter", on_enter)
         self._exit = _checked(declaration, "on_exit", on_exit)
+        self._state = initial
         if moves is None:
-            # Table-driven (Lifecycle.track): fire() moves the model itself.
+            # Table-driven (Lifecycle.track): fire() moves the state itself; no model.
             self._machine: Machine | None = None
-            self._model.state = initial
+            self._model: _Model | None = None
             return
+        self._model = _Model()
         states: list[dict[str, Any]] = []
         for state in declaration.state_type:
             spec: dict[str, Any] = {"name": state}
@@ -148,7 +160,10 @@ class StateMachine(Generic[S]):
     @property
     def state(self) -> S:
         """The current state."""
-        state: S = self._model.state
+        model = self._model
+        if model is None:
+            return self._state
+        state: S = model.state
         return state
 
     @property
@@ -169,15 +184,19 @@ class StateMachine(Generic[S]):
         """
         machine = self._machine
         if machine is None:
-            before = self.state
+            before = self._state
             after = self._declaration.target(before, event)  # the descriptive refusal
-            self._model.state = after
-            self._run(self._exit, before, before, after, event)
-            self._run(self._enter, after, before, after, event)
-            self._notify_all(before, after, event)
+            self._state = after
+            if self._exit:
+                self._run(self._exit, before, before, after, event)
+            if self._enter:
+                self._run(self._enter, after, before, after, event)
+            if self._listeners:
+                self._notify_all(before, after, event)
             return after
         if event not in machine.events:
             self._declaration.target(self.state, event)  # raises the descriptive refusal
+        assert self._model is not None  # an attached machine has its model
         try:
             self._model.trigger(event)
         except MachineError:
@@ -214,11 +233,14 @@ class StateMachine(Generic[S]):
 
         Returns a function that unsubscribes it (safe to call twice).
         """
-        self._listeners.append(listener)
+        listeners = self._listeners
+        if not isinstance(listeners, list):  # the shared empty tuple: a list of its own now
+            listeners = self._listeners = []
+        listeners.append(listener)
 
         def unsubscribe() -> None:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
+            if listener in listeners:
+                listeners.remove(listener)
 
         return unsubscribe
 
@@ -228,10 +250,11 @@ class StateMachine(Generic[S]):
 
 def _checked(
     declaration: Declaration[S], what: str, callbacks: Mapping[S, Listener[S]] | None
-) -> dict[S, Listener[S]]:
-    """The callbacks by state, refusing keys that are not states of the lifecycle."""
-    if callbacks is None:
-        return {}
+) -> Mapping[S, Listener[S]]:
+    """The callbacks by state, refusing keys that are not states of the lifecycle (none: the
+    one shared empty mapping)."""
+    if callbacks is None or (isinstance(callbacks, Mapping) and not callbacks):
+        return _NO_CALLBACKS
     for state, callback in callbacks.items():
         if not isinstance(state, declaration.state_type):
             raise InvalidTransition(declaration.name, state, what, "undeclared state")
