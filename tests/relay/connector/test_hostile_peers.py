@@ -159,6 +159,7 @@ async def test_after_a_hostile_run_a_gateway_still_connects_and_round_trips(
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
+    print(f"hostile run: peak {peak - base} bytes allocated over the start")
     assert peak - base < MEMORY_BOUND, f"peak {peak - base} bytes over the start"
 
     # A legitimate gateway: connects, receives, and its reply to that chat is performed.
