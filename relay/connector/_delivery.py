@@ -32,6 +32,10 @@ _OUTBOX_MAX = 1000
 durable buffer instead, and the connector's memory stays bounded)."""
 _REPLAY_FIRST_CHUNK = 1000
 _REPLAY_CHUNK = 5000
+_SEND_LINES = 64
+_SEND_BYTES = 32_768
+"""A replay puts at most this many lines, of at most about this many characters together, in
+one WebSocket message."""
 _SENT_GRACE_S = 1.0
 """A replayed entry still unacked this long after it was sent is recorded as ``sent``."""
 
@@ -168,27 +172,11 @@ class Delivery:
                         return
                     continue
                 after, limit = chunk[-1][1], _REPLAY_CHUNK
-                send, unrecorded = instance.ws.send, instance.unrecorded
-                now = self._connector.clock.monotonic()
-                buffer_id = ""
                 try:
-                    for buffer_id, seq, line in chunk:
-                        if buffer_id in instance.unacked or buffer_id in unrecorded:
-                            continue  # already sent on this connection (a cluster's catch-up)
-                        while windowed and len(instance.unacked) >= instance.window:
-                            await self._window(instance)  # a full window: wait for acks
-                            if not instance.is_replaying():
-                                return  # closed or idle meanwhile: the rest stays buffered
-                        # Registered before its send, so that its ack always finds it.
-                        unrecorded[buffer_id] = now
-                        instance.last_sent_seq = seq
-                        if windowed:
-                            instance.unacked.add(buffer_id)
-                        await send(line)
-                        replayed += 1
-                except ConnectionClosed:
-                    unrecorded.pop(buffer_id, None)  # this one never went out
-                    return  # gone mid-replay: the unacked tail is replayed next time
+                    sent, going = await self._send_chunk(instance, chunk, windowed)
+                    replayed += sent
+                    if not going:
+                        return  # closed, idle or gone: the unacked tail is replayed next time
                 finally:
                     # Recording the replay is left to the grace timer: the next chunk is read
                     # at once, with no store write queued ahead of it.
@@ -206,6 +194,53 @@ class Delivery:
                     "" if instance.live else " (interrupted)",
                     extra={"gateway_id": gateway_id, "replayed": replayed, "duration_s": took},
                 )
+
+    async def _send_chunk(
+        self, instance: Instance, chunk: list[tuple[str, int, str]], windowed: bool
+    ) -> tuple[int, bool]:
+        """Send one chunk of a replay in order, several lines to a message (the framing lets a
+        sender batch lines, and every receiver must accept it: one frame and one syscall per
+        batch), never more unacked than the window; return how many lines went out and
+        whether the replay goes on (False: closed or idle meanwhile, or the connection is
+        gone -- what was not sent stays buffered)."""
+        send, unrecorded = instance.ws.send, instance.unrecorded
+        now = self._connector.clock.monotonic()
+        batch: list[str] = []
+        batch_ids: list[str] = []
+        size = sent = 0
+        try:
+            for buffer_id, seq, line in chunk:
+                if buffer_id in instance.unacked or buffer_id in unrecorded:
+                    continue  # already sent on this connection (a cluster's catch-up)
+                if windowed and len(instance.unacked) >= instance.window:
+                    if batch:  # what the window holds must be out before it can drain
+                        await send("".join(batch))
+                        sent += len(batch)
+                        batch, batch_ids, size = [], [], 0
+                    while len(instance.unacked) >= instance.window:
+                        await self._window(instance)  # a full window: wait for acks
+                        if not instance.is_replaying():
+                            return sent, False
+                # Registered before its send, so that its ack always finds it.
+                unrecorded[buffer_id] = now
+                instance.last_sent_seq = seq
+                if windowed:
+                    instance.unacked.add(buffer_id)
+                batch.append(line)
+                batch_ids.append(buffer_id)
+                size += len(line)
+                if len(batch) >= _SEND_LINES or size >= _SEND_BYTES:
+                    await send("".join(batch))
+                    sent += len(batch)
+                    batch, batch_ids, size = [], [], 0
+            if batch:
+                await send("".join(batch))
+                sent += len(batch)
+        except ConnectionClosed:
+            for buffer_id in batch_ids:
+                unrecorded.pop(buffer_id, None)  # these never went out
+            return sent, False
+        return sent, True
 
     # -- a cluster's catch-up ------------------------------------------------------------------
 

@@ -183,7 +183,9 @@ def _claim_ids(store: PostgresStore, states: list[TS]) -> list[str]:
 
 class _LockWatch:
     """Samples pg_stat_activity while the sweepers run: how often any of the store's sessions
-    was seen waiting on a lock held by another."""
+    was seen waiting on a lock held by another -- a row, a transaction, a relation.  A wait to
+    extend a table file (``extend``: the table grew while several sessions wrote) is the
+    server's own bookkeeping, not one sweeper queueing behind another's rows, and is left out."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -201,7 +203,8 @@ class _LockWatch:
                         conn.execute(
                             "SELECT pid, wait_event, query FROM pg_stat_activity "
                             "WHERE datname = current_database() "
-                            "AND application_name = 'statecore' AND wait_event_type = 'Lock'"
+                            "AND application_name = 'statecore' AND wait_event_type = 'Lock' "
+                            "AND wait_event <> 'extend'"
                         ).fetchall()
                     )
                     self.samples += 1

@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -165,18 +166,26 @@ async def send_line(ws: ClientConnection, obj: Mapping[str, Any] | str) -> None:
     await ws.send((obj if isinstance(obj, str) else json.dumps(obj)) + "\n")
 
 
+_UNREAD: weakref.WeakKeyDictionary[ClientConnection, list[str]] = weakref.WeakKeyDictionary()
+"""Lines of a message already received on a socket and not handed out yet: the connector may
+put several lines in one message (a replay does), as the framing allows."""
+
+
 async def recv_frame(ws: ClientConnection, timeout: float = BOUND) -> dict[str, Any]:
-    """The next frame the connector sent (one JSON line per message)."""
-    message = await asyncio.wait_for(ws.recv(), timeout)
-    lines = [line for line in str(message).splitlines() if line.strip()]
-    assert len(lines) == 1, message
-    frame = json.loads(lines[0])
+    """The next frame the connector sent (the next line: a message may carry several)."""
+    unread = _UNREAD.setdefault(ws, [])
+    while not unread:
+        message = await asyncio.wait_for(ws.recv(), timeout)
+        unread.extend(line for line in str(message).splitlines() if line.strip())
+    frame = json.loads(unread.pop(0))
     assert isinstance(frame, dict)
     return frame
 
 
 async def nothing_arrives(ws: ClientConnection, within: float = 0.2) -> bool:
-    """True when no frame arrives on ``ws`` within ``within`` seconds."""
+    """True when no frame arrives on ``ws`` within ``within`` seconds (none left unread)."""
+    if _UNREAD.get(ws):
+        return False
     try:
         await asyncio.wait_for(ws.recv(), within)
     except TimeoutError:

@@ -89,3 +89,14 @@ def screenshot(driver: Any, name: str) -> Path:
     path = folder / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.png"
     assert driver.save_screenshot(str(path)), f"no screenshot saved at {path}"
     return path
+
+
+def reset(driver: Any) -> None:
+    """Close every tab but one, show a blank page there and drop what the console logged."""
+    handles = driver.window_handles
+    for handle in handles[1:]:
+        driver.switch_to.window(handle)
+        driver.close()
+    driver.switch_to.window(handles[0])
+    driver.get("about:blank")
+    driver.get_log("browser")

@@ -152,11 +152,14 @@ def write(browser: Any, text: str) -> None:
 
 
 def delivered_count(browser: Any) -> int:
-    """The dashboard's count of delivered replies."""
-    cell = browser.find_element(
-        By.CSS_SELECTOR, 'td[data-kind="obligation"][data-state="delivered"]'
+    """The dashboard's count of delivered replies (-1 before the table is drawn).  Read in one
+    script: the page redraws the cell whenever the counts change."""
+    text = browser.execute_script(
+        "const cell = document.querySelector("
+        '\'td[data-kind="obligation"][data-state="delivered"]\');'
+        "return cell === null ? null : cell.textContent;"
     )
-    return int(cell.text or 0)
+    return -1 if text is None else int(text or 0)
 
 
 def attempting(db: Path) -> int:
