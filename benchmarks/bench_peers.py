@@ -326,41 +326,15 @@ def _count_litequeue(n: int) -> None:
 
 def bench_normal(n: int, rounds: int) -> None:
     """Ledger vs litequeue, a commit per step, WAL + synchronous NORMAL."""
-    print(f"normal: enqueue -> claim -> settle (n={n}, {rounds} rounds, WAL, synchronous=NORMAL)")
-    ours: list[float] = []
-    peer: list[float] = []
-    our_pragmas: list[str] = []
-    peer_pragmas: list[str] = []
-    for r in range(rounds):
-        _rotated(
-            [
-                lambda: _time_ledger("NORMAL", n, ours, our_pragmas),
-                lambda: _time_litequeue(n, peer, peer_pragmas),
-            ],
-            r,
-        )
-    our, their = statistics.median(ours), statistics.median(peer)
-    print(f"  {'litequeue put -> pop -> done':<50} {their:10.0f} items/s")
-    print(f"  {'Ledger record -> mark_attempting -> mark_delivered':<50} {our:10.0f} items/s")
-    _note_pragmas("Ledger(SQLiteStore()), normal", "; ".join(sorted(set(our_pragmas))))
-    _note_pragmas("litequeue.LiteQueue, normal", "; ".join(sorted(set(peer_pragmas))))
-    _count_ledger("NORMAL", min(n, 300))
-    _count_litequeue(min(n, 300))
-    ratio = _paired(ours, peer)
-    row = Row(
-        "normal",
-        "items/s, NORMAL",
-        "Ledger",
-        our,
-        "litequeue",
-        their,
-        ratio,
-        ">= 1.0 (floor 0.8)",
-        ratio >= 1.0,
+    _versus_queue(
+        Versus("normal", "NORMAL", "litequeue", "litequeue put -> pop -> done"),
+        "litequeue.LiteQueue, normal",
+        _time_litequeue,
+        _count_litequeue,
+        n=n,
+        rounds=rounds,
+        floor=0.8,
     )
-    report(row)
-    if ratio < 0.8:
-        print(f"  below the 0.8x floor as well ({ratio:.2f}x)")
 
 
 # -- full: persist-queue --------------------------------------------------------------------------
@@ -409,7 +383,44 @@ def _count_persist(n: int) -> None:
 
 def bench_full(n: int, rounds: int) -> None:
     """Ledger vs persist-queue's SQLiteAckQueue, a commit per step, WAL + synchronous FULL."""
-    print(f"full: enqueue -> claim -> settle (n={n}, {rounds} rounds, WAL, synchronous=FULL)")
+    _versus_queue(
+        Versus("full", "FULL", "persist-queue SQLiteAckQueue", "SQLiteAckQueue put -> get -> ack"),
+        "persistqueue.SQLiteAckQueue, full",
+        _time_persist,
+        _count_persist,
+        n=n,
+        rounds=rounds,
+        floor=None,
+    )
+
+
+@dataclass(frozen=True)
+class Versus:
+    """One sequential part: its name, the durability, the peer and what the peer runs."""
+
+    part: str
+    sync: str
+    peer: str
+    peer_steps: str
+
+
+def _versus_queue(
+    versus: Versus,
+    peer_pragmas_label: str,
+    time_peer: Callable[[int, list[float], list[str]], None],
+    count_peer: Callable[[int], None],
+    *,
+    n: int,
+    rounds: int,
+    floor: float | None,
+) -> None:
+    """The Ledger against one queue at one durability, a commit per step, interleaved rounds;
+    reports the median of the rounds' ratios against the >= 1.0 target (and ``floor``)."""
+    sync = versus.sync
+    print(
+        f"{versus.part}: enqueue -> claim -> settle "
+        f"(n={n}, {rounds} rounds, WAL, synchronous={sync})"
+    )
     ours: list[float] = []
     peer: list[float] = []
     our_pragmas: list[str] = []
@@ -417,34 +428,37 @@ def bench_full(n: int, rounds: int) -> None:
     for r in range(rounds):
         _rotated(
             [
-                lambda: _time_ledger("FULL", n, ours, our_pragmas),
-                lambda: _time_persist(n, peer, peer_pragmas),
+                lambda: _time_ledger(sync, n, ours, our_pragmas),
+                lambda: time_peer(n, peer, peer_pragmas),
             ],
             r,
         )
     our, their = statistics.median(ours), statistics.median(peer)
-    print(f"  {'SQLiteAckQueue put -> get -> ack':<50} {their:10.0f} items/s")
+    print(f"  {versus.peer_steps:<50} {their:10.0f} items/s")
     print(f"  {'Ledger record -> mark_attempting -> mark_delivered':<50} {our:10.0f} items/s")
-    _note_pragmas(
-        'Ledger(SQLiteStore(synchronous="FULL")), full', "; ".join(sorted(set(our_pragmas)))
-    )
-    _note_pragmas("persistqueue.SQLiteAckQueue, full", "; ".join(sorted(set(peer_pragmas))))
-    _count_ledger("FULL", min(n, 100))
-    _count_persist(min(n, 100))
+    store = "SQLiteStore()" if sync == "NORMAL" else 'SQLiteStore(synchronous="FULL")'
+    _note_pragmas(f"Ledger({store}), {versus.part}", "; ".join(sorted(set(our_pragmas))))
+    _note_pragmas(peer_pragmas_label, "; ".join(sorted(set(peer_pragmas))))
+    traced = min(n, 300 if sync == "NORMAL" else 100)
+    _count_ledger(sync, traced)
+    count_peer(traced)
     ratio = _paired(ours, peer)
+    target = ">= 1.0" if floor is None else f">= 1.0 (floor {floor:g})"
     report(
         Row(
-            "full",
-            "items/s, FULL",
+            versus.part,
+            f"items/s, {sync}",
             "Ledger",
             our,
-            "persist-queue SQLiteAckQueue",
+            versus.peer,
             their,
             ratio,
-            ">= 1.0",
+            target,
             ratio >= 1.0,
         )
     )
+    if floor is not None and ratio < floor:
+        print(f"  below the {floor:g}x floor as well ({ratio:.2f}x)")
 
 
 # -- async: group commit against the sequential ledger --------------------------------------------

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib
 import json
 import logging
 import os
-import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -38,7 +38,7 @@ import attrs
 from relay.client.adapter import RelayAdapter
 from relay.client.dedupe import StoreBufferDedupe
 from relay.client.transport import WebSocketRelayTransport
-from statecore.cli.plugin import forwarding
+from statecore.cli.plugin import forwarding, serve_until_signalled
 from statecore.errors import StatecoreError
 from statecore.gateway import Gateway, Turn
 from statecore.metrics import NO_METRICS, Metrics
@@ -229,19 +229,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except ConfigError as exc:
         print(f"statecore gateway: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        await run_gateway(config, stop)
-
     try:
-        asyncio.run(run())
+        serve_until_signalled(functools.partial(run_gateway, config))
     except (ValueError, OSError, StatecoreError) as exc:
         print(f"statecore gateway: {exc}", file=sys.stderr)
         return 2

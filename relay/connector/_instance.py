@@ -87,7 +87,7 @@ class Instance:
     @property
     def live(self) -> bool:
         """True when inbound may be delivered live (not buffered) to this connection."""
-        return self.machine.state is _C.LIVE
+        return self.is_live()
 
     @property
     def awake(self) -> bool:
@@ -112,7 +112,7 @@ class Instance:
         return self.machine.state in (_C.REPLAYING, _C.LIVE, _C.BUFFERED_ONLY)
 
     def is_live(self) -> bool:
-        """True while inbound may be delivered live (the ``live`` property, read as a call)."""
+        """True while inbound may be delivered live (not buffered) to this connection."""
         return self.machine.state is _C.LIVE
 
     def is_standby(self) -> bool:

@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib
 import logging
 import os
-import signal
 import sys
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -44,7 +44,7 @@ import attrs
 
 from relay.connector.platform import LoopbackPlatform, PlatformDriver
 from relay.connector.server import Connector
-from statecore.cli.plugin import forwarding
+from statecore.cli.plugin import forwarding, serve_until_signalled
 from statecore.errors import StatecoreError
 from statecore.metrics import NO_METRICS, Metrics
 from stores import open_store
@@ -265,19 +265,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except ConfigError as exc:
         print(f"statecore connector: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        await serve(config, stop)
-
     try:
-        asyncio.run(run())
+        serve_until_signalled(functools.partial(serve, config))
     except ConfigError as exc:
         print(f"statecore connector: {exc}", file=sys.stderr)
         return 2

@@ -30,7 +30,6 @@ __all__ = [
     "WATCHED",
     "Watched",
     "count_kind",
-    "history_json",
     "owed_obligations",
     "row_json",
 ]
@@ -148,16 +147,3 @@ def owed_obligations(store: Store, *, show_content: bool) -> list[dict[str, Any]
     return [
         row_json(watched, row, row["updated_at"], None, show_content=show_content) for row in rows
     ]
-
-
-def history_json(record: TransitionRecord) -> dict[str, Any]:
-    """One audit entry as the history table shows it (the fields of ``ledger history``)."""
-    return {
-        "event": record.event,
-        "from": None if record.from_state is None else record.from_state.value,
-        "to": record.to_state.value,
-        "at": record.at,
-        "owner": record.owner,
-        "attempts": record.attempts,
-        "reason": record.reason,
-    }

@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
@@ -40,6 +39,7 @@ from statecore.cli.plugin import (
     CliError,
     forwarding,
     installed,
+    serve_until_signalled,
     store_scheme,
 )
 from statecore.errors import StatecoreError
@@ -200,27 +200,18 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except (_Refused, ValueError) as exc:
         print(f"{_NAME}: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        await serve(
-            store,
-            host=host,
-            port=port,
-            secrets=secrets,
-            label=_safe_label(url),
-            stop=stop,
-            show_content=args.show_content,
-        )
-
     try:
-        asyncio.run(run())
+        serve_until_signalled(
+            lambda stop: serve(
+                store,
+                host=host,
+                port=port,
+                secrets=secrets,
+                label=_safe_label(url),
+                stop=stop,
+                show_content=args.show_content,
+            )
+        )
     except OSError as exc:  # the port is taken, the address is not ours
         print(f"{_NAME}: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
         return 2

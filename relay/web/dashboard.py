@@ -44,7 +44,6 @@ from relay.web._dashboard_feed import ChangeFeed
 from relay.web._dashboard_reads import (
     WATCHED,
     count_kind,
-    history_json,
     owed_obligations,
     row_json,
 )
@@ -53,6 +52,7 @@ from relay.web.diagrams import lifecycle_svg
 from relay.web.server import static_files
 from relay.wire.auth import verify_token
 from relay.wire.errors import AuthError
+from statecore.cli.ledger import history_json  # the CLI's own shape of an entry
 from statecore.clock import Clock, SystemClock
 from statecore.errors import InvalidTransition, StaleState, StatecoreError, UnknownEntity
 from statecore.obligation import OBLIGATION_KIND

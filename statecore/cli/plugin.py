@@ -16,9 +16,11 @@ The kernel imports no store and no relay; it finds them by name at run time:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from enum import StrEnum
 from importlib.metadata import entry_points
 from typing import Any, Protocol, TextIO
@@ -50,6 +52,7 @@ __all__ = [
     "common_options",
     "forwarding",
     "installed",
+    "serve_until_signalled",
     "store_scheme",
 ]
 
@@ -147,6 +150,25 @@ class Command:
     help: str
     build: Callable[[argparse.ArgumentParser], None]
     forward: Callable[[list[str]], int] | None = None
+
+
+def serve_until_signalled(serve: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """What a long-running command (``statecore connector``, ``gateway``, ``dashboard``) does
+    once its settings are checked: log at INFO to standard error, then run ``serve(stop)`` in a
+    new event loop, where SIGTERM or SIGINT sets ``stop`` and ``serve`` stops gracefully and
+    returns.  Raises what ``serve`` raises (the command maps it to its exit status)."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await serve(stop)
+
+    asyncio.run(run())
 
 
 def forwarding(name: str, help: str, main: Callable[[list[str]], int]) -> Command:
