@@ -116,7 +116,6 @@ class WebChatPlatform(LoopbackPlatform):
         self.files = static_files("chat")
         """The page's files (``relay/web/static/chat/``)."""
         self._users: dict[str, _User] = {}
-        self._chat_count = 0
 
     # -- the driver side (the connector calls these) ----------------------------------------
 
@@ -209,11 +208,11 @@ class WebChatPlatform(LoopbackPlatform):
             )
             return
         if slug not in user.chats:
-            if len(user.chats) >= self.max_chats_per_user or self._chat_count >= self.max_chats:
+            chats = sum(len(u.chats) for u in self._users.values())
+            if len(user.chats) >= self.max_chats_per_user or chats >= self.max_chats:
                 await _send(ws, {"type": "refused", "reason": "no more chats can be opened"})
                 return
             user.chats.append(slug)
-            self._chat_count += 1
         await self._history(ws, user, slug)
 
     async def _history(self, ws: ServerConnection, user: _User, slug: str) -> None:

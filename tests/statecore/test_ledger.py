@@ -37,6 +37,7 @@ from statecore import (
     UnknownEntity,
     compute_obligation_id,
 )
+from statecore.claims import ClaimingStore
 from stores.memory import InMemoryStore
 from stores.sqlite import SQLiteStore
 from tests.statecore.ledger_helpers import (
@@ -468,6 +469,39 @@ def test_startup_sweep_never_claims_live_owners_rows(
     assert mine.sweep_recoverable() == []
     assert theirs.sweep_recoverable() == []
     assert [snapshot(mine, oid) for oid in (a, b, c)] == before
+
+
+class LockCountingStore(InMemoryStore):
+    """An in-memory store with the claim capability (a ClaimingStore: rows are locked by the
+    block, here simply read inside it), counting the locked reads a sweep makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.locked_reads: list[int] = []
+
+    def claim_candidates(self, kind: Any, **kw: Any) -> list[Any]:
+        rows = self.select(kind, **kw)
+        self.locked_reads.append(len(rows))
+        return rows
+
+
+def test_a_sweep_among_live_owners_locks_nothing(clock: FakeClock, probe: FakeProbe) -> None:
+    """Owners are judged on the sweep's plain listing: while every owner lives, a recovery
+    sweep takes no row lock at all (on a server, locking writes to its log and waits for a
+    flush); once an owner is dead, only its rows are locked and claimed."""
+    store = LockCountingStore()
+    assert isinstance(store, ClaimingStore)
+    mine = make(store, clock, probe, LIVE)
+    theirs = make(store, clock, probe, OTHER_LIVE)
+    gone = make(store, clock, probe, dead_incarnation())
+    record(theirs, "ob-live-1")
+    record(theirs, "ob-live-2")
+    assert mine.sweep_recoverable() == []
+    assert store.locked_reads == []
+    record(gone, "ob-dead")
+    claims = mine.sweep_recoverable()
+    assert [c.obligation_id for c in claims] == ["ob-dead"]
+    assert store.locked_reads == [1]  # the dead owner's row alone
 
 
 def test_startup_sweep_with_real_probe_leaves_this_process_rows(

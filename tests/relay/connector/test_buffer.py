@@ -447,3 +447,32 @@ def test_an_origin_names_the_buffer_ids_and_bad_ones_are_refused() -> None:
     for bad in ("", "a-b", "ü", "a b"):
         with pytest.raises(ValueError, match="origin"):
             InboundBuffer(InMemoryStore(), origin=bad)
+
+
+def test_foreign_lines_reads_past_a_page_of_own_entries() -> None:
+    """A cluster node asks for the entries OTHER buffers on the store appended: its own
+    ``buffered`` entries are skipped however many there are (more than one read's page), the
+    others come in seq order, and ``sent`` or acked entries are not offered again."""
+    store = InMemoryStore()
+    clock = FakeClock(1_000.0)
+    mine = InboundBuffer(store, clock=clock, origin="mine")
+    other = InboundBuffer(store, clock=clock, origin="peer")
+
+    def event(n: int) -> InboundEvent:
+        return InboundEvent(
+            text=f"e{n}",
+            message_id=f"m{n}",
+            source=EventSource(platform="loopback", chat_id="c1", chat_type="dm", user_id="u"),
+        )
+
+    mine.append_many([("gw", "loopback", event(n)) for n in range(buffer_module._FOREIGN_PAGE + 5)])
+    first = other.append("gw", "loopback", event(-1))
+    sent = other.append("gw", "loopback", event(-2))
+    acked = other.append("gw", "loopback", event(-3))
+    last = other.append("gw", "loopback", event(-4))
+    other.mark_sent_ids("gw", [sent])
+    other.ack("gw", [acked])
+    assert [bid for bid, _, _ in mine.foreign_lines("gw", limit=10)] == [first, last]
+    assert [bid for bid, _, _ in mine.foreign_lines("gw", limit=1)] == [first]
+    assert mine.foreign_lines("another-gateway", limit=10) == []
+    assert all(bid.startswith("mine-") for bid, _, _ in other.foreign_lines("gw", limit=3))

@@ -634,6 +634,28 @@ async def test_failing_wake_hook_is_logged_not_raised(
 
 
 @pytest.mark.asyncio
+async def test_a_replay_puts_several_lines_in_one_message(mh: Harness) -> None:
+    """A backlog replayed to an original gateway (no window) goes out several lines to a
+    WebSocket message -- never more than the batch bound, every line whole, in order -- as the
+    framing lets any sender do; the original reader splits them."""
+    connector = await mh.start()
+    total = delivery_module._SEND_LINES * 2 + 5
+    for i in range(total):
+        await asyncio.to_thread(connector.buffer.append, "gw-a", "loopback", make_event(i))
+    ws = await mh.raw(connector, announce=False)
+    await raw_hello(ws)
+    messages: list[list[str]] = []
+    while sum(len(lines) for lines in messages) < total:
+        message = str(await asyncio.wait_for(ws.recv(), BOUND))
+        assert message.endswith("\n")
+        messages.append(message.splitlines())
+    texts = [json.loads(line)["event"]["text"] for lines in messages for line in lines]
+    assert texts == [f"e{i}" for i in range(total)]
+    assert len(messages) < total / 2
+    assert max(len(lines) for lines in messages) <= delivery_module._SEND_LINES
+
+
+@pytest.mark.asyncio
 async def test_buffered_counts_per_gateway_until_acked(harness: Harness) -> None:
     """buffered(gateway_id) counts that gateway's unacked entries; replay and acks bring it to 0."""
     connector = await harness.start()

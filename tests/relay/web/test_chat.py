@@ -248,3 +248,25 @@ def test_limits_must_be_positive() -> None:
     for bad in (0, -1, True, 2.5):
         with pytest.raises(ValueError, match="max_history"):
             WebChatPlatform(max_history=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_chats_in_all_are_bounded() -> None:
+    """Past ``max_chats`` chats over every user, a new one is refused (memory stays bounded
+    whoever opens them); chats already open still work."""
+    chat = WebChatPlatform(max_chats=2)
+    async with WebServer([chat]) as web:
+        stack = Stack(chat, web)
+        try:
+            ada, _ = await stack.browser("a" * 32, "Ada")
+            bob, _ = await stack.browser("b" * 32, "Bob")
+            for ws, slug in ((ada, "one"), (bob, "two")):
+                await ws.send(json.dumps({"type": "open", "chat": slug}))
+                await expect(ws, "history", chat=slug)
+            await bob.send(json.dumps({"type": "open", "chat": "three"}))
+            assert (await expect(bob, "refused"))["reason"] == "no more chats can be opened"
+            await ada.send(json.dumps({"type": "open", "chat": "one"}))
+            await expect(ada, "history", chat="one")
+        finally:
+            for ws in stack.clients:
+                await ws.close()
