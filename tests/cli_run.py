@@ -11,12 +11,17 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 TIMEOUT_S = 60
+SERVE_BOUND_S = 30.0
+"""The bound on each wait for a long-running command (a line it prints, its exit)."""
+ROOT = Path(__file__).resolve().parent.parent
 STORE_URL_ENV = "STATECORE_STORE_URL"
 
 
@@ -109,3 +114,40 @@ def snapshot(path: Path) -> dict[str, list[tuple[Any, ...]]]:
         return {t: sorted(conn.execute(f'SELECT * FROM "{t}"'), key=repr) for t in tables}
     finally:
         conn.close()
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any ``STATECORE_*`` setting, with this checkout on
+    ``PYTHONPATH`` and ``extra`` added: what a long-running command is started with."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STATECORE_")}
+    env["PYTHONPATH"] = str(ROOT)
+    env.update(extra)
+    return env
+
+
+def line_with(proc: subprocess.Popen[str], marker: str) -> str:
+    """The first stdout line of ``proc`` containing ``marker`` (bounded; the process must not
+    die first: the test fails with its standard error then)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + SERVE_BOUND_S
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if marker in line:
+            return line.strip()
+        if not line and proc.poll() is not None:
+            err = proc.stderr.read() if proc.stderr else ""
+            pytest.fail(f"exited {proc.returncode} before {marker!r}: {err[-2000:]}")
+    pytest.fail(f"no {marker!r} line within {SERVE_BOUND_S} s")
+
+
+def reap(started: list[subprocess.Popen[str]]) -> Iterator[list[subprocess.Popen[str]]]:
+    """The body of a ``processes`` fixture: yields the list a test appends its processes to,
+    then kills and reaps (bounded) any still running and closes their pipes."""
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=SERVE_BOUND_S)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()

@@ -6,6 +6,7 @@ override ``store``); and, for the PostgreSQL tests, a session's database (``post
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -128,3 +129,12 @@ def postgres_url() -> Iterator[str]:
         yield url
     finally:
         session.__exit__(None, None, None)
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[str]]]:
+    """The long-running commands a test starts (it appends each); any still running at the
+    end is killed and reaped, bounded (:func:`tests.cli_run.reap`)."""
+    from tests.cli_run import reap  # noqa: PLC0415
+
+    yield from reap([])

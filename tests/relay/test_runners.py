@@ -6,44 +6,21 @@ configuration cannot work."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.cli_run import console_script
+from tests.cli_run import clean_env, console_script, line_with
 
 BOUND_S = 30.0
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STATECORE_")}
-    env["PYTHONPATH"] = str(ROOT)
-    env.update(extra)
-    return env
-
-
-def _line_with(proc: subprocess.Popen[str], marker: str) -> str:
-    """The first stdout line containing ``marker`` (bounded; the process must not die)."""
-    assert proc.stdout is not None
-    deadline = time.monotonic() + BOUND_S
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if marker in line:
-            return line.strip()
-        if not line and proc.poll() is not None:
-            err = proc.stderr.read() if proc.stderr else ""
-            pytest.fail(f"exited {proc.returncode} before {marker!r}: {err[-2000:]}")
-    pytest.fail(f"no {marker!r} line within {BOUND_S} s")
 
 
 def _get(url: str) -> tuple[int, str, bytes]:
@@ -64,20 +41,6 @@ def _health(url: str) -> dict[str, Any]:
 def _stop(proc: subprocess.Popen[str]) -> int:
     proc.send_signal(signal.SIGTERM)
     return proc.wait(timeout=BOUND_S)
-
-
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[str]]]:
-    """Started processes; any still running at the end is killed and reaped."""
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=BOUND_S)
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
 
 
 def _spawn(
@@ -107,8 +70,8 @@ def test_a_connector_and_a_gateway_run_are_probed_and_stop_on_sigterm(
         f'store = "sqlite:///{tmp_path / "connector.db"}"\n'
         '[secrets]\nrunner-bot = ["s3cret"]\n[drivers]\nloopback = "loopback"\n'
     )
-    connector = _spawn(processes, ["connector", "--config", str(config)], _env())
-    url = _line_with(connector, "listening on").rsplit(" ", 1)[-1]
+    connector = _spawn(processes, ["connector", "--config", str(config)], clean_env())
+    url = line_with(connector, "listening on").rsplit(" ", 1)[-1]
     http = "http://" + url.split("://", 1)[1].split("/", 1)[0]
     assert _health(f"{http}/healthz")["gateways"] == 0
     status, kind, body = _get(f"{http}/metrics")
@@ -119,7 +82,7 @@ def test_a_connector_and_a_gateway_run_are_probed_and_stop_on_sigterm(
     gateway = _spawn(
         processes,
         ["gateway", "tests.relay.runner_bot:echo", "--http-port", "0"],
-        _env(
+        clean_env(
             STATECORE_CONNECTOR_URL=url,
             STATECORE_STORE_URL=f"sqlite:///{bot_db}",
             STATECORE_GATEWAY_ID="runner-bot",
@@ -127,8 +90,8 @@ def test_a_connector_and_a_gateway_run_are_probed_and_stop_on_sigterm(
             STATECORE_STOP_BUDGET_S="5",
         ),
     )
-    gateway_health = _line_with(gateway, "health on").rsplit(" ", 1)[-1]
-    _line_with(gateway, "gateway running")
+    gateway_health = line_with(gateway, "health on").rsplit(" ", 1)[-1]
+    line_with(gateway, "gateway running")
     deadline = time.monotonic() + BOUND_S
     while _health(f"{http}/healthz")["gateways"] != 1:
         assert time.monotonic() < deadline, "the gateway never showed up at the connector"
@@ -144,7 +107,7 @@ def test_a_connector_and_a_gateway_run_are_probed_and_stop_on_sigterm(
         capture_output=True,
         text=True,
         timeout=BOUND_S,
-        env=_env(),
+        env=clean_env(),
         check=True,
     )
     assert json.loads(stats.stdout)["states"]["attempting"] == 0
@@ -211,7 +174,7 @@ def test_a_configuration_that_cannot_work_is_refused(
     done = subprocess.run(
         [console_script(), *args],
         cwd=tmp_path,
-        env=_env(**env),
+        env=clean_env(**env),
         capture_output=True,
         text=True,
         timeout=BOUND_S,

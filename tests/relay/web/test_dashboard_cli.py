@@ -5,12 +5,9 @@ or SIGTERM; refusing a store URL it cannot open with exit 2, naming it without i
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,45 +16,11 @@ from websockets.sync.client import connect
 from relay.wire.auth import verify_token
 from statecore import Ledger
 from stores import SQLiteStore
-from tests.cli_run import console_script
+from tests.cli_run import clean_env, console_script, line_with
 
 BOUND_S = 30.0
 ROOT = Path(__file__).resolve().parents[3]
 SECRET = "cli-test-secret"
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STATECORE_")}
-    env["PYTHONPATH"] = str(ROOT)
-    env.update(extra)
-    return env
-
-
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[str]]]:
-    """Started processes; any still running at the end is killed and reaped."""
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=BOUND_S)
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
-
-
-def _line_with(proc: subprocess.Popen[str], marker: str) -> str:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + BOUND_S
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if marker in line:
-            return line.strip()
-        if not line and proc.poll() is not None:
-            err = proc.stderr.read() if proc.stderr else ""
-            pytest.fail(f"exited {proc.returncode} before {marker!r}: {err[-2000:]}")
-    pytest.fail(f"no {marker!r} line within {BOUND_S} s")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -71,13 +34,13 @@ def test_the_dashboard_serves_a_store_and_stops_on_a_signal(
     proc = subprocess.Popen(
         [console_script(), "dashboard", "--store", f"sqlite:///{db}", "--port", "0"],
         cwd=ROOT,
-        env=_env(STATECORE_DASHBOARD_SECRETS=f"alice={SECRET}"),
+        env=clean_env(STATECORE_DASHBOARD_SECRETS=f"alice={SECRET}"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     processes.append(proc)
-    line = _line_with(proc, "statecore dashboard on ")
+    line = line_with(proc, "statecore dashboard on ")
     url = line.removeprefix("statecore dashboard on ")
     assert url.startswith("http://127.0.0.1:")
     assert url.endswith("/dashboard/")
@@ -120,7 +83,7 @@ def test_a_store_it_cannot_open_is_refused_naming_it(
     done = subprocess.run(
         [console_script(), "dashboard", "--store", url.format(tmp=tmp_path), "--port", "0"],
         cwd=ROOT,
-        env=_env(),
+        env=clean_env(),
         capture_output=True,
         text=True,
         timeout=BOUND_S,
@@ -149,7 +112,7 @@ def test_malformed_secrets_and_ports_are_refused(tmp_path: Path) -> None:
         done = subprocess.run(
             [console_script(), "dashboard", *args],
             cwd=ROOT,
-            env=_env(**extra),
+            env=clean_env(**extra),
             capture_output=True,
             text=True,
             timeout=BOUND_S,
@@ -163,7 +126,7 @@ def test_mint_token_prints_a_token_for_an_operator_with_a_secret() -> None:
     done = subprocess.run(
         [console_script(), "dashboard", "--mint-token", "alice"],
         cwd=ROOT,
-        env=_env(STATECORE_DASHBOARD_SECRETS=f"bob=x;alice={SECRET},old"),
+        env=clean_env(STATECORE_DASHBOARD_SECRETS=f"bob=x;alice={SECRET},old"),
         capture_output=True,
         text=True,
         timeout=BOUND_S,
@@ -173,7 +136,7 @@ def test_mint_token_prints_a_token_for_an_operator_with_a_secret() -> None:
     refused = subprocess.run(
         [console_script(), "dashboard", "--mint-token", "carol"],
         cwd=ROOT,
-        env=_env(STATECORE_DASHBOARD_SECRETS=f"alice={SECRET}"),
+        env=clean_env(STATECORE_DASHBOARD_SECRETS=f"alice={SECRET}"),
         capture_output=True,
         text=True,
         timeout=BOUND_S,
