@@ -61,11 +61,16 @@ class AsyncLedger:
     reads on reader threads outside any write transaction (see the module docs).
 
     ``AsyncLedger(store, *, policy=None, clock=None, incarnation=None, probe=None,
-    metrics=NO_METRICS, max_batch=512)``.  ``metrics`` is passed to the ledger, its reports
-    held by the writer until their transaction commits.  Close it with :meth:`aclose` (or
-    ``async with``): queued operations finish first.  A caller cancelled before the writer
-    reaches its operation has it skipped (nothing written); once the writer has started the
-    operation it runs to the end (its outcome is then visible in the store).
+    metrics=NO_METRICS, max_batch=512, threads=True)``.  ``metrics`` is passed to the ledger,
+    its reports held by the writer until their transaction commits.  Close it with
+    :meth:`aclose` (or ``async with``): queued operations finish first.  A caller cancelled
+    before the writer reaches its operation has it skipped (nothing written); once the writer
+    has started the operation it runs to the end (its outcome is then visible in the store).
+
+    ``threads=False`` starts no thread: reads run inline and the writes queued within one turn
+    of the event loop commit together at the end of that turn, on the loop's own thread (which
+    they block meanwhile).  That is for a deterministic simulation, where the loop alone decides
+    what runs when (:mod:`relay.sim.loop`); callers must then all use one loop.
 
     The class is long because it mirrors every public method of the ledger, each a few lines
     that hand the call to the writer or a reader thread; the group commit itself is a few
@@ -82,9 +87,12 @@ class AsyncLedger:
         probe: ProcessProbe | None = None,
         metrics: Metrics = NO_METRICS,
         max_batch: int = 512,
+        threads: bool = True,
     ) -> None:
         if not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be a positive int, not {max_batch!r}")
+        if not isinstance(threads, bool):
+            raise TypeError(f"threads must be a bool, not {threads!r}")
         # What the writer's transactions report waits here for their commit (None: nothing
         # is reported, and the writer pays nothing for it).
         self._held = None if metrics is NO_METRICS else HeldMetrics(metrics)
@@ -105,9 +113,14 @@ class AsyncLedger:
         """Transactions committed so far (for observing group commit)."""
         self.operations = 0
         """Operations executed so far."""
+        self._threads = threads
+        # Without threads: what was submitted since the loop last ran the writer's turn.
+        self._inline: list[_Op] = []
         self._thread = threading.Thread(target=self._run, name="statecore-ledger", daemon=True)
-        self._thread.start()
-        self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix="statecore-ledger-read")
+        self._readers: ThreadPoolExecutor | None = None
+        if threads:
+            self._thread.start()
+            self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix="statecore-ledger-read")
 
     @property
     def policy(self) -> LedgerPolicy:
@@ -280,6 +293,9 @@ class AsyncLedger:
         """Finish queued operations and running reads, stop the writer and reader threads.
         Idempotent; later calls raise ``StoreError``."""
         self._stop()
+        if self._readers is None:
+            self._run_inline()
+            return
         await asyncio.to_thread(self._thread.join)
         await asyncio.to_thread(self._readers.shutdown)
 
@@ -287,6 +303,9 @@ class AsyncLedger:
         """Synchronous :meth:`aclose` for code without a running loop (waits at most
         ``timeout`` for the writer; running reads finish on their own)."""
         self._stop()
+        if self._readers is None:
+            self._run_inline()
+            return
         self._thread.join(timeout)
         self._readers.shutdown(wait=False)
 
@@ -312,7 +331,12 @@ class AsyncLedger:
         with self._close_lock:
             if self._closed:
                 raise StoreError("the ledger is closed")
-            self._queue.put((fn, loop, future, key, payload))
+            if not self._threads:
+                if not self._inline:
+                    loop.call_soon(self._run_inline)
+                self._inline.append((fn, loop, future, key, payload))
+            else:
+                self._queue.put((fn, loop, future, key, payload))
         return await future
 
     async def _read(self, fn: Callable[[], T]) -> T:
@@ -321,8 +345,16 @@ class AsyncLedger:
         with self._close_lock:
             if self._closed:
                 raise StoreError("the ledger is closed")
+            if self._readers is None:
+                return fn()
             future = loop.run_in_executor(self._readers, fn)
         return await future
+
+    def _run_inline(self) -> None:
+        """Without threads: the writer's turn, on the loop (everything submitted since)."""
+        while self._inline:
+            batch, self._inline = self._inline[: self._max_batch], self._inline[self._max_batch :]
+            self._execute(batch)
 
     def _run(self) -> None:
         stopping = False

@@ -145,9 +145,16 @@ class StoreBufferDedupe:
     remembers go through one worker thread that takes whatever is queued at once: the lookups
     are answered one after another, the remembers are written in one transaction (the chats a
     gateway handles concurrently share the commits).
+
+    ``threads=False`` starts no worker: what is queued within one turn of the event loop is
+    answered and written at the end of that turn, on the loop's own thread (for a deterministic
+    simulation, :mod:`relay.sim.loop`).
     """
 
-    def __init__(self, store: Store, *, clock: Clock | None = None) -> None:
+    def __init__(self, store: Store, *, clock: Clock | None = None, threads: bool = True) -> None:
+        if not isinstance(threads, bool):
+            raise TypeError(f"threads must be a bool, not {threads!r}")
+        self._threads = threads
         self.store = store
         self.clock: Clock = clock or SystemClock()
         store.register(DEDUPE_KIND)
@@ -169,6 +176,11 @@ class StoreBufferDedupe:
     async def _submit(self, kind: str, buffer_id: str) -> object:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[object] = loop.create_future()
+        if not self._threads:
+            if self._ops.empty():
+                loop.call_soon(self._round_inline)
+            self._ops.put((kind, buffer_id, loop, future))
+            return await future
         self._ops.put((kind, buffer_id, loop, future))
         if self._worker is None:
             with self._worker_lock:
@@ -183,45 +195,53 @@ class StoreBufferDedupe:
         """The worker: each round takes every queued operation; lookups first see the store as
         the earlier rounds left it, remembers of one round commit together."""
         while True:
-            batch = [self._ops.get()]
-            while True:
-                try:
-                    batch.append(self._ops.get_nowait())
-                except queue.Empty:
-                    break
-            outcomes: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[object], object]] = []
-            remembers: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[object], str]] = []
-            for kind, buffer_id, loop, future in batch:
-                if kind == "remember":
-                    remembers.append((loop, future, buffer_id))
-                    continue
-                try:
-                    # Remembered earlier in this round counts as seen (it commits below).
-                    outcome: object = any(r[2] == buffer_id for r in remembers) or (
-                        self.store.get(DEDUPE_KIND, buffer_id) is not None
-                    )
-                except Exception as exc:
-                    outcome = exc
-                outcomes.append((loop, future, outcome))
-            if remembers:
-                now = self.clock.now()
-                try:
-                    with self.store.atomic():
-                        for _, _, buffer_id in remembers:
-                            self.store.insert(
-                                DEDUPE_KIND,
-                                buffer_id,
-                                {"handled_at": now},
-                                event="handle",
-                                audit=Audit(now),
-                            )
-                    written: object = None
-                except Exception as exc:
-                    written = exc
-                outcomes.extend((loop, future, written) for loop, future, _ in remembers)
-            for loop, future, outcome in outcomes:
-                with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
-                    loop.call_soon_threadsafe(_settle, future, outcome)
+            self._round([self._ops.get()])
+
+    def _round_inline(self) -> None:
+        """Without threads: the worker's round, on the loop."""
+        if not self._ops.empty():
+            self._round([self._ops.get_nowait()])
+
+    def _round(self, batch: list[_DedupeOp]) -> None:
+        """One round: ``batch`` and everything queued behind it (see :meth:`_work`)."""
+        while True:
+            try:
+                batch.append(self._ops.get_nowait())
+            except queue.Empty:
+                break
+        outcomes: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[object], object]] = []
+        remembers: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[object], str]] = []
+        for kind, buffer_id, loop, future in batch:
+            if kind == "remember":
+                remembers.append((loop, future, buffer_id))
+                continue
+            try:
+                # Remembered earlier in this round counts as seen (it commits below).
+                outcome: object = any(r[2] == buffer_id for r in remembers) or (
+                    self.store.get(DEDUPE_KIND, buffer_id) is not None
+                )
+            except Exception as exc:
+                outcome = exc
+            outcomes.append((loop, future, outcome))
+        if remembers:
+            now = self.clock.now()
+            try:
+                with self.store.atomic():
+                    for _, _, buffer_id in remembers:
+                        self.store.insert(
+                            DEDUPE_KIND,
+                            buffer_id,
+                            {"handled_at": now},
+                            event="handle",
+                            audit=Audit(now),
+                        )
+                written: object = None
+            except Exception as exc:
+                written = exc
+            outcomes.extend((loop, future, written) for loop, future, _ in remembers)
+        for loop, future, outcome in outcomes:
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+                loop.call_soon_threadsafe(_settle, future, outcome)
 
     async def record_undeliverable(
         self, buffer_id: str, *, frame_type: str, reason: str, raw_line: str

@@ -12,6 +12,7 @@ from typing import Any
 
 from relay.connector._instance import Instance
 from relay.connector._settings import EgressSettings
+from relay.connector.chat_tenants import ChatTenants
 from relay.connector.platform import target_chat
 from relay.wire.codec import encode
 from relay.wire.frames import EGRESS_DECLINED, Outbound, OutboundOutcome, OutboundResult
@@ -36,9 +37,7 @@ class Egress:
     the platform's own inbound traffic showed it.
     """
 
-    def __init__(
-        self, connector: EgressSettings, *, chat_tenants: Mapping[tuple[str, str], str]
-    ) -> None:
+    def __init__(self, connector: EgressSettings, *, chat_tenants: ChatTenants) -> None:
         self._connector = connector
         self._chat_tenants = chat_tenants
         # (gateway id, idempotency key) -> the outcome of the request executed under it.
@@ -128,7 +127,7 @@ class Egress:
             return target is not None and connector.provenance.allows(gateway_id, platform, target)
         approved = connector.tenants.get(gateway_id, frozenset())
         chat_id = target_chat(action)
-        known = None if chat_id is None else self._chat_tenants.get((platform, chat_id))
+        known = None if chat_id is None else self._chat_tenants.get(platform, chat_id)
         if known is not None:
             # What the platform told us about the chat outranks what the gateway claims.
             return known in approved

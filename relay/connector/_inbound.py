@@ -12,6 +12,7 @@ from relay.connector._instance import Instance
 from relay.connector._settings import InboundSettings
 from relay.connector._store_thread import StoreThread
 from relay.connector._tasks import Tasks
+from relay.connector.chat_tenants import ChatTenants
 from relay.wire.codec import encode
 from relay.wire.frames import Inbound, InboundEvent
 
@@ -36,7 +37,7 @@ class InboundRouter:
         *,
         served: Mapping[str, Instance],
         subscribed: Mapping[str, set[str]],
-        chat_tenants: dict[tuple[str, str], str],
+        chat_tenants: ChatTenants,
         delivery: Delivery,
         store: StoreThread,
         tasks: Tasks,
@@ -66,8 +67,17 @@ class InboundRouter:
         tenant = source.scope_id
         if tenant is None and source.chat_type == "dm":
             tenant = source.user_id  # a DM belongs to its user
-        if tenant is not None:
-            self._chat_tenants[(platform, source.chat_id)] = tenant
+        chat_tenants = self._chat_tenants
+        if (
+            tenant is not None
+            and connector.tenants is not None
+            and chat_tenants.changes(platform, source.chat_id, tenant)
+        ):
+            # Durable before the event goes out: the answer must pass the guard even after a
+            # restart of this connector.
+            await self._store.run(
+                functools.partial(chat_tenants.learn, platform, source.chat_id, tenant)
+            )
         audience = self._audience(platform, event)
         if not audience and self.refresh is not None:
             # A cluster node: a peer may have recorded the first hello of a gateway moments

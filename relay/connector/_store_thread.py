@@ -10,7 +10,7 @@ import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from relay.connector._instance import Instance
 from relay.connector._settings import BufferSettings
@@ -38,11 +38,13 @@ class StoreThread:
 
     Appends and acks are queued, and one write round at a time on the store thread carries
     every queued append and ack in one transaction.  The buffer is the connector's
-    (``connector.buffer``).
+    (``connector.buffer``).  With ``threads=False`` there is no thread: the same work, in the
+    same order, runs in turns of the event loop (for a deterministic simulation).
     """
 
-    def __init__(self, connector: BufferSettings) -> None:
+    def __init__(self, connector: BufferSettings, *, threads: bool = True) -> None:
         self._connector = connector
+        self._threads = threads
         self._executor = _executor()
         # Guards the queues and ``_drain_pending``: the loop queues, the store thread takes.
         self._write_lock = threading.Lock()
@@ -57,7 +59,28 @@ class StoreThread:
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Run store work on the store thread (ordered, off the event loop)."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        if self._threads:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+
+        def work() -> None:
+            if future.cancelled():
+                return
+            try:
+                future.set_result(fn())
+            except Exception as exc:
+                future.set_exception(exc)
+
+        self._submit(work)
+        return await future
+
+    def _submit(self, fn: Callable[..., object], *args: Any) -> None:
+        """Queue ``fn(*args)`` behind the store work already queued (in a turn of the loop
+        when there is no thread); raises ``RuntimeError`` once the thread is shut down."""
+        if self._threads:
+            self._executor.submit(fn, *args)
+        else:
+            asyncio.get_running_loop().call_soon(fn, *args)
 
     async def append(self, gateway_id: str, platform: str, event: InboundEvent) -> _Line:
         """Buffer one event durably; return its ``(bufferId, seq, line)``.
@@ -73,7 +96,7 @@ class StoreThread:
             submit = not self._drain_pending
             self._drain_pending = True
         if submit:
-            self._executor.submit(self._drain_writes, loop)
+            self._submit(self._drain_writes, loop)
         return await future
 
     def ack(self, instance: Instance, buffer_ids: list[str]) -> None:
@@ -84,7 +107,7 @@ class StoreThread:
             submit = not self._drain_pending
             self._drain_pending = True
         if submit:
-            self._executor.submit(self._drain_writes, asyncio.get_running_loop())
+            self._submit(self._drain_writes, asyncio.get_running_loop())
 
     def _drain_writes(self, loop: asyncio.AbstractEventLoop) -> None:
         """On the store thread: one write round -- every queued append and ack -- in one
@@ -145,7 +168,7 @@ class StoreThread:
         logged as not recorded.
         """
         try:
-            self._executor.submit(self._mark_sent_logged, gateway_id, buffer_ids)
+            self._submit(self._mark_sent_logged, gateway_id, buffer_ids)
         except RuntimeError:  # the store thread is already shut down
             log.warning(
                 "connector: %d replays of %s not recorded (stopping)", len(buffer_ids), gateway_id

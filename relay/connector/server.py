@@ -63,6 +63,7 @@ from relay.connector._settings import MetricsText, WakeHook
 from relay.connector._store_thread import StoreThread
 from relay.connector._tasks import Tasks
 from relay.connector.buffer import InboundBuffer
+from relay.connector.chat_tenants import ChatTenants
 from relay.connector.connection import CONNECTION, ConnectionState
 from relay.connector.platform import PlatformDriver
 from relay.connector.provenance import Provenance
@@ -93,7 +94,7 @@ class Connector:
     wake_hook=None, wake_interval_s=30.0, retention_s=86400.0, max_frame_bytes=1 MiB,
     liveness_probe_s=5.0, max_token_ttl_s=3600, clock=None, buffer_retention_s=86400.0,
     prune_interval_s=3600.0, metrics=NO_METRICS, http_metrics=None, cluster=False,
-    cluster_sweep_s=5.0)``:
+    cluster_sweep_s=5.0, store_threads=True)``:
 
     * ``secrets``: gateway id → its secrets, newest first (rotation);
     * ``descriptors``: platform → descriptor (default: each driver's own); the connector adds
@@ -117,7 +118,9 @@ class Connector:
     * ``cluster``: this connector is one node of several sharing ``store`` (which must carry
       notifications: PostgreSQL), usually started with ``reuse_port`` behind one URL; an event
       any node accepts reaches the gateway whose socket another node holds, and every node
-      re-checks the shared tables every ``cluster_sweep_s`` (:mod:`relay.connector._cluster`).
+      re-checks the shared tables every ``cluster_sweep_s`` (:mod:`relay.connector._cluster`);
+    * ``store_threads=False`` runs the store work in turns of the event loop instead of on the
+      store thread (for a deterministic simulation, :mod:`relay.sim.loop`).
 
     ``async with Connector(...) as connector:`` starts it (any free port on 127.0.0.1, unless
     it was started already) and stops it.
@@ -145,6 +148,7 @@ class Connector:
         http_metrics: MetricsText | None = None,
         cluster: bool = False,
         cluster_sweep_s: float = 5.0,
+        store_threads: bool = True,
     ) -> None:
         _check_options(
             liveness_probe_s=liveness_probe_s,
@@ -197,15 +201,15 @@ class Connector:
         self._subscriptions: dict[str, set[str]] = collections.defaultdict(set)
         self._subscriptions.update(self.subscriptions.active())
         # (platform, chat_id) -> the tenant key (scope id, or the user id of a DM) learned from
-        # the platform's own inbound traffic: it outranks whatever a gateway claims.
-        self._chat_tenants: dict[tuple[str, str], str] = {}
+        # the platform's own inbound traffic, durably: it outranks whatever a gateway claims.
+        self.chat_tenants = ChatTenants(store, clock=self.clock)
         # The collaborators are handed this connector and read its public settings (tenants,
         # drivers, ...) and parts (clock, buffer, provenance) when they use them, never a copy,
         # so that all of them always agree with its attributes; each sees it through its
         # protocol in relay.connector._settings.  What they share besides are the tables above,
         # passed explicitly.
         self._tasks = Tasks()
-        self._store_thread = StoreThread(self)
+        self._store_thread = StoreThread(self, threads=store_threads)
         self._delivery = Delivery(
             self, served=self._instances, store=self._store_thread, tasks=self._tasks
         )
@@ -228,12 +232,12 @@ class Connector:
             self,
             served=self._instances,
             subscribed=self._subscriptions,
-            chat_tenants=self._chat_tenants,
+            chat_tenants=self.chat_tenants,
             delivery=self._delivery,
             store=self._store_thread,
             tasks=self._tasks,
         )
-        egress = Egress(self, chat_tenants=self._chat_tenants)
+        egress = Egress(self, chat_tenants=self.chat_tenants)
         self._reader = Reader(
             self,
             roster=self._roster,

@@ -3,7 +3,7 @@ its next writes on demand."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -13,7 +13,7 @@ from statecore.entity import EntityKind
 from statecore.errors import StoreError
 from statecore.store import Row, Store, TransitionRecord
 
-__all__ = ["KINDS", "Fault", "FlakyStore", "schedule"]
+__all__ = ["KINDS", "REAL_KINDS", "Fault", "FlakyStore", "schedule"]
 
 KINDS = (
     "crash_gateway",
@@ -28,7 +28,11 @@ KINDS = (
     "platform_slow",
     "duplicate_delivery",
 )
-"""Every kind of fault a world may inject."""
+"""Every kind of fault a world of models may inject."""
+
+REAL_KINDS = (*KINDS, "half_open")
+"""Every kind of fault a world of the real runtime may inject (:mod:`relay.sim.real`):
+``half_open`` leaves a gateway's connections silently dead, both ends believing them open."""
 
 
 @attrs.frozen
@@ -44,18 +48,25 @@ class Fault:
         return f"t={self.at:7.3f} {self.kind:<18} {self.target:<10} {self.size:g}"
 
 
-def schedule(rng: Any, *, seconds: float, gateways: Sequence[str], count: int) -> list[Fault]:
-    """``count`` faults at random times within ``seconds``, of random kinds and targets."""
+def schedule(
+    rng: Any,
+    *,
+    seconds: float,
+    gateways: Sequence[str],
+    count: int,
+    kinds: Sequence[str] = KINDS,
+) -> list[Fault]:
+    """``count`` faults at random times within ``seconds``, of random ``kinds`` and targets."""
     faults = []
     for _ in range(count):
-        kind = rng.choice(KINDS)
+        kind = rng.choice(kinds)
         at = rng.uniform(0.5, seconds)
         gateway = rng.choice(list(gateways))
         if kind == "crash_gateway":
             fault = Fault(at, kind, gateway, rng.uniform(0.1, 4.0))
         elif kind == "crash_connector":
             fault = Fault(at, kind, "connector", rng.uniform(0.1, 4.0))
-        elif kind in ("drop_connection", "partition"):
+        elif kind in ("drop_connection", "partition", "half_open"):
             fault = Fault(at, kind, gateway, rng.uniform(0.5, 8.0))
         elif kind == "delay_spike":
             fault = Fault(at, kind, "network", rng.uniform(1.0, 5.0))
@@ -76,14 +87,21 @@ def schedule(rng: Any, *, seconds: float, gateways: Sequence[str], count: int) -
     return sorted(faults, key=lambda f: (f.at, f.kind, f.target))
 
 
+Watch = Callable[[EntityKind[Any], Sequence[str], str], None]
+"""``watch(kind, entity_ids, event)``: told of each transition just before it is written."""
+
+
 class FlakyStore:
     """A store whose next ``fail_writes`` writes raise ``StoreError`` (a locked database, an
-    I/O error) before anything is written; reads always work.  Everything else is delegated."""
+    I/O error) before anything is written; reads always work.  Everything else is delegated.
+    ``watch`` (optional) is told of every transition before it is written (an observer of the
+    world's, e.g. to see when an entry is acked)."""
 
-    def __init__(self, inner: Store) -> None:
+    def __init__(self, inner: Store, *, watch: Watch | None = None) -> None:
         self.inner = inner
         self.fail_writes = 0
         self.failed = 0
+        self.watch = watch
 
     def _write(self) -> None:
         if self.fail_writes > 0:
@@ -102,12 +120,16 @@ class FlakyStore:
 
     def transition(self, kind: EntityKind[Any], entity_id: str, event: str, **kw: Any) -> Row[Any]:
         self._write()
+        if self.watch is not None:
+            self.watch(kind, (entity_id,), event)
         return self.inner.transition(kind, entity_id, event, **kw)
 
     def transition_many(
         self, kind: EntityKind[Any], entity_ids: Sequence[str], event: str, **kw: Any
     ) -> list[Row[Any]]:
         self._write()
+        if self.watch is not None:
+            self.watch(kind, entity_ids, event)
         return self.inner.transition_many(kind, entity_ids, event, **kw)
 
     def get(self, kind: EntityKind[Any], entity_id: str) -> Row[Any] | None:

@@ -21,7 +21,7 @@ from relay.sim.world import World
 from statecore.store import Store
 from stores import InMemoryStore, SQLiteStore
 
-__all__ = ["Outcome", "run_seed", "shrink"]
+__all__ = ["Outcome", "quiet", "run_seed", "shrink"]
 
 WRITING_S = 20.0
 """How long users write (and faults land)."""
@@ -123,12 +123,12 @@ def run_seed(seed: int, *, trace: bool = False, faults: Sequence[Fault] | None =
             gateway.start()
         began = world.now
 
-        def quiet() -> bool:
-            return _quiet(platform, stores)
+        def is_quiet() -> bool:
+            return quiet(platform, stores)
 
         while world.now - began < QUIET_LIMIT_S:
             world.run(world.now + 2.0)
-            if quiet():
+            if is_quiet():
                 break
         verdict = check_world(
             platform,
@@ -149,7 +149,7 @@ def run_seed(seed: int, *, trace: bool = False, faults: Sequence[Fault] | None =
         )
 
 
-def _quiet(platform: SimPlatform, stores: dict[str, Store]) -> bool:
+def quiet(platform: SimPlatform, stores: dict[str, Store]) -> bool:
     """Every message accepted, and nothing owed or unacked anywhere."""
     from relay.connector.buffer import BUFFER, BUFFER_KIND  # noqa: PLC0415
     from statecore.lifecycles import OBLIGATION  # noqa: PLC0415

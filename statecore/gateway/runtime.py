@@ -93,7 +93,8 @@ class Gateway:
 
     ``Gateway(store, *, sessions=None, delegations=None, clock=None, teardown_clock=None,
     incarnation=None, probe=None, policy=None, retry_interval_s=15.0, prune_interval_s=3600.0,
-    stuck_after_s=30.0, retention_s=604800.0, recover_interval_s=30.0, metrics=NO_METRICS)``.
+    stuck_after_s=30.0, retention_s=604800.0, recover_interval_s=30.0, metrics=NO_METRICS,
+    store_threads=True)``.
     ``sessions`` is any object with ``async clear_resume_pending(session_key)``; the default is
     the persisted session store over the same ``store``.  ``retry_interval_s`` is the period of
     the retry timer; ``prune_interval_s`` how often that timer also runs the housekeeping (0:
@@ -121,9 +122,9 @@ class Gateway:
     housekeeping (:mod:`statecore.gateway.housekeeping`) and the timer with the recoveries'
     steps (:mod:`statecore.gateway.recovery`) live in their own modules.
 
-    ``clock`` drives every timer of the runtime; ``teardown_clock`` (default: the system
-    clock) bounds :meth:`stop`, whose waits are on real work (in-flight sends, adapters'
-    teardown) and must end in real time even when ``clock`` is a test's fake one.
+    ``clock`` drives every timer of the runtime; ``teardown_clock`` (default: the system clock)
+    bounds :meth:`stop`, whose waits are on real work (in-flight sends, adapters' teardown),
+    in real time even with a fake ``clock``.  ``store_threads=False``: ``AsyncLedger(threads=)``.
     """
 
     def __init__(
@@ -143,6 +144,7 @@ class Gateway:
         retention_s: float = _DEFAULT_RETENTION_S,
         recover_interval_s: float = 30.0,
         metrics: Metrics = NO_METRICS,
+        store_threads: bool = True,
     ) -> None:
         for name, value in (
             ("recover_interval_s", recover_interval_s),
@@ -171,6 +173,7 @@ class Gateway:
             incarnation=incarnation,
             probe=probe,
             metrics=metrics,
+            threads=store_threads,
         )
         self.sessions: SessionFlags = (
             sessions if sessions is not None else _default_sessions(store, self.clock)

@@ -1,0 +1,398 @@
+"""One seeded world of the **real runtime**: the real ``Connector``, two real ``Gateway``
+processes (echo bots, one per tenant) with ``WebSocketRelayTransport`` and ``RelayAdapter``,
+and ``websockets`` itself, all on one :class:`~relay.sim.loop.SimLoop` -- virtual time, no
+threads, an in-memory network -- so that a seed decides every step and replays exactly.
+
+Nothing here models the runtime: the code that runs is the code users run.  The world only
+plays what is around it -- the chat platform (:class:`~relay.sim.driver.SimDriver`), the hosts
+(each process a :class:`~relay.sim.loop.Life` that a crash kills with no cleanup), the network
+(latency, spikes, partitions, resets, half-open sockets), the disks (stores that outlive their
+processes, failing writes on demand), the hosts' clocks (jumping wall clocks) and the operator
+(rotating secrets, restarting what crashed).  The checks are the model worlds' own
+(:func:`relay.sim.invariants.check_world`), plus: no gateway handled a message of another
+tenant, no buffered entry was acked before its handler returned, and the loop saw no
+unexpected error in a living process.
+
+:func:`run_real_seed` is all a caller needs; ``python -m relay.sim --real`` runs many.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from relay.client.adapter import RelayAdapter
+from relay.client.dedupe import StoreBufferDedupe
+from relay.client.transport import WebSocketRelayTransport
+from relay.connector.buffer import BUFFER_KIND
+from relay.connector.server import Connector
+from relay.sim.driver import SimDriver
+from relay.sim.faults import REAL_KINDS, Fault, FlakyStore, schedule
+from relay.sim.gateway import HOST, POLICY, SimProbe
+from relay.sim.invariants import Verdict, check_world
+from relay.sim.lives import Life
+from relay.sim.loop import LoopClock, SimLoop
+from relay.sim.platform import PLATFORM, TENANTS
+from relay.sim.run import QUIET_LIMIT_S, WRITING_S, Outcome, quiet
+from relay.wire.codec import decode_event
+from statecore.entity import EntityKind
+from statecore.gateway import Gateway, Turn
+from statecore.ownership import Incarnation
+from statecore.store import Store
+from stores import InMemoryStore, SQLiteStore
+
+__all__ = ["run_real_seed"]
+
+CONNECTOR_HOST = "127.0.0.1"
+"""Where the connector listens on the simulated network (one address space for the world)."""
+PORT = 7000
+URL = f"ws://{CONNECTOR_HOST}:{PORT}"
+
+
+class _World:
+    """The parts of one world and the operator's hands on them."""
+
+    def __init__(self, seed: int, loop: SimLoop, rng: random.Random, stores: dict[str, Any]):
+        self.seed = seed
+        self.loop = loop
+        self.rng = rng
+        self.trace: list[str] = []
+        self.gateway_ids = {f"gw-{t}": t for t in TENANTS}
+        self.secrets: dict[str, list[str]] = {g: [f"{g}-secret-0"] for g in self.gateway_ids}
+        self.gateway_secret = {g: s[0] for g, s in self.secrets.items()}
+        self.clocks = {name: LoopClock(loop) for name in ["connector", *self.gateway_ids]}
+        self.opened = stores  # name -> a store (memory) or a path (SQLite: opened per life)
+        self.flaky: dict[str, FlakyStore] = {}
+        self.lives: dict[str, Life | None] = dict.fromkeys(self.clocks)
+        self.born = 0
+        self.probe = SimProbe()
+        self.connector: Connector | None = None
+        self.platform = SimDriver(loop, rng, self.log, self._life("platform"))
+        self.handled: set[tuple[str, str]] = set()  # (gateway, message id): handler returned
+        self.misrouted: list[str] = []
+        self.acked_unhandled: list[str] = []
+        self.kills = 0
+
+    def log(self, what: str) -> None:
+        """Record one step in the trace."""
+        self.trace.append(f"{self.loop.time():10.4f} {what}")
+
+    def _life(self, name: str) -> Life:
+        self.born += 1
+        return Life(name, name, self.born)
+
+    # -- stores: the disks outlive the processes -----------------------------------------------
+
+    def store(self, name: str) -> FlakyStore:
+        """The store a new life of ``name`` opens (the same failures still pending)."""
+        opened = self.opened[name]
+        inner: Store = SQLiteStore(opened) if isinstance(opened, Path) else opened
+        old = self.flaky.get(name)
+        if old is not None and isinstance(opened, Path):
+            old.inner.close()  # the dead life's file handles (the kernel closes them)
+        watch = self._watch if name == "connector" else None
+        flaky = FlakyStore(inner, watch=watch)
+        flaky.fail_writes = old.fail_writes if old is not None else 0
+        self.flaky[name] = flaky
+        return flaky
+
+    def _watch(self, kind: EntityKind[Any], ids: Sequence[str], event: str) -> None:
+        """The connector is about to ack buffered entries: each one's handler must have
+        returned already."""
+        if kind is not BUFFER_KIND or event != "ack":
+            return
+        inner = self.flaky["connector"].inner
+        for buffer_id in ids:
+            row = inner.get(BUFFER_KIND, buffer_id)
+            if row is None:
+                continue
+            message = decode_event(row.values["event_json"]).message_id
+            gateway = str(row.values["gateway_id"])
+            if (gateway, str(message)) not in self.handled:
+                self.acked_unhandled.append(f"{gateway} {buffer_id} ({message})")
+
+    # -- processes -----------------------------------------------------------------------------
+
+    def up(self, name: str) -> bool:
+        """Whether a life of ``name`` runs."""
+        life = self.lives[name]
+        return life is not None and life not in self.loop.dead
+
+    def start(self, name: str) -> None:
+        """Start a new life of ``name`` (nothing when one runs)."""
+        if self.up(name):
+            return
+        life = self._life(name)
+        self.lives[name] = life
+        self.log(f"start {life}")
+        if name == "connector":
+            task = self.loop.spawn(life, self._connector_main)
+        else:
+            self.probe.alive[life.n] = life.n
+            task = self.loop.spawn(life, lambda: self._gateway_main(name, life))
+        task.add_done_callback(lambda done: self._exited(name, life, done))
+
+    def _exited(self, name: str, life: Life, task: asyncio.Task[None]) -> None:
+        """A process's main returned or raised (its start failed: a store it could not
+        write): it exits, and its supervisor starts it again a second later."""
+        error = None if task.cancelled() else task.exception()
+        self.log(f"{life} exits: {error!r}")
+        self.crash(name)
+        self.loop.call_later(1.0, self.start, name)
+
+    def crash(self, name: str) -> None:
+        """SIGKILL the running life of ``name``."""
+        life = self.lives[name]
+        if life is None or life in self.loop.dead:
+            return
+        self.kills += 1
+        self.log(f"kill {life}")
+        self.loop.kill(life)
+        self.probe.alive.pop(life.n, None)
+        if name == "connector":
+            self.connector = None
+
+    async def _connector_main(self) -> None:
+        connector = Connector(
+            self.store("connector"),
+            secrets=self.secrets,
+            drivers={PLATFORM: self.platform},
+            tenants={g: [t] for g, t in self.gateway_ids.items()},
+            clock=self.clocks["connector"],
+            liveness_probe_s=5.0,
+            store_threads=False,
+        )
+        await connector.start(CONNECTOR_HOST, PORT)
+        self.connector = connector
+        await asyncio.Event().wait()  # serve until killed
+
+    async def _gateway_main(self, gateway_id: str, life: Life) -> None:
+        store = self.store(gateway_id)
+        clock = self.clocks[gateway_id]
+        transport = WebSocketRelayTransport(
+            URL,
+            PLATFORM,
+            "bot",
+            gateway_id=gateway_id,
+            secret=self.gateway_secret[gateway_id],
+            dedupe=StoreBufferDedupe(store, clock=clock, threads=False),
+            clock=clock,
+            teardown_clock=clock,
+            rng=random.Random(self.rng.random()),
+            reconnect_backoff_s=0.2,
+            reconnect_max_s=4.0,
+            request_timeout_s=6.0,
+        )
+        gateway = Gateway(
+            store,
+            clock=clock,
+            teardown_clock=clock,
+            incarnation=Incarnation(HOST, life.n, life.n, f"{gateway_id}-{life.n}"),
+            probe=self.probe,
+            policy=POLICY,
+            retry_interval_s=2.0,
+            stuck_after_s=8.0,
+            recover_interval_s=5.0,
+            store_threads=False,
+        )
+        gateway.add_adapter(PLATFORM, RelayAdapter(transport))
+        tenant = self.gateway_ids[gateway_id]
+        rng = random.Random(self.rng.random())
+
+        async def echo(turn: Turn) -> None:
+            message = turn.message
+            if not message.chat_id.startswith(f"{tenant}-"):
+                self.misrouted.append(f"{gateway_id} got {message.message_id} of {message.chat_id}")
+            await clock.sleep(rng.uniform(0.0, 0.3))  # the bot's work
+            await turn.reply(f"echo: {message.text}")
+            self.handled.add((gateway_id, str(message.message_id)))
+
+        gateway.on_message(echo)
+        await gateway.start()
+        await asyncio.Event().wait()  # serve until killed
+
+    # -- faults --------------------------------------------------------------------------------
+
+    def inject(self, fault: Fault) -> None:
+        """Inject ``fault`` now (a crash of a process already down changes nothing)."""
+        kind, target = fault.kind, fault.target
+        self.log(f"FAULT {fault}")
+        later = self.loop.call_later
+        if kind in ("crash_gateway", "crash_connector"):
+            if self.up(target):
+                self.crash(target)
+                later(fault.size, self.start, target)
+        elif kind == "drop_connection":
+            for end in list(self.loop.net.ends):
+                if end.host == target:
+                    end.abort()
+        elif kind == "partition":
+            self.loop.net.partition(target, True)
+            later(fault.size, self.loop.net.partition, target, False)
+        elif kind == "half_open":
+            self.log(f"{self.loop.net.black_hole(target)} connections of {target} half-open")
+        elif kind == "delay_spike":
+            self.loop.net.spike_until = self.loop.time() + fault.size
+        elif kind == "clock_jump":
+            self.clocks[target].offset += fault.size
+        elif kind == "secret_rotation":
+            self._rotate(target, fault.size)
+        elif kind == "store_fail":
+            self.flaky[target].fail_writes += int(fault.size)
+        elif kind == "platform_refuse":
+            self.platform.refuse_next += int(fault.size)
+        elif kind == "platform_slow":
+            self.platform.slow_until = self.loop.time() + fault.size
+        elif kind == "duplicate_delivery":
+            self.platform.duplicate_next += int(fault.size)
+
+    def _rotate(self, gateway_id: str, after_s: float) -> None:
+        """A new secret in front at the connector now; the gateway is redeployed with it after
+        ``after_s``; the connector drops the old one after a random while -- sometimes before
+        the gateway switched (its dials are refused until it does)."""
+        accepted = self.secrets[gateway_id]
+        new = f"{gateway_id}-secret-{len(accepted)}-{self.loop.time():.3f}"
+        accepted.insert(0, new)
+        self._tell_connector()
+
+        def redeploy() -> None:
+            self.gateway_secret[gateway_id] = new
+            if self.up(gateway_id):
+                self.crash(gateway_id)
+                self.start(gateway_id)
+
+        def drop_old() -> None:
+            del accepted[1:]
+            self._tell_connector()
+
+        self.loop.call_later(after_s, redeploy)
+        self.loop.call_later(self.rng.uniform(0.0, 8.0), drop_old)
+
+    def _tell_connector(self) -> None:
+        """The operator updates the running connector's secrets (its config reload)."""
+        if self.connector is not None:
+            for gateway_id, accepted in self.secrets.items():
+                self.connector.secrets[gateway_id] = list(accepted)
+
+    def heal(self) -> None:
+        """Every fault lifted: clocks right, stores and platform well, every gateway on its
+        newest secret, links healed, every process up -- and the gateways restarted once (the
+        last budgeted attempt of a reply is kept for a restart, by design)."""
+        self.log("heal")
+        for flaky in self.flaky.values():
+            flaky.fail_writes = 0
+        self.platform.refuse_next = self.platform.duplicate_next = 0
+        self.platform.slow_until = self.loop.net.spike_until = -1.0
+        for clock in self.clocks.values():
+            clock.offset = 0.0
+        for host in list(self.loop.net.partitioned):
+            self.loop.net.partition(host, False)
+        for gateway_id in self.gateway_ids:
+            self.gateway_secret[gateway_id] = self.secrets[gateway_id][0]
+            self.crash(gateway_id)
+            self.start(gateway_id)
+        self.start("connector")
+
+    def verdict(self) -> Verdict:
+        """Check the quiet world."""
+        inner = {name: flaky.inner for name, flaky in self.flaky.items()}
+        verdict = check_world(
+            self.platform,  # type: ignore[arg-type]
+            gateway_stores={g: inner[g] for g in self.gateway_ids},
+            gateway_tenants=self.gateway_ids,
+            connector_store=inner["connector"],
+            acked_unhandled=self.acked_unhandled,
+            protocol_errors=0,
+        )
+        for line in self.misrouted:
+            verdict.expect(False, f"a message of another tenant: {line}")
+        verdict.expect(not self.misrouted, "messages reached only their tenant's gateway")
+        errors = [e for e in self.loop.errors if "was destroyed but it is pending" not in e]
+        for error in errors:
+            verdict.expect(False, f"unexpected error in a living process: {error}")
+        verdict.expect(not errors, "no unexpected error")
+        return verdict
+
+
+@contextlib.contextmanager
+def _disks(kind: str) -> Iterator[dict[str, Any]]:
+    names = ["connector", *(f"gw-{t}" for t in TENANTS)]
+    if kind == "memory":
+        yield {name: InMemoryStore() for name in names}
+        return
+    with tempfile.TemporaryDirectory(prefix="statecore-sim-real-") as tmp:
+        yield {name: Path(tmp) / f"{name}.db" for name in names}
+
+
+def run_real_seed(
+    seed: int, *, trace: bool = False, faults: Sequence[Fault] | None = None
+) -> Outcome:
+    """Run the world of ``seed`` with the real runtime (see the module docs); ``faults``
+    replaces the seed's own schedule, which is still drawn."""
+    rng = random.Random(seed)
+    store_kind = "sqlite" if seed % 4 == 0 else "memory"
+    drawn = schedule(
+        rng,
+        seconds=WRITING_S,
+        gateways=[f"gw-{t}" for t in TENANTS],
+        count=rng.randint(2, 12),
+        kinds=REAL_KINDS,
+    )
+    chosen = list(drawn if faults is None else faults)
+    loop = SimLoop(random.Random(rng.random()))
+    try:
+        with _disks(store_kind) as disks:
+            verdict, lines, quiet_after = _run(_World(seed, loop, rng, disks), chosen)
+    finally:
+        loop.bury()  # the world is unreferenced now: every coroutine of it goes here
+        loop.close()
+    return Outcome(
+        seed,
+        store_kind,
+        tuple(chosen),
+        verdict,
+        tuple(lines) if trace else (),
+        len(lines),
+        quiet_after,
+    )
+
+
+def _run(world: _World, faults: list[Fault]) -> tuple[Verdict, list[str], float]:
+    """Play ``world`` and check it; close the files it opened."""
+    try:
+        quiet_after = world.loop.run_until_complete(_play(world, faults))
+        return world.verdict(), world.trace, quiet_after
+    finally:
+        for flaky in world.flaky.values():
+            if isinstance(flaky.inner, SQLiteStore):
+                flaky.inner.close()
+
+
+async def _play(world: _World, faults: list[Fault]) -> float:
+    """Users write while the faults land; heal; run until quiet.  Returns how long the world
+    took to go quiet after the heal (virtual seconds)."""
+    loop = world.loop
+    world.start("connector")
+    for gateway_id in world.gateway_ids:
+        world.start(gateway_id)
+    for fault in faults:
+        loop.call_later(fault.at, world.inject, fault)
+    t = 0.2
+    while t < WRITING_S:
+        loop.call_later(t, world.platform.write)
+        t += world.rng.expovariate(2.0)
+    await asyncio.sleep(WRITING_S + 8.0)
+    world.heal()
+    began = loop.time()
+    stores = {name: flaky.inner for name, flaky in world.flaky.items()}
+    while loop.time() - began < QUIET_LIMIT_S:
+        await asyncio.sleep(2.0)
+        stores = {name: flaky.inner for name, flaky in world.flaky.items()}
+        if quiet(world.platform, stores):  # type: ignore[arg-type]
+            break
+    return loop.time() - began
