@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Every Python tree that the gates check (those that exist in this checkout).
 CODE := $(wildcard statecore stores relay tests benchmarks examples docs)
 
-.PHONY: demo chat sim test lint typecheck pytest bench clean
+.PHONY: demo chat sim sim-real test lint typecheck pytest bench clean
 
 $(BIN)/python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need Python 3.11+ on PATH (or make PYTHON=...)"; exit 1; }
@@ -41,6 +41,11 @@ test: lint typecheck pytest
 SEEDS ?= 10000
 sim: $(STAMP)
 	$(BIN)/python -m relay.sim --seeds $(SEEDS)
+
+# The same campaign with the real runtime (Connector, Gateway, websockets) on the deterministic
+# event loop: make sim-real SEEDS=1000 (make test runs 60).
+sim-real: $(STAMP)
+	$(BIN)/python -m relay.sim --real --seeds $(SEEDS)
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'

@@ -1,5 +1,10 @@
 """``python -m relay.sim``: run seeded worlds and report (``make sim SEEDS=10000``).
 
+Without ``--real`` the worlds run the models of the gateway and connector around the real
+ledger and buffer (:mod:`relay.sim.run`); with ``--real`` they run the real runtime --
+``Connector``, ``Gateway``, the relay transport and ``websockets`` -- on the deterministic
+loop (:mod:`relay.sim.real`; ``make sim-real SEEDS=1000``).
+
 ``--seeds N`` runs seeds ``--first`` .. ``--first + N - 1`` with a progress bar and ends with a
 summary table: runs, faults injected by kind, invariant checks made, violations.  A failing
 seed prints its fault schedule and its violations, and the command exits 1.  ``--seed S
@@ -13,34 +18,41 @@ import collections
 import logging
 import sys
 import time
+from collections.abc import Callable
 
-from relay.sim.faults import KINDS
+from relay.sim.faults import KINDS, REAL_KINDS
+from relay.sim.real import run_real_seed
 from relay.sim.run import Outcome, run_seed, shrink
 
 
-def report_failure(outcome: Outcome) -> str:
+def report_failure(outcome: Outcome, *, real: bool = False) -> str:
     """What a failing run prints: its seed, store, fault schedule and violations."""
     lines = [f"seed {outcome.seed} FAILED ({outcome.store} stores); fault schedule:"]
     lines += [f"  {fault}" for fault in outcome.faults] or ["  (none)"]
     lines += [f"  violation: {v}" for v in outcome.verdict.violations]
-    lines.append(f"replay it: python -m relay.sim --seed {outcome.seed} --trace")
+    flag = " --real" if real else ""
+    lines.append(f"replay it: python -m relay.sim{flag} --seed {outcome.seed} --trace")
     return "\n".join(lines)
 
 
-def one_seed(seed: int, *, trace: bool, shrinking: bool) -> int:
+def _runner(real: bool) -> Callable[..., Outcome]:
+    return run_real_seed if real else run_seed
+
+
+def one_seed(seed: int, *, trace: bool, shrinking: bool, real: bool = False) -> int:
     """Run one seed (printing its trace when asked, its shrunk schedule when it fails and
     ``shrinking``); 0 when it held."""
-    outcome = run_seed(seed, trace=trace)
+    outcome = _runner(real)(seed, trace=trace)
     if trace:
         print("\n".join(outcome.trace))
-    print(report_failure(outcome) if not outcome.ok else f"seed {seed}: ok")
+    print(report_failure(outcome, real=real) if not outcome.ok else f"seed {seed}: ok")
     if shrinking and not outcome.ok:
         print("a shorter schedule that still fails:")
-        print("\n".join(f"  {fault}" for fault in shrink(seed)))
+        print("\n".join(f"  {fault}" for fault in shrink(seed, _runner(real))))
     return 0 if outcome.ok else 1
 
 
-def campaign(first: int, seeds: int) -> int:
+def campaign(first: int, seeds: int, *, real: bool = False) -> int:
     """Run ``seeds`` seeds from ``first`` with a progress bar and the summary table; 0 when
     every run held every invariant."""
     faults: collections.Counter[str] = collections.Counter()
@@ -50,7 +62,7 @@ def campaign(first: int, seeds: int) -> int:
     began = time.monotonic()
     tty = sys.stdout.isatty()
     for n, seed in enumerate(range(first, first + seeds), 1):
-        outcome = run_seed(seed)
+        outcome = _runner(real)(seed)
         faults.update(f.kind for f in outcome.faults)
         stores[outcome.store] += 1
         verdict = outcome.verdict
@@ -63,7 +75,7 @@ def campaign(first: int, seeds: int) -> int:
         )
         if not outcome.ok:
             failed.append(outcome)
-            print(("\n" if tty else "") + report_failure(outcome), flush=True)
+            print(("\n" if tty else "") + report_failure(outcome, real=real), flush=True)
         if tty or n % max(1, seeds // 20) == 0 or n == seeds:
             bar = "#" * (30 * n // seeds) + "." * (30 - 30 * n // seeds)
             line = f"[{bar}] {n}/{seeds} seeds, {len(failed)} failed"
@@ -73,9 +85,10 @@ def campaign(first: int, seeds: int) -> int:
     print(
         f"\n{seeds} runs (seeds {first}..{first + seeds - 1}) in {took:.1f} s; "
         f"stores: {dict(sorted(stores.items()))}; {totals['steps']} steps"
+        + (" (turns of the event loop)" if real else "")
     )
     print(f"\n  {'fault injected':<22}{'count':>8}")
-    for kind in KINDS:
+    for kind in REAL_KINDS if real else KINDS:
         print(f"  {kind:<22}{faults[kind]:>8}")
     print(f"  {'(all)':<22}{sum(faults.values()):>8}")
     print(f"\n  invariant checks made   {totals['checks']:>10}")
@@ -102,14 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shrink", action="store_true", help="reduce a failing seed's fault schedule (one seed)"
     )
+    parser.add_argument(
+        "--real", action="store_true", help="run the real runtime on the deterministic loop"
+    )
     args = parser.parse_args(argv)
     # The ledger logs each abandonment at WARNING: expected under faults, counted instead.
     logging.getLogger("statecore").setLevel(logging.ERROR)
     if args.seed is not None:
-        return one_seed(args.seed, trace=args.trace, shrinking=args.shrink)
+        return one_seed(args.seed, trace=args.trace, shrinking=args.shrink, real=args.real)
     if args.seeds < 1:
         parser.error("--seeds must be at least 1")
-    return campaign(args.first, args.seeds)
+    return campaign(args.first, args.seeds, real=args.real)
 
 
 if __name__ == "__main__":

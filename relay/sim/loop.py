@@ -75,6 +75,8 @@ class SimLoop(asyncio.BaseEventLoop):
         """Lives that were killed: none of their callbacks runs again."""
         self.net = SimNetwork(self, rng, dead=self.dead)
         """The network every life's sockets go through."""
+        self.steps = 0
+        """Turns of the loop so far."""
         self.tasks: list[asyncio.Task[Any]] = []
         """Every task of every life, held so that a killed life's coroutines are never
         collected (collecting one runs its ``finally`` blocks: not what a SIGKILL does)."""
@@ -87,6 +89,10 @@ class SimLoop(asyncio.BaseEventLoop):
     def time(self) -> float:
         """Virtual time (seconds since the world began)."""
         return self._now
+
+    def _run_once(self) -> None:
+        self.steps += 1
+        super()._run_once()  # type: ignore[misc]
 
     def advance(self, seconds: float) -> None:
         """Jump the clock forward (the loop does this itself when it would wait)."""
@@ -125,7 +131,9 @@ class SimLoop(asyncio.BaseEventLoop):
                 self._scheduled.clear()  # type: ignore[attr-defined]
                 self.net.ends.clear()
                 self.net.listeners.clear()
-                gc.collect()
+                for _ in range(5):  # what dying coroutines leave behind goes too
+                    if not gc.collect():
+                        break
         finally:
             logging.disable(logging.NOTSET)
             sys.unraisablehook = hook

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -35,7 +36,7 @@ from relay.sim.driver import SimDriver
 from relay.sim.faults import REAL_KINDS, Fault, FlakyStore, schedule
 from relay.sim.gateway import HOST, POLICY, SimProbe
 from relay.sim.invariants import Verdict, check_world
-from relay.sim.lives import Life
+from relay.sim.lives import PROCESS, Life
 from relay.sim.loop import LoopClock, SimLoop
 from relay.sim.platform import PLATFORM, TENANTS
 from relay.sim.run import QUIET_LIMIT_S, WRITING_S, Outcome, quiet
@@ -346,8 +347,11 @@ def run_real_seed(
     chosen = list(drawn if faults is None else faults)
     loop = SimLoop(random.Random(rng.random()))
     try:
-        with _disks(store_kind) as disks:
-            verdict, lines, quiet_after = _run(_World(seed, loop, rng, disks), chosen)
+        with _disks(store_kind) as disks, _logs_into(loop) as logged:
+            world = _World(seed, loop, rng, disks)
+            world.trace = logged
+            verdict, lines, quiet_after = _run(world, chosen)
+            del world
     finally:
         loop.bury()  # the world is unreferenced now: every coroutine of it goes here
         loop.close()
@@ -357,9 +361,45 @@ def run_real_seed(
         tuple(chosen),
         verdict,
         tuple(lines) if trace else (),
-        len(lines),
+        loop.steps,
         quiet_after,
     )
+
+
+class _TraceHandler(logging.Handler):
+    """Puts the runtime's log lines into the trace, with virtual time and the life."""
+
+    def __init__(self, loop: SimLoop, lines: list[str]) -> None:
+        super().__init__(logging.INFO)
+        self.loop = loop
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        life = PROCESS.get()
+        self.lines.append(
+            f"{self.loop.time():10.4f} [{life or 'world'}] {record.name}: {record.getMessage()}"
+        )
+
+
+@contextlib.contextmanager
+def _logs_into(loop: SimLoop) -> Iterator[list[str]]:
+    """While the world runs, the runtime's INFO lines go into its trace (and nowhere else)."""
+    lines: list[str] = []
+    handler = _TraceHandler(loop, lines)
+    saved = []
+    for name in ("relay", "statecore", "stores"):
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.level, logger.propagate))
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+        logger.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        for logger, level, propagate in saved:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+            logger.propagate = propagate
 
 
 def _run(world: _World, faults: list[Fault]) -> tuple[Verdict, list[str], float]:

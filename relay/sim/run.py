@@ -254,19 +254,22 @@ class _Parts:
             self.platform.duplicate_next += int(fault.size)
 
 
-def shrink(seed: int) -> list[Fault]:
+def shrink(seed: int, run: Callable[..., Outcome] | None = None) -> list[Fault]:
     """A smaller fault schedule on which ``seed``'s world still fails: each fault is dropped
     in turn, and kept out while the run still fails (one pass, then again until nothing more
-    can go).  Returns the seed's whole schedule when the run does not fail at all."""
-    faults = list(run_seed(seed).faults)
-    if run_seed(seed, faults=faults).ok:
+    can go).  Returns the seed's whole schedule when the run does not fail at all.  ``run``
+    is how a seed runs (default :func:`run_seed`; :func:`relay.sim.real.run_real_seed` for
+    the real runtime)."""
+    play = run_seed if run is None else run
+    faults = list(play(seed).faults)
+    if play(seed, faults=faults).ok:
         return faults
     shrunk = True
     while shrunk:
         shrunk = False
         for fault in list(faults):
             fewer = [f for f in faults if f is not fault]
-            if not run_seed(seed, faults=fewer).ok:
+            if not play(seed, faults=fewer).ok:
                 faults, shrunk = fewer, True
     return faults
 
