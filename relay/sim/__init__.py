@@ -21,4 +21,10 @@ the world heals (every process up, every link healed) and runs to quiescence; th
 
 Run ``python -m relay.sim --seeds 10000`` (``make sim SEEDS=10000``); a failing seed prints its
 fault schedule and ``--seed N --trace`` replays it step by step.
+
+:mod:`relay.sim.real` runs the same worlds with the **real runtime** instead of the models --
+the real ``Connector``, ``Gateway``, relay transport and ``websockets`` -- on
+:class:`relay.sim.loop.SimLoop`, a deterministic asyncio loop on virtual time with no threads,
+process lives a crash kills outright, and an in-memory network (:mod:`relay.sim.sockets`).
+``python -m relay.sim --real`` (``make sim-real``) runs those.
 """

@@ -24,6 +24,8 @@ from relay.sim.lives import PROCESS, Life
 __all__ = ["SimNetwork", "SimServer"]
 
 _EOF = None
+_STEP_S = 1e-5
+"""The least time between two arrivals on one direction of a connection."""
 
 
 class _End(asyncio.Transport):
@@ -301,7 +303,9 @@ class SimNetwork:
         self._schedule(sender, peer, item)
 
     def _schedule(self, sender: _End, peer: _End, item: bytes | None) -> None:
-        sender.arrival = max(sender.arrival, self.loop.time() + self.trip())
+        # Strictly later than what went before: timers due at one instant run in no set
+        # order, and a stream's bytes must arrive in the order they were sent.
+        sender.arrival = max(sender.arrival + _STEP_S, self.loop.time() + self.trip())
         self.loop.call_at(sender.arrival, peer.arrive, item, context=peer.context)
 
     def reset_peer(self, end: _End) -> None:
