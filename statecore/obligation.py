@@ -64,11 +64,11 @@ OBLIGATION_KIND: EntityKind[ObligationState] = EntityKind(
         Field("adapter_profile", str, nullable=False, default=DEFAULT_PROFILE),
     ),
     indexes=(
-        # The startup sweep: owed rows by owner; settled rows are never in this index.
-        Index(("state", "owner_pid"), states=_OWED),
-        # Claims of one owner's owed rows (``FOR UPDATE SKIP LOCKED ... ORDER BY id LIMIT n``):
-        # read in id order within the owner, so a claim never walks the rows already claimed
-        # (they changed owner) as a walk of the primary key would.
+        # Owed rows, by owner: the sweeps read owed rows (all of them, or one owner's), and
+        # claims of one owner's rows (``FOR UPDATE SKIP LOCKED ... ORDER BY id LIMIT n``) read
+        # them in id order within the owner, so a claim never walks the rows already claimed
+        # (they changed owner) as a walk of the primary key would.  Settled rows are never in
+        # it, and it does not key on the state: a move between owed states leaves it as it was.
         Index(("owner_pid", "obligation_id"), states=_OWED),
         # The runtime sweep: failed rows of one platform and profile.
         Index(("platform", "adapter_profile"), states=frozenset({_O.FAILED})),

@@ -62,6 +62,7 @@ class CompiledKind:
         "decoders",
         "fast",
         "get_sql",
+        "history_sql",
         "insert_sql",
         "kind",
         "select_cols",
@@ -75,6 +76,7 @@ class CompiledKind:
         self.select_cols = sql.select_cols(kind)
         self.states: dict[str, Enum] = {s.value: s for s in kind.lifecycle.states}
         self.get_sql = sql.get_sql(kind)
+        self.history_sql = sql.history_sql(kind)
         self.insert_sql = sql.insert_sql(kind)
         # The declared fields' values of a checked mapping, in column order (itemgetter runs in
         # C; one field needs a tuple of its own).

@@ -23,21 +23,23 @@ from statecore.entity import EntityKind, Field
 from statecore.store import Cmp, TransitionPlan, Where
 
 __all__ = [
+    "AUDIT_CHAIN_DELETE",
     "AUDIT_COLUMNS",
-    "AUDIT_DELETE",
-    "AUDIT_INSERT",
+    "AUDIT_HEADS",
     "AUDIT_TABLE",
     "BEGIN",
     "COMMIT",
     "FOREIGN_KEYS_ON",
-    "HISTORY",
     "JOURNAL_WAL",
     "MANAGED_COLUMNS",
+    "OLD_PARTIAL_INDEXES",
     "ROLLBACK",
     "USER_VERSION",
     "BulkShape",
     "add_field_sql",
     "add_managed_sql",
+    "add_member_sql",
+    "audit_chain_sql",
     "audit_schema_sql",
     "audit_trigger_sql",
     "bulk_row",
@@ -46,10 +48,15 @@ __all__ = [
     "busy_timeout_sql",
     "count_sql",
     "create_table_sql",
+    "drop_index_sql",
     "get_sql",
+    "heads_sql",
+    "history_sql",
     "index_sql",
     "insert_rows_sql",
     "insert_sql",
+    "member_columns",
+    "old_schema_drops",
     "prune_sql",
     "release_sql",
     "rollback_to_sql",
@@ -58,6 +65,7 @@ __all__ = [
     "select_sql",
     "set_user_version_sql",
     "synchronous_sql",
+    "table_info_named_sql",
     "table_info_sql",
     "update_many_sql",
     "update_params",
@@ -72,10 +80,12 @@ _SQL_TYPES = {str: "TEXT", int: "INTEGER", float: "REAL", bool: "INTEGER"}
 
 # Columns the store manages besides the id and state, as declared when a table is created and
 # when an older table lacks them.  fence: bumped by every transition; prev_state: the state a
-# transition left, read back by RETURNING for its audit entry.
+# transition left, read back by RETURNING for its audit entry; audit_head: the seq of the row's
+# latest audit entry (each entry names the one before it: the row's history is that chain).
 _MANAGED = {
     "fence": "fence INTEGER NOT NULL DEFAULT 0",
     "prev_state": "prev_state TEXT",
+    "audit_head": "audit_head INTEGER",
     "audit_event": "audit_event TEXT",
     "audit_at": "audit_at REAL",
     "audit_owner": "audit_owner TEXT",
@@ -140,28 +150,118 @@ def rollback_to_sql(depth: int) -> str:
 # -- schema -----------------------------------------------------------------------------------
 
 
-def audit_schema_sql() -> tuple[str, str]:
-    """The audit table and its index (by kind and entity, in write order), if absent."""
+def audit_schema_sql() -> str:
+    """The audit table, if absent: append-only, in write order, with no index besides its
+    seq -- each entry names the entity's previous entry (``prev``), and the entity's row names
+    its latest (``audit_head``), so that a write appends to the table's last page instead of
+    also updating an index at a random place."""
     return (
         f"CREATE TABLE IF NOT EXISTS {AUDIT_TABLE} ("
-        "seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, entity_id TEXT NOT NULL, "
+        "seq INTEGER PRIMARY KEY, prev INTEGER, kind TEXT NOT NULL, entity_id TEXT NOT NULL, "
         "event TEXT NOT NULL, from_state TEXT, to_state TEXT NOT NULL, "
-        "at REAL NOT NULL, owner TEXT, attempts INTEGER, reason TEXT)",
-        f"CREATE INDEX IF NOT EXISTS {AUDIT_TABLE}_entity ON {AUDIT_TABLE}(kind, entity_id, seq)",
+        "at REAL NOT NULL, owner TEXT, attempts INTEGER, reason TEXT)"
     )
+
+
+AUDIT_HEADS = "statecore_audit_heads"
+"""While a file written before the chains is being upgraded: each entity's latest entry, read
+once from the old index so that each kind's rows can be given their ``audit_head`` when the
+kind is registered (then its rows leave this table)."""
+
+
+def audit_chain_sql() -> tuple[str, ...]:
+    """Turns an audit table of the older layout (indexed by kind, entity and seq, no chain)
+    into chains: every entry gets its ``prev``, the latest entry of each entity is noted in
+    :data:`AUDIT_HEADS`, and the old index goes.  Run once, when the table lacks ``prev``."""
+    return (
+        f"ALTER TABLE {AUDIT_TABLE} ADD COLUMN prev INTEGER",
+        f"UPDATE {AUDIT_TABLE} SET prev = (SELECT MAX(b.seq) FROM {AUDIT_TABLE} AS b "
+        f"WHERE b.kind = {AUDIT_TABLE}.kind AND b.entity_id = {AUDIT_TABLE}.entity_id "
+        f"AND b.seq < {AUDIT_TABLE}.seq)",
+        f"CREATE TABLE IF NOT EXISTS {AUDIT_HEADS} (kind TEXT NOT NULL, entity_id TEXT NOT NULL, "
+        "head INTEGER NOT NULL, PRIMARY KEY (kind, entity_id)) WITHOUT ROWID",
+        f"INSERT OR REPLACE INTO {AUDIT_HEADS} (kind, entity_id, head) "
+        f"SELECT kind, entity_id, MAX(seq) FROM {AUDIT_TABLE} GROUP BY kind, entity_id",
+        f"DROP INDEX IF EXISTS {AUDIT_TABLE}_entity",
+    )
+
+
+def heads_sql(kind: EntityKind[Any]) -> tuple[str, str]:
+    """Gives the rows of an upgraded table of ``kind`` their ``audit_head`` from
+    :data:`AUDIT_HEADS`, then forgets those heads."""
+    name = _literal(kind.name)
+    return (
+        f"UPDATE {kind.table} SET audit_head = (SELECT h.head FROM {AUDIT_HEADS} AS h "
+        f"WHERE h.kind = {name} AND h.entity_id = {kind.table}.{kind.id_field}) "
+        "WHERE audit_head IS NULL",
+        f"DELETE FROM {AUDIT_HEADS} WHERE kind = {name}",
+    )
+
+
+def member_columns(kind: EntityKind[Any]) -> dict[frozenset[Enum], str]:
+    """The membership columns of ``kind``: one per set of states some partial index covers,
+    1 while the row is in one of those states, NULL otherwise.
+
+    The partial index is declared over that column, not over ``state``: SQLite updates an
+    index only when a statement sets a column the index reads, and a transition always sets
+    ``state`` -- so an index over ``state`` is rewritten by every move, while one over its
+    membership column only by the moves that enter or leave the set."""
+    columns: dict[frozenset[Enum], str] = {}
+    for index in kind.indexes:
+        if index.states:
+            states = frozenset(index.states)
+            columns[states] = "in_" + "_".join(sorted(str(s.value) for s in states))
+    return columns
+
+
+def add_member_sql(kind: EntityKind[Any], states: frozenset[Enum], column: str) -> tuple[str, str]:
+    """Adds a membership column to an older table and fills it from the rows' states."""
+    return (
+        f"ALTER TABLE {kind.table} ADD COLUMN {column} INTEGER",
+        f"UPDATE {kind.table} SET {column} = 1 WHERE state IN ({_literals(states)})",
+    )
+
+
+def old_schema_drops(kind: EntityKind[Any]) -> list[str]:
+    """What a table written before the chains has and this layout recreates: its audit
+    triggers.  (Its partial indexes over ``state`` are found by :data:`OLD_PARTIAL_INDEXES`.)"""
+    return [
+        f"DROP TRIGGER IF EXISTS {kind.table}_audit_create",
+        f"DROP TRIGGER IF EXISTS {kind.table}_audit_move",
+    ]
+
+
+OLD_PARTIAL_INDEXES = (
+    "SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = ? "
+    "AND sql LIKE '% WHERE state IN (%'"
+)
+"""The partial indexes over ``state`` an older layout declared on a table (bound: the table):
+this layout replaces them with indexes over membership columns."""
+
+
+def drop_index_sql(name: str) -> str:
+    """Drops an index of an older layout (a name read from the schema)."""
+    return f'DROP INDEX IF EXISTS "{name}"'
 
 
 def table_info_sql(kind: EntityKind[Any]) -> str:
     """Lists the columns ``kind``'s table has now (no rows when there is no table)."""
-    return f"PRAGMA table_info({kind.table})"
+    return table_info_named_sql(kind.table)
+
+
+def table_info_named_sql(table: str) -> str:
+    """Lists the columns the table ``table`` (one of the store's own) has now."""
+    return f"PRAGMA table_info({table})"
 
 
 def create_table_sql(kind: EntityKind[Any]) -> str:
-    """``kind``'s table: id, state, the managed columns, then one column per field."""
+    """``kind``'s table: id, state, the managed and membership columns, then one column per
+    field."""
     columns = [
         f"{kind.id_field} TEXT PRIMARY KEY NOT NULL",
         "state TEXT NOT NULL",
         *_MANAGED.values(),
+        *(f"{column} INTEGER" for column in member_columns(kind).values()),
         *(_column_sql(f, new_table=True) for f in kind.fields),
     ]
     return f"CREATE TABLE {kind.table} ({', '.join(columns)})"
@@ -180,33 +280,45 @@ def add_field_sql(kind: EntityKind[Any], field: Field) -> str:
 def audit_trigger_sql(kind: EntityKind[Any]) -> tuple[str, str]:
     """The two triggers that write ``kind``'s audit entries, if absent: after a creation (from
     state NULL) and after every transition (an UPDATE of ``fence``, which only a transition
-    makes), each copying the row's :data:`AUDIT_COLUMNS` and its states.  A trigger runs inside
-    the statement that fired it, so an entry is written exactly when its write is: one
-    statement per write, atomic on its own."""
+    makes), each copying the row's :data:`AUDIT_COLUMNS` and its states, chaining the entry to
+    the row's previous one and making it the row's ``audit_head``.  The creation trigger also
+    sets the row's membership columns (see :func:`member_columns`).  A trigger runs inside the
+    statement that fired it, so an entry is written exactly when its write is: one statement
+    per write, atomic on its own."""
     table, name = kind.table, _literal(kind.name)
-    columns = "kind, entity_id, event, from_state, to_state, at, owner, attempts, reason"
+    columns = "prev, kind, entity_id, event, from_state, to_state, at, owner, attempts, reason"
     new = "NEW.audit_event, {source}, NEW.state, NEW.audit_at, NEW.audit_owner, " + (
         "NEW.audit_attempts, NEW.audit_reason"
     )
+    members = "".join(
+        f", {column} = CASE WHEN NEW.state IN ({_literals(states)}) THEN 1 END"
+        for states, column in member_columns(kind).items()
+    )
+    head = f"UPDATE {table} SET audit_head = last_insert_rowid(){{members}} WHERE rowid = NEW.rowid"
     return (
         f"CREATE TRIGGER IF NOT EXISTS {table}_audit_create AFTER INSERT ON {table} "
         f"BEGIN INSERT INTO {AUDIT_TABLE} ({columns}) VALUES "
-        f"({name}, NEW.{kind.id_field}, {new.format(source='NULL')}); END",
+        f"(NULL, {name}, NEW.{kind.id_field}, {new.format(source='NULL')}); "
+        f"{head.format(members=members)}; END",
         f"CREATE TRIGGER IF NOT EXISTS {table}_audit_move AFTER UPDATE OF fence ON {table} "
         f"BEGIN INSERT INTO {AUDIT_TABLE} ({columns}) VALUES "
-        f"({name}, NEW.{kind.id_field}, {new.format(source='OLD.state')}); END",
+        f"(OLD.audit_head, {name}, NEW.{kind.id_field}, {new.format(source='OLD.state')}); "
+        f"{head.format(members='')}; END",
     )
 
 
 def index_sql(kind: EntityKind[Any]) -> list[str]:
-    """The declared indexes, if absent; an index over some states only is a partial index."""
+    """The declared indexes, if absent; an index over some states only is a partial index
+    over that set's membership column (see :func:`member_columns`)."""
+    members = member_columns(kind)
     statements = []
     for index in kind.indexes:
         name = f"{kind.table}_{'_'.join(index.fields)}"
         partial = ""
         if index.states:
-            name += "_" + "_".join(sorted(s.value for s in index.states))
-            partial = f" WHERE state IN ({_literals(index.states)})"
+            column = members[frozenset(index.states)]
+            name += f"_{column}"
+            partial = f" WHERE {column} IS NOT NULL"
         statements.append(
             f"CREATE INDEX IF NOT EXISTS {name} ON {kind.table}({', '.join(index.fields)}){partial}"
         )
@@ -235,7 +347,7 @@ def select_sql(
 ) -> tuple[str, list[Any]]:
     """Entities in ``states`` (None: any) matching ``where``, ordered by ``order_by`` (NULLs
     first, SQLite's order) then id, at most ``limit``; with its bound values."""
-    clause, params = _where_sql(states, where)
+    clause, params = _where_sql(kind, states, where)
     order = kind.id_field if order_by is None else f"{order_by}, {kind.id_field}"
     sql = f"SELECT {select_cols(kind)} FROM {kind.table}{clause} ORDER BY {order}"
     if limit is not None:
@@ -248,28 +360,31 @@ def count_sql(
     kind: EntityKind[Any], states: Iterable[Enum] | None, where: Where
 ) -> tuple[str, list[Any]]:
     """How many entities :func:`select_sql` would read without a limit; with its bound values."""
-    clause, params = _where_sql(states, where)
+    clause, params = _where_sql(kind, states, where)
     return f"SELECT COUNT(*) FROM {kind.table}{clause}", params
 
 
-HISTORY = (
-    "SELECT event, from_state, to_state, at, owner, attempts, reason "
-    f"FROM {AUDIT_TABLE} WHERE kind = ? AND entity_id = ? ORDER BY seq"
-)
-"""One entity's audit entries, oldest first (bound: kind name, entity id)."""
+def history_sql(kind: EntityKind[Any]) -> str:
+    """One entity's audit entries, oldest first: its chain, from the row's ``audit_head``
+    back (bound: entity id, kind name)."""
+    return (
+        f"WITH RECURSIVE chain(seq) AS (SELECT audit_head FROM {kind.table} "
+        f"WHERE {kind.id_field} = ?1 UNION ALL SELECT a.prev FROM {AUDIT_TABLE} AS a "
+        "JOIN chain ON a.seq = chain.seq WHERE a.prev IS NOT NULL) "
+        "SELECT event, from_state, to_state, at, owner, attempts, reason "
+        f"FROM {AUDIT_TABLE} WHERE seq IN (SELECT seq FROM chain) "
+        "AND kind = ?2 AND entity_id = ?1 ORDER BY seq"
+    )
 
 
 # -- writes -----------------------------------------------------------------------------------
 
-AUDIT_INSERT = (
-    f"INSERT INTO {AUDIT_TABLE} (kind, entity_id, event, from_state, to_state, at, owner, "
-    "attempts, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+AUDIT_CHAIN_DELETE = (
+    f"WITH RECURSIVE chain(seq) AS (SELECT ? UNION ALL SELECT a.prev FROM {AUDIT_TABLE} AS a "
+    "JOIN chain ON a.seq = chain.seq WHERE a.prev IS NOT NULL) "
+    f"DELETE FROM {AUDIT_TABLE} WHERE seq IN (SELECT seq FROM chain)"
 )
-"""One audit entry (bound: kind name, entity id, event, source state or NULL for a creation,
-target state, then the Audit's at, owner, attempts and reason)."""
-
-AUDIT_DELETE = f"DELETE FROM {AUDIT_TABLE} WHERE kind = ? AND entity_id = ?"
-"""A pruned entity's audit history (bound: kind name, entity id)."""
+"""A pruned entity's audit history: its chain (bound: the row's ``audit_head``)."""
 
 
 def insert_sql(kind: EntityKind[Any]) -> str:
@@ -361,7 +476,12 @@ def bulk_update_sql(kind: EntityKind[Any], shape: BulkShape, rows: int) -> str:
     """
     event, fenced, changed, compared = shape
     moves = kind.lifecycle.moves(event)
-    sets = [_set_state(moves), "fence = fence + 1", "prev_state = state"]
+    sets = [
+        _set_state(moves),
+        *_set_members(kind, moves),
+        "fence = fence + 1",
+        "prev_state = state",
+    ]
     conditions = [f"{kind.id_field} = v.column1", f"+state IN ({_literals(moves)})"]
     column = 2
     if fenced:
@@ -384,13 +504,16 @@ def prune_sql(
     kind: EntityKind[Any], sources: Iterable[Enum], where: Where, limit: int | None
 ) -> tuple[str, list[Any]]:
     """Deletes up to ``limit`` entities in the removable ``sources`` states matching ``where``,
-    lowest ids first, returning their ids; with its bound values."""
-    clause, params = _where_sql(sources, where)
+    lowest ids first, returning their ids and audit heads; with its bound values."""
+    clause, params = _where_sql(kind, sources, where)
     inner = f"SELECT {kind.id_field} FROM {kind.table}{clause} ORDER BY {kind.id_field}"
     if limit is not None:
         inner += " LIMIT ?"
         params.append(limit)
-    sql = f"DELETE FROM {kind.table} WHERE {kind.id_field} IN ({inner}) RETURNING {kind.id_field}"
+    sql = (
+        f"DELETE FROM {kind.table} WHERE {kind.id_field} IN ({inner}) "
+        f"RETURNING {kind.id_field}, audit_head"
+    )
     return sql, params
 
 
@@ -412,7 +535,8 @@ def _guarded_update(plan: TransitionPlan[Any], find: str, *, increments: Iterabl
     kind = plan.kind
     # Every SET expression reads the old row, so prev_state receives the state being left: the
     # audit entry learns its source without a second read.
-    sets = [_set_state(plan.targets), "fence = fence + 1", "prev_state = state"]
+    sets = [_set_state(plan.targets), *_set_members(kind, plan.targets)]
+    sets += ["fence = fence + 1", "prev_state = state"]
     sets += [f"{name} = ?" for name in plan.changes]
     sets += [f"{name} = {name} + ?" for name in increments]
     sets += [f"{name} = ?" for name in AUDIT_COLUMNS]  # read by the audit trigger
@@ -440,6 +564,27 @@ def _set_state(moves: Mapping[Enum, Enum]) -> str:
         for s, t in sorted(moves.items(), key=lambda move: str(move[0].value))
     )
     return f"state = CASE state {cases} END"
+
+
+def _set_members(kind: EntityKind[Any], moves: Mapping[Enum, Enum]) -> list[str]:
+    """The membership columns a move changes: set only when some source enters or leaves the
+    column's set of states (a literal when every source does alike, else a CASE over the
+    source states), so that the move rewrites no index it leaves as it was."""
+    sets = []
+    for states, column in member_columns(kind).items():
+        changed = {s: t in states for s, t in moves.items() if (s in states) != (t in states)}
+        if not changed:
+            continue
+        values = set(changed.values())
+        if len(changed) == len(moves) and len(values) == 1:
+            sets.append(f"{column} = {'1' if values.pop() else 'NULL'}")
+            continue
+        cases = " ".join(
+            f"WHEN '{s.value}' THEN {'1' if inside else 'NULL'}"
+            for s, inside in sorted(changed.items(), key=lambda item: str(item[0].value))
+        )
+        sets.append(f"{column} = CASE state {cases} ELSE {column} END")
+    return sets
 
 
 def _column_sql(f: Field, *, new_table: bool) -> str:
@@ -474,9 +619,16 @@ def _cmp_sql(column: str, cmp: Cmp) -> str:
     return f"{column} {cmp.op} ?"
 
 
-def _where_sql(states: Iterable[Enum] | None, where: Where) -> tuple[str, list[Any]]:
+def _where_sql(
+    kind: EntityKind[Any], states: Iterable[Enum] | None, where: Where
+) -> tuple[str, list[Any]]:
     parts = [_cmp_sql(column, cmp) for column, cmp in where]
     if states is not None:
         states = list(states)
         parts.insert(0, f"state IN ({_literals(states)})" if states else "0")
+        # Within a membership set: say so, so that the planner may use its partial indexes.
+        wanted = set(states)
+        for member_states, column in sorted(member_columns(kind).items(), key=lambda m: m[1]):
+            if wanted and wanted <= member_states:
+                parts.insert(1, f"{column} IS NOT NULL")
     return (" WHERE " + " AND ".join(parts) if parts else ""), where_params(where)

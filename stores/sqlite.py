@@ -74,10 +74,13 @@ __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
 S = TypeVar("S", bound=Enum)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The layout version this code writes (``PRAGMA user_version``); 0 is a pre-versioned file.
-Version 2 writes audit entries by trigger (each write one statement); a version 1 table gains
-the audit columns and triggers when its kind is registered, its history kept."""
+Version 2 writes audit entries by trigger (each write one statement); version 3 chains each
+entity's audit entries (no index on the audit table) and declares partial indexes over
+membership columns (see ``stores._sqlite_sql.member_columns``).  An older file is upgraded in
+place: its audit table is chained when it is opened, each table when its kind is registered
+(columns added and filled, triggers and partial indexes replaced), its history kept."""
 
 _BULK_CHUNK = 500  # ids per transition_many UPDATE (well under SQLite's bound-parameter limit)
 
@@ -121,8 +124,11 @@ class SQLiteStore(ClosesOnExit):
                 )
         with self.atomic():
             conn = self._db.conn()
-            for statement in sql.audit_schema_sql():
-                conn.execute(statement)
+            conn.execute(sql.audit_schema_sql())
+            audit = {r[1] for r in conn.execute(sql.table_info_named_sql(sql.AUDIT_TABLE))}
+            if "prev" not in audit:  # written before the chains: chain it, once
+                for statement in sql.audit_chain_sql():
+                    conn.execute(statement)
             conn.execute(sql.set_user_version_sql(SCHEMA_VERSION))
 
     def __repr__(self) -> str:
@@ -160,9 +166,27 @@ class SQLiteStore(ClosesOnExit):
             else:
                 for statement in self._migration(kind, have):
                     conn.execute(statement)
+                for states, column in sql.member_columns(kind).items():
+                    if column not in have:
+                        for statement in sql.add_member_sql(kind, states, column):
+                            conn.execute(statement)
+                if "audit_head" not in have:  # written before the chains
+                    old = conn.execute(sql.OLD_PARTIAL_INDEXES, (kind.table,)).fetchall()
+                    for statement in (
+                        *sql.old_schema_drops(kind),
+                        *(sql.drop_index_sql(name) for (name,) in old),
+                        *self._heads(conn, kind),
+                    ):
+                        conn.execute(statement)
             for statement in (*sql.audit_trigger_sql(kind), *sql.index_sql(kind)):
                 conn.execute(statement)
         self._kinds[kind.name] = CompiledKind(kind)
+
+    def _heads(self, conn: sqlite3.Connection, kind: EntityKind[Any]) -> tuple[str, ...]:
+        """The statements giving an upgraded table's rows their audit heads (none when the
+        file's audit table was chained without a note of heads: it had no entries)."""
+        noted = conn.execute(sql.table_info_named_sql(sql.AUDIT_HEADS)).fetchone()
+        return sql.heads_sql(kind) if noted is not None else ()
 
     def _migration(self, kind: EntityKind[Any], have: set[str]) -> list[str]:
         return migration(
@@ -224,7 +248,7 @@ class SQLiteStore(ClosesOnExit):
         """The entity's audit entries, oldest first."""
         c = self._compiled(kind)
         with self._db.guard("history"):
-            raws = self._db.conn().execute(sql.HISTORY, (kind.name, entity_id)).fetchall()
+            raws = self._db.conn().execute(c.history_sql, (entity_id, kind.name)).fetchall()
         return [
             TransitionRecord(
                 entity_id,
@@ -398,9 +422,9 @@ class SQLiteStore(ClosesOnExit):
         text, params = sql.prune_sql(kind, sources, normalize_where(kind, where), limit)
         with Txn(self._db, "prune"):
             conn = self._db.conn()
-            ids = [r[0] for r in conn.execute(text, params)]
-            conn.executemany(sql.AUDIT_DELETE, [(kind.name, i) for i in ids])
-        return len(ids)
+            pruned = conn.execute(text, params).fetchall()
+            conn.executemany(sql.AUDIT_CHAIN_DELETE, [(h,) for _, h in pruned if h is not None])
+        return len(pruned)
 
     # -- batches (statecore.batch.BatchStore) ------------------------------------------------
 

@@ -196,11 +196,29 @@ def case_connection() -> str:
 
 def case_audit() -> str:
     return render(
-        "The audit table: schema, one entry, one entity's history, a pruned entity's history",
-        *sql.audit_schema_sql(),
-        sql.AUDIT_INSERT,
-        sql.HISTORY,
-        sql.AUDIT_DELETE,
+        "The audit table: schema, one entity's history (its chain), a pruned entity's history",
+        sql.audit_schema_sql(),
+        sql.history_sql(OBLIGATION_KIND),
+        sql.AUDIT_CHAIN_DELETE,
+    )
+
+
+def case_upgrade() -> str:
+    kind = OBLIGATION_KIND
+    return render(
+        "Upgrading a file written before the chains: the audit table chained at open; a table "
+        "gains its membership columns, loses its old triggers and partial indexes, and its rows "
+        "get their audit heads at register",
+        *sql.audit_chain_sql(),
+        *(
+            s
+            for states, c in sql.member_columns(kind).items()
+            for s in sql.add_member_sql(kind, states, c)
+        ),
+        *sql.old_schema_drops(kind),
+        (sql.OLD_PARTIAL_INDEXES, [kind.table]),
+        sql.drop_index_sql("delivery_obligations_state_owner_pid_attempting_failed_pending"),
+        *sql.heads_sql(kind),
     )
 
 
@@ -336,13 +354,14 @@ def case_obligation_prune() -> str:
         "Pruning settled obligations older than a cutoff, at most a limit, then their audit",
         sql.prune_sql(kind, sources, where, 500),
         sql.prune_sql(kind, sources, (), None),
-        sql.AUDIT_DELETE,
+        sql.AUDIT_CHAIN_DELETE,
     )
 
 
 CASES: dict[str, Callable[[], str]] = {
     "connection": case_connection,
     "audit": case_audit,
+    "upgrade": case_upgrade,
     "obligation_schema": case_obligation_schema,
     "parcel_schema": case_parcel_schema,
     "parcel_migration": case_parcel_migration,

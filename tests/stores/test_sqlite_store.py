@@ -287,9 +287,64 @@ def _names(raw: sqlite3.Connection, kind: str) -> set[str]:
     return {r[0] for r in rows}
 
 
+OWED_V2 = "state IN ('attempting', 'failed', 'pending')"
+V2_INDEXES = (
+    f"CREATE INDEX delivery_obligations_state_owner_pid_attempting_failed_pending "
+    f"ON delivery_obligations(state, owner_pid) WHERE {OWED_V2}",
+    f"CREATE INDEX delivery_obligations_owner_pid_obligation_id_attempting_failed_pending "
+    f"ON delivery_obligations(owner_pid, obligation_id) WHERE {OWED_V2}",
+    "CREATE INDEX delivery_obligations_platform_adapter_profile_failed "
+    "ON delivery_obligations(platform, adapter_profile) WHERE state IN ('failed')",
+    "CREATE INDEX delivery_obligations_updated_at_abandoned_delivered "
+    "ON delivery_obligations(updated_at) WHERE state IN ('abandoned', 'delivered')",
+    "CREATE INDEX statecore_audit_entity ON statecore_audit(kind, entity_id, seq)",
+)
+
+
+def _v2_triggers(table: str, kind: str, id_field: str) -> tuple[str, str]:
+    columns = "kind, entity_id, event, from_state, to_state, at, owner, attempts, reason"
+    new = "NEW.audit_event, {}, NEW.state, NEW.audit_at, NEW.audit_owner, NEW.audit_attempts, "
+    new += "NEW.audit_reason"
+    return (
+        f"CREATE TRIGGER {table}_audit_create AFTER INSERT ON {table} BEGIN INSERT INTO "
+        f"statecore_audit ({columns}) VALUES ('{kind}', NEW.{id_field}, {new.format('NULL')}); "
+        "END",
+        f"CREATE TRIGGER {table}_audit_move AFTER UPDATE OF fence ON {table} BEGIN INSERT INTO "
+        f"statecore_audit ({columns}) VALUES ('{kind}', NEW.{id_field}, "
+        f"{new.format('OLD.state')}); END",
+    )
+
+
+def _as_version_two(path: Path) -> None:
+    """Turn a file this code wrote into the layout of schema version 2: partial indexes over
+    ``state``, an audit table indexed by kind and entity and not chained, no audit heads and no
+    membership columns; the version 2 triggers."""
+    with raw_connect(path) as raw:
+        for name in _names(raw, "trigger"):
+            raw.execute(f"DROP TRIGGER {name}")
+        for name in _names(raw, "index"):
+            if not name.startswith("sqlite_autoindex"):
+                raw.execute(f"DROP INDEX {name}")
+        for table in ("delivery_obligations", "statecore_owners"):
+            columns = [r[1] for r in raw.execute(f"PRAGMA table_info({table})")]
+            for column in columns:
+                if column == "audit_head" or column.startswith("in_"):
+                    raw.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        raw.execute("ALTER TABLE statecore_audit DROP COLUMN prev")
+        for statement in (
+            *V2_INDEXES,
+            *_v2_triggers("delivery_obligations", "obligation", "obligation_id"),
+            *_v2_triggers("statecore_owners", "owner", "record_id"),
+            "CREATE INDEX statecore_owners_owner_token ON statecore_owners(owner_token)",
+        ):
+            raw.execute(statement)
+        raw.execute("PRAGMA user_version = 2")
+
+
 def _as_version_one(path: Path) -> None:
-    """Turn a file this code wrote into the layout of schema version 1: no audit columns, no
-    audit triggers (the store wrote each audit entry with its own INSERT)."""
+    """Turn a file this code wrote into the layout of schema version 1: version 2 without
+    audit columns or audit triggers (the store wrote each audit entry with its own INSERT)."""
+    _as_version_two(path)
     with raw_connect(path) as raw:
         for name in _names(raw, "trigger"):
             raw.execute(f"DROP TRIGGER {name}")
@@ -297,6 +352,56 @@ def _as_version_one(path: Path) -> None:
             for column in AUDIT_COLUMNS:
                 raw.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
         raw.execute("PRAGMA user_version = 1")
+
+
+def test_a_version_two_file_keeps_its_history_and_chains_new_entries(
+    opened: Callable[..., SQLiteStore], db_path: Path
+) -> None:
+    """A file of schema version 2 opens: its audit table is chained, its tables gain their
+    audit heads and membership columns, the partial indexes over ``state`` are replaced, every
+    history is kept, later writes extend it, and a prune deletes it."""
+    clock = FakeClock(1_700_000_000.0)
+    first = ledger_on(opened(), clock)
+    kept = record(first, "ob-kept")
+    first.mark_attempting(kept)
+    first.mark_failed(kept, "connection reset")
+    done = record(first, "ob-done")
+    first.mark_attempting(done)
+    first.mark_delivered(done)
+    before = {oid: first.history(oid) for oid in (kept, done)}
+    first.store.close()
+    _as_version_two(db_path)
+    with raw_connect(db_path) as raw:
+        assert "statecore_audit_entity" in _names(raw, "index")
+    second = ledger_on(opened(), clock)
+    with raw_connect(db_path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        indexes = _names(raw, "index")
+        heads = raw.execute("SELECT COUNT(*) FROM statecore_audit_heads").fetchone()[0]
+        owed = raw.execute(
+            "SELECT obligation_id FROM delivery_obligations "
+            "WHERE in_attempting_failed_pending IS NOT NULL"
+        ).fetchall()
+    assert "statecore_audit_entity" not in indexes
+    assert not {i for i in indexes if i.endswith("_attempting_failed_pending")} - {
+        "delivery_obligations_owner_pid_obligation_id_in_attempting_failed_pending"
+    }
+    assert heads == 0  # every registered kind took its heads
+    assert owed == [(kept,)]
+    assert {oid: second.history(oid) for oid in (kept, done)} == before
+    claims = second.sweep_failed_for_runtime("slack", now=clock.now() + 3600)
+    assert [c.obligation_id for c in claims] == [kept]
+    second.mark_delivered(kept)
+    after = second.history(kept)
+    assert after[: len(before[kept])] == before[kept]
+    assert [e.event for e in after[len(before[kept]) :]] == ["claim", "deliver"]
+    clock.advance(10 * 86_400)
+    assert second.prune() == 2
+    with raw_connect(db_path) as raw:
+        entries = raw.execute(
+            "SELECT COUNT(*) FROM statecore_audit WHERE kind = 'obligation'"
+        ).fetchone()[0]
+    assert entries == 0
 
 
 def test_a_version_one_file_keeps_its_history_and_audits_each_write_once(

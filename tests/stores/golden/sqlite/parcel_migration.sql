@@ -5,6 +5,8 @@ ALTER TABLE parcels ADD COLUMN fence INTEGER NOT NULL DEFAULT 0;
 
 ALTER TABLE parcels ADD COLUMN prev_state TEXT;
 
+ALTER TABLE parcels ADD COLUMN audit_head INTEGER;
+
 ALTER TABLE parcels ADD COLUMN audit_event TEXT;
 
 ALTER TABLE parcels ADD COLUMN audit_at REAL;

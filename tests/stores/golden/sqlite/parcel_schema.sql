@@ -3,12 +3,12 @@
 
 PRAGMA table_info(parcels);
 
-CREATE TABLE parcels (parcel_id TEXT PRIMARY KEY NOT NULL, state TEXT NOT NULL, fence INTEGER NOT NULL DEFAULT 0, prev_state TEXT, audit_event TEXT, audit_at REAL, audit_owner TEXT, audit_attempts INTEGER, audit_reason TEXT, label TEXT NOT NULL, weight REAL NOT NULL DEFAULT 0.0, fragile INTEGER NOT NULL DEFAULT 0, tries INTEGER NOT NULL DEFAULT 0, note TEXT DEFAULT 'it''s new', due_at REAL);
+CREATE TABLE parcels (parcel_id TEXT PRIMARY KEY NOT NULL, state TEXT NOT NULL, fence INTEGER NOT NULL DEFAULT 0, prev_state TEXT, audit_head INTEGER, audit_event TEXT, audit_at REAL, audit_owner TEXT, audit_attempts INTEGER, audit_reason TEXT, in_held_new INTEGER, label TEXT NOT NULL, weight REAL NOT NULL DEFAULT 0.0, fragile INTEGER NOT NULL DEFAULT 0, tries INTEGER NOT NULL DEFAULT 0, note TEXT DEFAULT 'it''s new', due_at REAL);
 
-CREATE TRIGGER IF NOT EXISTS parcels_audit_create AFTER INSERT ON parcels BEGIN INSERT INTO statecore_audit (kind, entity_id, event, from_state, to_state, at, owner, attempts, reason) VALUES ('parcel', NEW.parcel_id, NEW.audit_event, NULL, NEW.state, NEW.audit_at, NEW.audit_owner, NEW.audit_attempts, NEW.audit_reason); END;
+CREATE TRIGGER IF NOT EXISTS parcels_audit_create AFTER INSERT ON parcels BEGIN INSERT INTO statecore_audit (prev, kind, entity_id, event, from_state, to_state, at, owner, attempts, reason) VALUES (NULL, 'parcel', NEW.parcel_id, NEW.audit_event, NULL, NEW.state, NEW.audit_at, NEW.audit_owner, NEW.audit_attempts, NEW.audit_reason); UPDATE parcels SET audit_head = last_insert_rowid(), in_held_new = CASE WHEN NEW.state IN ('held', 'new') THEN 1 END WHERE rowid = NEW.rowid; END;
 
-CREATE TRIGGER IF NOT EXISTS parcels_audit_move AFTER UPDATE OF fence ON parcels BEGIN INSERT INTO statecore_audit (kind, entity_id, event, from_state, to_state, at, owner, attempts, reason) VALUES ('parcel', NEW.parcel_id, NEW.audit_event, OLD.state, NEW.state, NEW.audit_at, NEW.audit_owner, NEW.audit_attempts, NEW.audit_reason); END;
+CREATE TRIGGER IF NOT EXISTS parcels_audit_move AFTER UPDATE OF fence ON parcels BEGIN INSERT INTO statecore_audit (prev, kind, entity_id, event, from_state, to_state, at, owner, attempts, reason) VALUES (OLD.audit_head, 'parcel', NEW.parcel_id, NEW.audit_event, OLD.state, NEW.state, NEW.audit_at, NEW.audit_owner, NEW.audit_attempts, NEW.audit_reason); UPDATE parcels SET audit_head = last_insert_rowid() WHERE rowid = NEW.rowid; END;
 
-CREATE INDEX IF NOT EXISTS parcels_due_at_held_new ON parcels(due_at) WHERE state IN ('held', 'new');
+CREATE INDEX IF NOT EXISTS parcels_due_at_in_held_new ON parcels(due_at) WHERE in_held_new IS NOT NULL;
 
 CREATE INDEX IF NOT EXISTS parcels_label ON parcels(label);

@@ -10,5 +10,5 @@ SELECT parcel_id, state, fence, label, weight, fragile, tries, note, due_at FROM
 SELECT parcel_id, state, fence, label, weight, fragile, tries, note, due_at FROM parcels WHERE 0 AND 0 ORDER BY parcel_id;
 -- bound: (nothing)
 
-SELECT COUNT(*) FROM parcels WHERE state IN ('new') AND weight < ? AND due_at IS NOT NULL AND note IS NULL AND label IN (?, ?);
+SELECT COUNT(*) FROM parcels WHERE state IN ('new') AND in_held_new IS NOT NULL AND weight < ? AND due_at IS NOT NULL AND note IS NULL AND label IN (?, ?);
 -- bound: 3.0, 'x', 'y'
