@@ -228,6 +228,7 @@ def old_schema_drops(kind: EntityKind[Any]) -> list[str]:
     return [
         f"DROP TRIGGER IF EXISTS {kind.table}_audit_create",
         f"DROP TRIGGER IF EXISTS {kind.table}_audit_move",
+        f"DROP TRIGGER IF EXISTS {kind.table}_audit_move_many",
     ]
 
 
@@ -277,10 +278,11 @@ def add_field_sql(kind: EntityKind[Any], field: Field) -> str:
     return f"ALTER TABLE {kind.table} ADD COLUMN {_column_sql(field, new_table=False)}"
 
 
-def audit_trigger_sql(kind: EntityKind[Any]) -> tuple[str, str]:
-    """The two triggers that write ``kind``'s audit entries, if absent: after a creation (from
+def audit_trigger_sql(kind: EntityKind[Any]) -> tuple[str, str, str]:
+    """The triggers that write ``kind``'s audit entries, if absent: after a creation (from
     state NULL) and after every transition (an UPDATE of ``fence``, which only a transition
-    makes), each copying the row's :data:`AUDIT_COLUMNS` and its states, chaining the entry to
+    makes; one trigger for a statement that named the entry's seq, one for the others), each
+    copying the row's :data:`AUDIT_COLUMNS` and its states, chaining the entry to
     the row's previous one and making it the row's ``audit_head``.  The creation trigger also
     sets the row's membership columns (see :func:`member_columns`).  A trigger runs inside the
     statement that fired it, so an entry is written exactly when its write is: one statement
@@ -294,16 +296,23 @@ def audit_trigger_sql(kind: EntityKind[Any]) -> tuple[str, str]:
         f", {column} = CASE WHEN NEW.state IN ({_literals(states)}) THEN 1 END"
         for states, column in member_columns(kind).items()
     )
-    head = f"UPDATE {table} SET audit_head = last_insert_rowid(){{members}} WHERE rowid = NEW.rowid"
     return (
         f"CREATE TRIGGER IF NOT EXISTS {table}_audit_create AFTER INSERT ON {table} "
         f"BEGIN INSERT INTO {AUDIT_TABLE} ({columns}) VALUES "
         f"(NULL, {name}, NEW.{kind.id_field}, {new.format(source='NULL')}); "
-        f"{head.format(members=members)}; END",
+        f"UPDATE {table} SET audit_head = last_insert_rowid(){members} "
+        "WHERE rowid = NEW.rowid; END",
+        # A single-row move names its entry's seq itself (see _next_seq), so the row need not
+        # be written again; a move of several rows at once leaves the head to the trigger.
         f"CREATE TRIGGER IF NOT EXISTS {table}_audit_move AFTER UPDATE OF fence ON {table} "
+        "WHEN NEW.audit_head IS NOT OLD.audit_head "
+        f"BEGIN INSERT INTO {AUDIT_TABLE} (seq, {columns}) VALUES (NEW.audit_head, "
+        f"OLD.audit_head, {name}, NEW.{kind.id_field}, {new.format(source='OLD.state')}); END",
+        f"CREATE TRIGGER IF NOT EXISTS {table}_audit_move_many AFTER UPDATE OF fence ON {table} "
+        "WHEN NEW.audit_head IS OLD.audit_head "
         f"BEGIN INSERT INTO {AUDIT_TABLE} ({columns}) VALUES "
         f"(OLD.audit_head, {name}, NEW.{kind.id_field}, {new.format(source='OLD.state')}); "
-        f"{head.format(members='')}; END",
+        f"UPDATE {table} SET audit_head = last_insert_rowid() WHERE rowid = NEW.rowid; END",
     )
 
 
@@ -415,7 +424,7 @@ def update_sql(plan: TransitionPlan[Any]) -> str:
     It returns the row written plus its ``prev_state``, or nothing when the guard (id, source
     states, fence, expected values) does not hold.
     """
-    return _guarded_update(plan, f"{plan.kind.id_field} = ?")
+    return _guarded_update(plan, f"{plan.kind.id_field} = ?", head=True)
 
 
 def update_params(plan: TransitionPlan[Any], audit: Sequence[Any]) -> list[Any]:
@@ -531,12 +540,16 @@ def where_params(where: Where) -> list[Any]:
 # -- pieces -----------------------------------------------------------------------------------
 
 
-def _guarded_update(plan: TransitionPlan[Any], find: str, *, increments: Iterable[str] = ()) -> str:
+def _guarded_update(
+    plan: TransitionPlan[Any], find: str, *, increments: Iterable[str] = (), head: bool = False
+) -> str:
     kind = plan.kind
     # Every SET expression reads the old row, so prev_state receives the state being left: the
     # audit entry learns its source without a second read.
     sets = [_set_state(plan.targets), *_set_members(kind, plan.targets)]
     sets += ["fence = fence + 1", "prev_state = state"]
+    if head:  # one row: it names its audit entry's seq (see audit_trigger_sql)
+        sets.append(_next_seq(kind))
     sets += [f"{name} = ?" for name in plan.changes]
     sets += [f"{name} = {name} + ?" for name in increments]
     sets += [f"{name} = ?" for name in AUDIT_COLUMNS]  # read by the audit trigger
@@ -564,6 +577,13 @@ def _set_state(moves: Mapping[Enum, Enum]) -> str:
         for s, t in sorted(moves.items(), key=lambda move: str(move[0].value))
     )
     return f"state = CASE state {cases} END"
+
+
+def _next_seq(kind: EntityKind[Any]) -> str:
+    """A single-row move's ``audit_head``: the seq its audit entry will have, the next after
+    the audit table's last (what SQLite itself would pick; one writer at a time).  Only for a
+    statement that moves one row: evaluated once per statement."""
+    return f"audit_head = (SELECT IFNULL(MAX(seq), 0) + 1 FROM {AUDIT_TABLE})"
 
 
 def _set_members(kind: EntityKind[Any], moves: Mapping[Enum, Enum]) -> list[str]:

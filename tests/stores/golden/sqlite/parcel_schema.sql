@@ -7,7 +7,9 @@ CREATE TABLE parcels (parcel_id TEXT PRIMARY KEY NOT NULL, state TEXT NOT NULL, 
 
 CREATE TRIGGER IF NOT EXISTS parcels_audit_create AFTER INSERT ON parcels BEGIN INSERT INTO statecore_audit (prev, kind, entity_id, event, from_state, to_state, at, owner, attempts, reason) VALUES (NULL, 'parcel', NEW.parcel_id, NEW.audit_event, NULL, NEW.state, NEW.audit_at, NEW.audit_owner, NEW.audit_attempts, NEW.audit_reason); UPDATE parcels SET audit_head = last_insert_rowid(), in_held_new = CASE WHEN NEW.state IN ('held', 'new') THEN 1 END WHERE rowid = NEW.rowid; END;
 
-CREATE TRIGGER IF NOT EXISTS parcels_audit_move AFTER UPDATE OF fence ON parcels BEGIN INSERT INTO statecore_audit (prev, kind, entity_id, event, from_state, to_state, at, owner, attempts, reason) VALUES (OLD.audit_head, 'parcel', NEW.parcel_id, NEW.audit_event, OLD.state, NEW.state, NEW.audit_at, NEW.audit_owner, NEW.audit_attempts, NEW.audit_reason); UPDATE parcels SET audit_head = last_insert_rowid() WHERE rowid = NEW.rowid; END;
+CREATE TRIGGER IF NOT EXISTS parcels_audit_move AFTER UPDATE OF fence ON parcels WHEN NEW.audit_head IS NOT OLD.audit_head BEGIN INSERT INTO statecore_audit (seq, prev, kind, entity_id, event, from_state, to_state, at, owner, attempts, reason) VALUES (NEW.audit_head, OLD.audit_head, 'parcel', NEW.parcel_id, NEW.audit_event, OLD.state, NEW.state, NEW.audit_at, NEW.audit_owner, NEW.audit_attempts, NEW.audit_reason); END;
+
+CREATE TRIGGER IF NOT EXISTS parcels_audit_move_many AFTER UPDATE OF fence ON parcels WHEN NEW.audit_head IS OLD.audit_head BEGIN INSERT INTO statecore_audit (prev, kind, entity_id, event, from_state, to_state, at, owner, attempts, reason) VALUES (OLD.audit_head, 'parcel', NEW.parcel_id, NEW.audit_event, OLD.state, NEW.state, NEW.audit_at, NEW.audit_owner, NEW.audit_attempts, NEW.audit_reason); UPDATE parcels SET audit_head = last_insert_rowid() WHERE rowid = NEW.rowid; END;
 
 CREATE INDEX IF NOT EXISTS parcels_due_at_in_held_new ON parcels(due_at) WHERE in_held_new IS NOT NULL;
 
