@@ -25,21 +25,17 @@ from statecore.store import Cmp, TransitionPlan, Where
 __all__ = [
     "AUDIT_CHAIN_DELETE",
     "AUDIT_COLUMNS",
-    "AUDIT_HEADS",
     "AUDIT_TABLE",
     "BEGIN",
     "COMMIT",
     "FOREIGN_KEYS_ON",
     "JOURNAL_WAL",
     "MANAGED_COLUMNS",
-    "OLD_PARTIAL_INDEXES",
     "ROLLBACK",
     "USER_VERSION",
     "BulkShape",
     "add_field_sql",
     "add_managed_sql",
-    "add_member_sql",
-    "audit_chain_sql",
     "audit_schema_sql",
     "audit_trigger_sql",
     "bulk_row",
@@ -48,15 +44,14 @@ __all__ = [
     "busy_timeout_sql",
     "count_sql",
     "create_table_sql",
-    "drop_index_sql",
     "get_sql",
-    "heads_sql",
     "history_sql",
     "index_sql",
     "insert_rows_sql",
     "insert_sql",
+    "literal",
+    "literals",
     "member_columns",
-    "old_schema_drops",
     "prune_sql",
     "release_sql",
     "rollback_to_sql",
@@ -163,41 +158,6 @@ def audit_schema_sql() -> str:
     )
 
 
-AUDIT_HEADS = "statecore_audit_heads"
-"""While a file written before the chains is being upgraded: each entity's latest entry, read
-once from the old index so that each kind's rows can be given their ``audit_head`` when the
-kind is registered (then its rows leave this table)."""
-
-
-def audit_chain_sql() -> tuple[str, ...]:
-    """Turns an audit table of the older layout (indexed by kind, entity and seq, no chain)
-    into chains: every entry gets its ``prev``, the latest entry of each entity is noted in
-    :data:`AUDIT_HEADS`, and the old index goes.  Run once, when the table lacks ``prev``."""
-    return (
-        f"ALTER TABLE {AUDIT_TABLE} ADD COLUMN prev INTEGER",
-        f"UPDATE {AUDIT_TABLE} SET prev = (SELECT MAX(b.seq) FROM {AUDIT_TABLE} AS b "
-        f"WHERE b.kind = {AUDIT_TABLE}.kind AND b.entity_id = {AUDIT_TABLE}.entity_id "
-        f"AND b.seq < {AUDIT_TABLE}.seq)",
-        f"CREATE TABLE IF NOT EXISTS {AUDIT_HEADS} (kind TEXT NOT NULL, entity_id TEXT NOT NULL, "
-        "head INTEGER NOT NULL, PRIMARY KEY (kind, entity_id)) WITHOUT ROWID",
-        f"INSERT OR REPLACE INTO {AUDIT_HEADS} (kind, entity_id, head) "
-        f"SELECT kind, entity_id, MAX(seq) FROM {AUDIT_TABLE} GROUP BY kind, entity_id",
-        f"DROP INDEX IF EXISTS {AUDIT_TABLE}_entity",
-    )
-
-
-def heads_sql(kind: EntityKind[Any]) -> tuple[str, str]:
-    """Gives the rows of an upgraded table of ``kind`` their ``audit_head`` from
-    :data:`AUDIT_HEADS`, then forgets those heads."""
-    name = _literal(kind.name)
-    return (
-        f"UPDATE {kind.table} SET audit_head = (SELECT h.head FROM {AUDIT_HEADS} AS h "
-        f"WHERE h.kind = {name} AND h.entity_id = {kind.table}.{kind.id_field}) "
-        "WHERE audit_head IS NULL",
-        f"DELETE FROM {AUDIT_HEADS} WHERE kind = {name}",
-    )
-
-
 def member_columns(kind: EntityKind[Any]) -> dict[frozenset[Enum], str]:
     """The membership columns of ``kind``: one per set of states some partial index covers,
     1 while the row is in one of those states, NULL otherwise.
@@ -212,37 +172,6 @@ def member_columns(kind: EntityKind[Any]) -> dict[frozenset[Enum], str]:
             states = frozenset(index.states)
             columns[states] = "in_" + "_".join(sorted(str(s.value) for s in states))
     return columns
-
-
-def add_member_sql(kind: EntityKind[Any], states: frozenset[Enum], column: str) -> tuple[str, str]:
-    """Adds a membership column to an older table and fills it from the rows' states."""
-    return (
-        f"ALTER TABLE {kind.table} ADD COLUMN {column} INTEGER",
-        f"UPDATE {kind.table} SET {column} = 1 WHERE state IN ({_literals(states)})",
-    )
-
-
-def old_schema_drops(kind: EntityKind[Any]) -> list[str]:
-    """What a table written before the chains has and this layout recreates: its audit
-    triggers.  (Its partial indexes over ``state`` are found by :data:`OLD_PARTIAL_INDEXES`.)"""
-    return [
-        f"DROP TRIGGER IF EXISTS {kind.table}_audit_create",
-        f"DROP TRIGGER IF EXISTS {kind.table}_audit_move",
-        f"DROP TRIGGER IF EXISTS {kind.table}_audit_move_many",
-    ]
-
-
-OLD_PARTIAL_INDEXES = (
-    "SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = ? "
-    "AND sql LIKE '% WHERE state IN (%'"
-)
-"""The partial indexes over ``state`` an older layout declared on a table (bound: the table):
-this layout replaces them with indexes over membership columns."""
-
-
-def drop_index_sql(name: str) -> str:
-    """Drops an index of an older layout (a name read from the schema)."""
-    return f'DROP INDEX IF EXISTS "{name}"'
 
 
 def table_info_sql(kind: EntityKind[Any]) -> str:
@@ -287,13 +216,13 @@ def audit_trigger_sql(kind: EntityKind[Any]) -> tuple[str, str, str]:
     sets the row's membership columns (see :func:`member_columns`).  A trigger runs inside the
     statement that fired it, so an entry is written exactly when its write is: one statement
     per write, atomic on its own."""
-    table, name = kind.table, _literal(kind.name)
+    table, name = kind.table, literal(kind.name)
     columns = "prev, kind, entity_id, event, from_state, to_state, at, owner, attempts, reason"
     new = "NEW.audit_event, {source}, NEW.state, NEW.audit_at, NEW.audit_owner, " + (
         "NEW.audit_attempts, NEW.audit_reason"
     )
     members = "".join(
-        f", {column} = CASE WHEN NEW.state IN ({_literals(states)}) THEN 1 END"
+        f", {column} = CASE WHEN NEW.state IN ({literals(states)}) THEN 1 END"
         for states, column in member_columns(kind).items()
     )
     return (
@@ -491,7 +420,7 @@ def bulk_update_sql(kind: EntityKind[Any], shape: BulkShape, rows: int) -> str:
         "fence = fence + 1",
         "prev_state = state",
     ]
-    conditions = [f"{kind.id_field} = v.column1", f"+state IN ({_literals(moves)})"]
+    conditions = [f"{kind.id_field} = v.column1", f"+state IN ({literals(moves)})"]
     column = 2
     if fenced:
         conditions.append(f"fence = v.column{column}")
@@ -556,7 +485,7 @@ def _guarded_update(
     # The id finds the row(s); the state is only a guard.  Its unary + keeps SQLite from
     # scanning a partial index on state instead of looking each id up (a bulk IN list would
     # otherwise visit every owed row per statement).
-    conditions = [find, f"+state IN ({_literals(plan.targets)})"]
+    conditions = [find, f"+state IN ({literals(plan.targets)})"]
     if plan.fence is not None:
         conditions.append("fence = ?")
     conditions.extend(_cmp_sql(column, cmp) for column, cmp in plan.expect)
@@ -612,11 +541,12 @@ def _column_sql(f: Field, *, new_table: bool) -> str:
     if not f.nullable and (new_table or f.default is not None):
         sql += " NOT NULL"
     if f.default is not None:
-        sql += f" DEFAULT {_literal(f.default)}"
+        sql += f" DEFAULT {literal(f.default)}"
     return sql
 
 
-def _literal(value: object) -> str:
+def literal(value: object) -> str:
+    """A value as an SQL literal (text quoted; for names and defaults the store declares)."""
     if isinstance(value, bool):
         return "1" if value else "0"
     if isinstance(value, int | float):
@@ -625,7 +555,8 @@ def _literal(value: object) -> str:
     return f"'{text}'"
 
 
-def _literals(states: Iterable[Enum]) -> str:
+def literals(states: Iterable[Enum]) -> str:
+    """States as a sorted list of SQL literals (one set, one text)."""
     return ", ".join(sorted(f"'{s.value}'" for s in states))
 
 
@@ -645,7 +576,7 @@ def _where_sql(
     parts = [_cmp_sql(column, cmp) for column, cmp in where]
     if states is not None:
         states = list(states)
-        parts.insert(0, f"state IN ({_literals(states)})" if states else "0")
+        parts.insert(0, f"state IN ({literals(states)})" if states else "0")
         # Within a membership set: say so, so that the planner may use its partial indexes.
         wanted = set(states)
         for member_states, column in sorted(member_columns(kind).items(), key=lambda m: m[1]):

@@ -10,7 +10,8 @@
   RETURNING``, compiled from the same plan the in-memory store evaluates; it also sets the
   row's audit columns, and the table's trigger copies them into the audit table inside the
   same statement (a creation likewise), so the audit entry is committed exactly with its write.
-  Every statement's text comes from one seam, ``stores._sqlite_sql``, pinned by golden files;
+  Every statement's text comes from one seam, ``stores._sqlite_sql`` (with the once-per-file
+  upgrades of older layouts in ``stores._sqlite_upgrade_sql``), pinned by golden files;
   state lists are inlined as literals so the partial indexes declared by each kind are usable
   by the planner.
 * The speed shortcuts -- statement texts cached per kind and shape, transition shapes learned
@@ -32,6 +33,7 @@ from enum import Enum
 from typing import Any, Literal, TypeVar
 
 import stores._sqlite_sql as sql
+import stores._sqlite_upgrade_sql as upgrade
 from statecore.batch import (
     REFUSALS,
     Creation,
@@ -127,7 +129,7 @@ class SQLiteStore(ClosesOnExit):
             conn.execute(sql.audit_schema_sql())
             audit = {r[1] for r in conn.execute(sql.table_info_named_sql(sql.AUDIT_TABLE))}
             if "prev" not in audit:  # written before the chains: chain it, once
-                for statement in sql.audit_chain_sql():
+                for statement in upgrade.audit_chain_sql():
                     conn.execute(statement)
             conn.execute(sql.set_user_version_sql(SCHEMA_VERSION))
 
@@ -168,13 +170,13 @@ class SQLiteStore(ClosesOnExit):
                     conn.execute(statement)
                 for states, column in sql.member_columns(kind).items():
                     if column not in have:
-                        for statement in sql.add_member_sql(kind, states, column):
+                        for statement in upgrade.add_member_sql(kind, states, column):
                             conn.execute(statement)
                 if "audit_head" not in have:  # written before the chains
-                    old = conn.execute(sql.OLD_PARTIAL_INDEXES, (kind.table,)).fetchall()
+                    old = conn.execute(upgrade.OLD_PARTIAL_INDEXES, (kind.table,)).fetchall()
                     for statement in (
-                        *sql.old_schema_drops(kind),
-                        *(sql.drop_index_sql(name) for (name,) in old),
+                        *upgrade.old_schema_drops(kind),
+                        *(upgrade.drop_index_sql(name) for (name,) in old),
                         *self._heads(conn, kind),
                     ):
                         conn.execute(statement)
@@ -185,8 +187,8 @@ class SQLiteStore(ClosesOnExit):
     def _heads(self, conn: sqlite3.Connection, kind: EntityKind[Any]) -> tuple[str, ...]:
         """The statements giving an upgraded table's rows their audit heads (none when the
         file's audit table was chained without a note of heads: it had no entries)."""
-        noted = conn.execute(sql.table_info_named_sql(sql.AUDIT_HEADS)).fetchone()
-        return sql.heads_sql(kind) if noted is not None else ()
+        noted = conn.execute(sql.table_info_named_sql(upgrade.AUDIT_HEADS)).fetchone()
+        return upgrade.heads_sql(kind) if noted is not None else ()
 
     def _migration(self, kind: EntityKind[Any], have: set[str]) -> list[str]:
         return migration(

@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 import stores._sqlite_sql as sql
+import stores._sqlite_upgrade_sql as upgrade
 from statecore import OBLIGATION_KIND, Audit, Move, ObligationState
 from statecore.entity import EntityKind, Field, Index
 from statecore.lifecycle import Lifecycle, Transition
@@ -209,16 +210,16 @@ def case_upgrade() -> str:
         "Upgrading a file written before the chains: the audit table chained at open; a table "
         "gains its membership columns, loses its old triggers and partial indexes, and its rows "
         "get their audit heads at register",
-        *sql.audit_chain_sql(),
+        *upgrade.audit_chain_sql(),
         *(
             s
             for states, c in sql.member_columns(kind).items()
-            for s in sql.add_member_sql(kind, states, c)
+            for s in upgrade.add_member_sql(kind, states, c)
         ),
-        *sql.old_schema_drops(kind),
-        (sql.OLD_PARTIAL_INDEXES, [kind.table]),
-        sql.drop_index_sql("delivery_obligations_state_owner_pid_attempting_failed_pending"),
-        *sql.heads_sql(kind),
+        *upgrade.old_schema_drops(kind),
+        (upgrade.OLD_PARTIAL_INDEXES, [kind.table]),
+        upgrade.drop_index_sql("delivery_obligations_state_owner_pid_attempting_failed_pending"),
+        *upgrade.heads_sql(kind),
     )
 
 
@@ -468,7 +469,7 @@ _SQL_WORD = re.compile(
     r"\b(SELECT|INSERT|UPDATE|DELETE|PRAGMA|BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE|CREATE|ALTER)\b"
 )
 _STORE_MODULES = ("stores/sqlite.py", "stores/_sqlite_conn.py", "stores/_sqlite_shortcuts.py")
-_SEAMS = ("stores/_sqlite_sql.py", "stores/_sqlite_shortcuts.py")
+_SEAMS = ("stores/_sqlite_sql.py", "stores/_sqlite_upgrade_sql.py", "stores/_sqlite_shortcuts.py")
 
 
 def _docstrings(tree: ast.Module) -> set[int]:

@@ -1,0 +1,94 @@
+"""The SQL that upgrades a SQLite file written by an older layout of the store (schema
+versions 1 and 2) to the current one: part of the store's SQL seam (``stores._sqlite_sql``),
+kept apart because it runs once per file, and pinned by the same golden files.
+
+The current layout chains each entity's audit entries (the audit table has no secondary index)
+and declares partial indexes over membership columns (see
+:func:`stores._sqlite_sql.member_columns`).  An older file has an audit table indexed by kind,
+entity and seq, partial indexes over ``state`` and neither ``audit_head`` nor membership
+columns; these statements chain its audit table once, at open, and bring each table up to date
+when its kind is registered, every history kept.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from statecore.entity import EntityKind
+from stores._sqlite_sql import AUDIT_TABLE, literal, literals
+
+__all__ = [
+    "AUDIT_HEADS",
+    "OLD_PARTIAL_INDEXES",
+    "add_member_sql",
+    "audit_chain_sql",
+    "drop_index_sql",
+    "heads_sql",
+    "old_schema_drops",
+]
+
+AUDIT_HEADS = "statecore_audit_heads"
+"""While a file written before the chains is being upgraded: each entity's latest entry, read
+once from the old index so that each kind's rows can be given their ``audit_head`` when the
+kind is registered (then its rows leave this table)."""
+
+
+def audit_chain_sql() -> tuple[str, ...]:
+    """Turns an audit table of the older layout (indexed by kind, entity and seq, no chain)
+    into chains: every entry gets its ``prev``, the latest entry of each entity is noted in
+    :data:`AUDIT_HEADS`, and the old index goes.  Run once, when the table lacks ``prev``."""
+    return (
+        f"ALTER TABLE {AUDIT_TABLE} ADD COLUMN prev INTEGER",
+        f"UPDATE {AUDIT_TABLE} SET prev = (SELECT MAX(b.seq) FROM {AUDIT_TABLE} AS b "
+        f"WHERE b.kind = {AUDIT_TABLE}.kind AND b.entity_id = {AUDIT_TABLE}.entity_id "
+        f"AND b.seq < {AUDIT_TABLE}.seq)",
+        f"CREATE TABLE IF NOT EXISTS {AUDIT_HEADS} (kind TEXT NOT NULL, entity_id TEXT NOT NULL, "
+        "head INTEGER NOT NULL, PRIMARY KEY (kind, entity_id)) WITHOUT ROWID",
+        f"INSERT OR REPLACE INTO {AUDIT_HEADS} (kind, entity_id, head) "
+        f"SELECT kind, entity_id, MAX(seq) FROM {AUDIT_TABLE} GROUP BY kind, entity_id",
+        f"DROP INDEX IF EXISTS {AUDIT_TABLE}_entity",
+    )
+
+
+def heads_sql(kind: EntityKind[Any]) -> tuple[str, str]:
+    """Gives the rows of an upgraded table of ``kind`` their ``audit_head`` from
+    :data:`AUDIT_HEADS`, then forgets those heads."""
+    name = literal(kind.name)
+    return (
+        f"UPDATE {kind.table} SET audit_head = (SELECT h.head FROM {AUDIT_HEADS} AS h "
+        f"WHERE h.kind = {name} AND h.entity_id = {kind.table}.{kind.id_field}) "
+        "WHERE audit_head IS NULL",
+        f"DELETE FROM {AUDIT_HEADS} WHERE kind = {name}",
+    )
+
+
+def add_member_sql(kind: EntityKind[Any], states: frozenset[Enum], column: str) -> tuple[str, str]:
+    """Adds a membership column to an older table and fills it from the rows' states."""
+    return (
+        f"ALTER TABLE {kind.table} ADD COLUMN {column} INTEGER",
+        f"UPDATE {kind.table} SET {column} = 1 WHERE state IN ({literals(states)})",
+    )
+
+
+def old_schema_drops(kind: EntityKind[Any]) -> list[str]:
+    """What a table written before the chains has and this layout recreates: its audit
+    triggers.  (Its partial indexes over ``state`` are found by :data:`OLD_PARTIAL_INDEXES`.)"""
+    return [
+        f"DROP TRIGGER IF EXISTS {kind.table}_audit_create",
+        f"DROP TRIGGER IF EXISTS {kind.table}_audit_move",
+        f"DROP TRIGGER IF EXISTS {kind.table}_audit_move_many",
+    ]
+
+
+OLD_PARTIAL_INDEXES = (
+    "SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = ? "
+    "AND sql LIKE '% WHERE state IN (%'"
+)
+"""The partial indexes over ``state`` an older layout declared on a table (bound: the table):
+this layout replaces them with indexes over membership columns."""
+
+
+def drop_index_sql(name: str) -> str:
+    """Drops an index of an older layout (a name read from the schema)."""
+    return f'DROP INDEX IF EXISTS "{name}"'
