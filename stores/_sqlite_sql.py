@@ -231,8 +231,9 @@ def audit_trigger_sql(kind: EntityKind[Any]) -> tuple[str, str, str]:
         f"(NULL, {name}, NEW.{kind.id_field}, {new.format(source='NULL')}); "
         f"UPDATE {table} SET audit_head = last_insert_rowid(){members} "
         "WHERE rowid = NEW.rowid; END",
-        # A single-row move names its entry's seq itself (see _next_seq), so the row need not
-        # be written again; a move of several rows at once leaves the head to the trigger.
+        # A single-row move and a bulk move name their entries' seqs themselves (see _next_seq
+        # and bulk_update_sql), so the row need not be written again; a transition_many
+        # (several ids, one guard) leaves the head to the trigger.
         f"CREATE TRIGGER IF NOT EXISTS {table}_audit_move AFTER UPDATE OF fence ON {table} "
         "WHEN NEW.audit_head IS NOT OLD.audit_head "
         f"BEGIN INSERT INTO {AUDIT_TABLE} (seq, {columns}) VALUES (NEW.audit_head, "
@@ -409,8 +410,8 @@ def bulk_update_sql(kind: EntityKind[Any], shape: BulkShape, rows: int) -> str:
 
     Each row is guarded by its own values, exactly as its own :func:`update_sql` would be: column1
     is the id, then the fence (when fenced), the changed values and the compared values, in shape
-    order (see :func:`bulk_row`).  Comparisons use IS, which is the store's equality (``= None``
-    means IS NULL).
+    order (see :func:`bulk_row`), and last the row's ordinal (a literal).  Comparisons use IS,
+    which is the store's equality (``= None`` means IS NULL).
     """
     event, fenced, changed, compared = shape
     moves = kind.lifecycle.moves(event)
@@ -431,9 +432,14 @@ def bulk_update_sql(kind: EntityKind[Any], shape: BulkShape, rows: int) -> str:
     for name in compared:
         conditions.append(f"{name} IS v.column{column}")
         column += 1
-    one = f"({', '.join('?' * (column - 1))})"
+    # Each row's audit entry gets the next seq after the table's last plus the row's ordinal,
+    # inlined as the last column: the subquery runs once per statement, so the seqs are
+    # distinct, and the trigger need not write the row again (see audit_trigger_sql).
+    sets.append(f"audit_head = (SELECT IFNULL(MAX(seq), 0) FROM {AUDIT_TABLE}) + v.column{column}")
+    bound = ", ".join("?" * (column - 1))
+    values = ", ".join(f"({bound}, {n})" for n in range(1, rows + 1))
     return (
-        f"UPDATE {kind.table} SET {', '.join(sets)} FROM (VALUES {', '.join([one] * rows)}) AS v "
+        f"UPDATE {kind.table} SET {', '.join(sets)} FROM (VALUES {values}) AS v "
         f"WHERE {' AND '.join(conditions)} RETURNING {select_cols(kind)}, prev_state"
     )
 
