@@ -65,6 +65,21 @@ def run(
     )
 
 
+def run_module(
+    module: str, *argv: str, timeout_s: float = 120.0
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m module argv...`` from the repository root (never raises on a non-zero
+    exit)."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
 def run_json(*argv: str, store: str | None = None) -> Any:
     """Run with ``--json``, require exit 0 and an empty stderr, and parse stdout."""
     result = run(*argv, "--json", store=store)

@@ -24,7 +24,7 @@ from relay.sim.lives import PROCESS, Life
 from relay.sim.loop import SimLoop
 from relay.sim.platform import CHATS_PER_TENANT, PLATFORM, TENANTS, Performed, Written, tenant_of
 from relay.wire.descriptor import CapabilityDescriptor
-from relay.wire.frames import EventSource, InboundEvent, OutboundOutcome
+from relay.wire.frames import InboundEvent, OutboundOutcome
 
 __all__ = ["WEBHOOK_TIMEOUT_S", "SimDriver", "answered_chat"]
 
@@ -127,17 +127,7 @@ class SimDriver:
         owner = context.get(PROCESS) if context is not None else None
         if intake is None or context is None or owner is None or owner in self.loop.dead:
             return False  # connection refused: no connector is up
-        event = InboundEvent(
-            text=message.text,
-            message_id=message.message_id,
-            source=EventSource(
-                platform=PLATFORM,
-                chat_id=message.chat_id,
-                chat_type="group",
-                user_id=f"user-{message.chat_id}",
-                scope_id=tenant_of(message.chat_id),
-            ),
-        )
+        event = message.event()
         request = self.loop.create_task(_call(intake, event), context=context.copy())
         try:
             await asyncio.wait_for(asyncio.shield(request), WEBHOOK_TIMEOUT_S)

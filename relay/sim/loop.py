@@ -31,7 +31,7 @@ from typing import Any, TypeVar, TypeVarTuple, Unpack
 from relay.sim.lives import PROCESS, Life
 from relay.sim.sockets import SimNetwork
 
-__all__ = ["PROCESS", "Deadlock", "Life", "LoopClock", "SimLoop"]
+__all__ = ["PROCESS", "Deadlock", "Life", "LoopClock", "SimLoop", "collect_quietly"]
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -119,24 +119,15 @@ class SimLoop(asyncio.BaseEventLoop):
         return task
 
     def bury(self) -> None:
-        """After the world ended: let go of every task and coroutine, without letting a dead
-        life's ``finally`` blocks speak (they run as their coroutines are collected)."""
-        hook, sys.unraisablehook = sys.unraisablehook, lambda _: None
-        logging.disable(logging.CRITICAL)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                self.tasks.clear()
-                self._ready.clear()  # type: ignore[attr-defined]
-                self._scheduled.clear()  # type: ignore[attr-defined]
-                self.net.ends.clear()
-                self.net.listeners.clear()
-                for _ in range(5):  # what dying coroutines leave behind goes too
-                    if not gc.collect():
-                        break
-        finally:
-            logging.disable(logging.NOTSET)
-            sys.unraisablehook = hook
+        """After the world ended: let go of every task, handle and socket, without letting a
+        dead life's ``finally`` blocks speak (see :func:`collect_quietly`).  Call
+        :func:`collect_quietly` again once the world's last reference is gone."""
+        self.tasks.clear()
+        self._ready.clear()  # type: ignore[attr-defined]
+        self._scheduled.clear()  # type: ignore[attr-defined]
+        self.net.ends.clear()
+        self.net.listeners.clear()
+        collect_quietly()
 
     def call_soon(
         self,
@@ -219,6 +210,24 @@ class SimLoop(asyncio.BaseEventLoop):
         text = f"{message}: {exc!r}" if exc is not None else message
         self.errors.append(text)
         log.debug("loop error: %s", text)
+
+
+def collect_quietly() -> None:
+    """Collect the garbage a simulated world left, now, and silently: a killed life's
+    coroutines run their ``finally`` blocks as they are collected (no SIGKILL would let them),
+    and whatever they say or raise then is not the world's.  Collecting here, not at some later
+    allocation, keeps that code from running inside unrelated work."""
+    hook, sys.unraisablehook = sys.unraisablehook, lambda _: None
+    logging.disable(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(5):  # what dying coroutines leave behind goes too
+                if not gc.collect():
+                    break
+    finally:
+        logging.disable(logging.NOTSET)
+        sys.unraisablehook = hook
 
 
 class LoopClock:

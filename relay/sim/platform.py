@@ -32,6 +32,20 @@ class Written:
     text: str
     at: float
 
+    def event(self) -> InboundEvent:
+        """The webhook's event for this message (its chat's tenant as the scope)."""
+        return InboundEvent(
+            text=self.text,
+            message_id=self.message_id,
+            source=EventSource(
+                platform=PLATFORM,
+                chat_id=self.chat_id,
+                chat_type="group",
+                user_id=f"user-{self.chat_id}",
+                scope_id=tenant_of(self.chat_id),
+            ),
+        )
+
 
 @attrs.frozen
 class Performed:
@@ -77,17 +91,7 @@ class SimPlatform:
         self._deliver(message, 1)
 
     def _deliver(self, message: Written, attempt: int) -> None:
-        event = InboundEvent(
-            text=message.text,
-            message_id=message.message_id,
-            source=EventSource(
-                platform=PLATFORM,
-                chat_id=message.chat_id,
-                chat_type="group",
-                user_id=f"user-{message.chat_id}",
-                scope_id=tenant_of(message.chat_id),
-            ),
-        )
+        event = message.event()
         connector = self.connector
         took = False
         if connector is not None:

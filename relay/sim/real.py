@@ -37,7 +37,7 @@ from relay.sim.faults import REAL_KINDS, Fault, FlakyStore, schedule
 from relay.sim.gateway import HOST, POLICY, SimProbe
 from relay.sim.invariants import Verdict, check_world
 from relay.sim.lives import PROCESS, Life
-from relay.sim.loop import LoopClock, SimLoop
+from relay.sim.loop import LoopClock, SimLoop, collect_quietly
 from relay.sim.platform import PLATFORM, TENANTS
 from relay.sim.run import QUIET_LIMIT_S, WRITING_S, Outcome, quiet
 from relay.wire.codec import decode_event
@@ -345,25 +345,34 @@ def run_real_seed(
         kinds=REAL_KINDS,
     )
     chosen = list(drawn if faults is None else faults)
-    loop = SimLoop(random.Random(rng.random()))
-    try:
-        with _disks(store_kind) as disks, _logs_into(loop) as logged:
-            world = _World(seed, loop, rng, disks)
-            world.trace = logged
-            verdict, lines, quiet_after = _run(world, chosen)
-            del world
-    finally:
-        loop.bury()  # the world is unreferenced now: every coroutine of it goes here
-        loop.close()
+    verdict, lines, steps, quiet_after = _simulate(seed, rng, store_kind, chosen)
+    collect_quietly()  # the world is unreferenced now: every coroutine of it goes here
     return Outcome(
         seed,
         store_kind,
         tuple(chosen),
         verdict,
         tuple(lines) if trace else (),
-        loop.steps,
+        steps,
         quiet_after,
     )
+
+
+def _simulate(
+    seed: int, rng: random.Random, store_kind: str, faults: list[Fault]
+) -> tuple[Verdict, list[str], int, float]:
+    """Build the world on its own loop, play it, check it: (verdict, trace, loop turns, quiet
+    after).  Nothing of the world outlives this call but what it returns."""
+    loop = SimLoop(random.Random(rng.random()))
+    try:
+        with _disks(store_kind) as disks, _logs_into(loop) as logged:
+            world = _World(seed, loop, rng, disks)
+            world.trace = logged
+            verdict, lines, quiet_after = _run(world, faults)
+    finally:
+        loop.bury()
+        loop.close()
+    return verdict, lines, loop.steps, quiet_after
 
 
 class _TraceHandler(logging.Handler):

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import pytest
 
 from relay.sim.lives import PROCESS, Life
-from relay.sim.loop import EPOCH, Deadlock, LoopClock, SimLoop
+from relay.sim.loop import EPOCH, Deadlock, LoopClock, SimLoop, collect_quietly
 
 T = TypeVar("T")
 
@@ -25,6 +25,8 @@ def run(main: Callable[[SimLoop], Coroutine[Any, Any, T]]) -> T:
     finally:
         loop.bury()
         loop.close()
+        del loop
+        collect_quietly()
 
 
 class Recorder(asyncio.Protocol):

@@ -4,8 +4,6 @@ exactly, the checks catch planted bugs, and the seed that found a real bug is ke
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,7 @@ from relay.client.dispatch import InboundDispatcher
 from relay.connector import chat_tenants
 from relay.sim.real import run_real_seed
 from statecore.obligation import Claim
+from tests.cli_run import run_module
 
 ROOT = Path(__file__).resolve().parents[3]
 SEEDS = range(1, 61)
@@ -99,26 +98,12 @@ def test_an_unlabelled_resend_in_the_real_runtime_is_caught(
 
 def test_the_command_runs_the_real_runtime() -> None:
     """``python -m relay.sim --real`` runs a campaign with its summary, and one seed by seed."""
-    done = subprocess.run(
-        [sys.executable, "-m", "relay.sim", "--real", "--seeds", "3", "--first", "5"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_module("relay.sim", "--real", "--seeds", "3", "--first", "5")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "3 runs (seeds 5..7)" in done.stdout
     assert "half_open" in done.stdout
     assert "runs with a violation            0" in done.stdout
-    one = subprocess.run(
-        [sys.executable, "-m", "relay.sim", "--real", "--seed", "5", "--trace"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    one = run_module("relay.sim", "--real", "--seed", "5", "--trace")
     assert one.returncode == 0, one.stdout + one.stderr
     assert "start connector#" in one.stdout
     assert one.stdout.rstrip().endswith("seed 5: ok")

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from relay.sim.run import Outcome, run_seed, shrink
 from relay.wire.codec import encode
 from relay.wire.frames import Frame, Inbound, InboundAck
 from statecore.store import Audit
+from tests.cli_run import run_module
 
 ROOT = Path(__file__).resolve().parents[3]
 SEEDS = range(1, 301)
@@ -164,14 +163,7 @@ def test_the_shrinker_keeps_only_the_faults_a_failure_needs(
 
 
 def test_the_command_runs_a_campaign_and_prints_the_summary() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "relay.sim", "--seeds", "12", "--first", "100"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_module("relay.sim", "--seeds", "12", "--first", "100")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "12 runs (seeds 100..111)" in done.stdout
     assert "invariant checks made" in done.stdout
@@ -181,14 +173,7 @@ def test_the_command_runs_a_campaign_and_prints_the_summary() -> None:
 
 
 def test_the_command_replays_one_seed_step_by_step() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "relay.sim", "--seed", "5", "--trace"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_module("relay.sim", "--seed", "5", "--trace")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "FAULT" in done.stdout
     assert done.stdout.rstrip().endswith("seed 5: ok")
