@@ -22,7 +22,7 @@ from typing import Any
 from relay.connector.platform import Intake, LoopbackPlatform, target_chat
 from relay.sim.lives import PROCESS, Life
 from relay.sim.loop import SimLoop
-from relay.sim.platform import CHATS_PER_TENANT, PLATFORM, TENANTS, Performed, Written, tenant_of
+from relay.sim.platform import PLATFORM, Performed, PlatformState, Written, tenant_of
 from relay.wire.descriptor import CapabilityDescriptor
 from relay.wire.frames import InboundEvent, OutboundOutcome
 
@@ -38,24 +38,18 @@ def answered_chat(text: str) -> str | None:
     return chat if sep and head else None
 
 
-class SimDriver:
+class SimDriver(PlatformState):
     """See the module docs.  ``SimDriver(loop, rng, log, life)``: ``life`` is the platform's
     own (never killed); ``log`` records a step of the world's trace."""
 
     platform = PLATFORM
 
     def __init__(self, loop: SimLoop, rng: Any, log: Any, life: Life) -> None:
+        super().__init__()
         self.loop = loop
         self.rng = rng
         self.log = log
         self.life = life
-        self.chats = [f"{t}-{n}" for t in TENANTS for n in range(CHATS_PER_TENANT)]
-        self.written: dict[str, Written] = {}
-        self.accepted: set[str] = set()
-        self.performed: list[Performed] = []
-        self.refuse_next = 0
-        self.slow_until = -1.0
-        self.duplicate_next = 0
         self._descriptor = LoopbackPlatform(PLATFORM, id_prefix="sim").descriptor()
         self._intake: Intake | None = None
         self._intake_context: contextvars.Context | None = None

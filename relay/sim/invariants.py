@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 
 from relay.connector.buffer import BUFFER, BUFFER_KIND
-from relay.sim.platform import SimPlatform, tenant_of
+from relay.sim.platform import PlatformState, tenant_of
 from statecore.entity import EntityKind
 from statecore.errors import InvalidTransition
 from statecore.ids import compute_obligation_id
@@ -49,7 +49,7 @@ def _body(text: str) -> tuple[bool, str]:
 
 
 def check_world(
-    platform: SimPlatform,
+    platform: PlatformState,
     *,
     gateway_stores: dict[str, Store],
     gateway_tenants: dict[str, str],

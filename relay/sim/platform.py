@@ -11,7 +11,15 @@ import attrs
 from relay.sim.world import World
 from relay.wire.frames import EventSource, InboundEvent, OutboundOutcome
 
-__all__ = ["PLATFORM", "TENANTS", "Performed", "SimPlatform", "Written", "tenant_of"]
+__all__ = [
+    "PLATFORM",
+    "TENANTS",
+    "Performed",
+    "PlatformState",
+    "SimPlatform",
+    "Written",
+    "tenant_of",
+]
 
 PLATFORM = "sim"
 TENANTS = ("acme", "globex")
@@ -65,12 +73,11 @@ class Accepting(Protocol):
         ...
 
 
-class SimPlatform:
-    """Users write round the chats; each message is delivered to the connector until it is
-    accepted (a refusal or a connector that is down is retried, as a webhook is)."""
+class PlatformState:
+    """What a simulated platform saw -- the messages users wrote, those the connector took,
+    the sends it performed -- and the faults it plays next; what the checks read."""
 
-    def __init__(self, world: World) -> None:
-        self.world = world
+    def __init__(self) -> None:
         self.chats = [f"{t}-{n}" for t in TENANTS for n in range(CHATS_PER_TENANT)]
         self.written: dict[str, Written] = {}
         self.accepted: set[str] = set()
@@ -78,6 +85,15 @@ class SimPlatform:
         self.refuse_next = 0
         self.slow_until = -1.0
         self.duplicate_next = 0
+
+
+class SimPlatform(PlatformState):
+    """Users write round the chats; each message is delivered to the connector until it is
+    accepted (a refusal or a connector that is down is retried, as a webhook is)."""
+
+    def __init__(self, world: World) -> None:
+        super().__init__()
+        self.world = world
         self.connector: Accepting | None = None
         self._n = 0
 

@@ -303,7 +303,7 @@ class _World:
         """Check the quiet world."""
         inner = {name: flaky.inner for name, flaky in self.flaky.items()}
         verdict = check_world(
-            self.platform,  # type: ignore[arg-type]
+            self.platform,
             gateway_stores={g: inner[g] for g in self.gateway_ids},
             gateway_tenants=self.gateway_ids,
             connector_store=inner["connector"],
@@ -442,6 +442,6 @@ async def _play(world: _World, faults: list[Fault]) -> float:
     while loop.time() - began < QUIET_LIMIT_S:
         await asyncio.sleep(2.0)
         stores = {name: flaky.inner for name, flaky in world.flaky.items()}
-        if quiet(world.platform, stores):  # type: ignore[arg-type]
+        if quiet(world.platform, stores):
             break
     return loop.time() - began

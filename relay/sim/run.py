@@ -16,7 +16,7 @@ from relay.sim.faults import Fault, FlakyStore, schedule
 from relay.sim.gateway import SimGateway, SimProbe
 from relay.sim.invariants import Verdict, check_world
 from relay.sim.net import Network
-from relay.sim.platform import TENANTS, SimPlatform
+from relay.sim.platform import TENANTS, PlatformState, SimPlatform
 from relay.sim.world import World
 from statecore.store import Store
 from stores import InMemoryStore, SQLiteStore
@@ -149,7 +149,7 @@ def run_seed(seed: int, *, trace: bool = False, faults: Sequence[Fault] | None =
         )
 
 
-def quiet(platform: SimPlatform, stores: dict[str, Store]) -> bool:
+def quiet(platform: PlatformState, stores: dict[str, Store]) -> bool:
     """Every message accepted, and nothing owed or unacked anywhere."""
     from relay.connector.buffer import BUFFER, BUFFER_KIND  # noqa: PLC0415
     from statecore.lifecycles import OBLIGATION  # noqa: PLC0415
