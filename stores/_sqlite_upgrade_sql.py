@@ -77,7 +77,6 @@ def old_schema_drops(kind: EntityKind[Any]) -> list[str]:
     return [
         f"DROP TRIGGER IF EXISTS {kind.table}_audit_create",
         f"DROP TRIGGER IF EXISTS {kind.table}_audit_move",
-        f"DROP TRIGGER IF EXISTS {kind.table}_audit_move_many",
     ]
 
 

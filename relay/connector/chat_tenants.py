@@ -21,7 +21,7 @@ from statecore.clock import Clock, SystemClock
 from statecore.entity import EntityKind, Field
 from statecore.ids import composite_id
 from statecore.lifecycle import Lifecycle, Transition
-from statecore.store import Audit, Store, lt
+from statecore.store import Audit, Store
 
 __all__ = ["CHAT_TENANT", "CHAT_TENANT_KIND", "ChatTenantState", "ChatTenants"]
 
@@ -132,8 +132,3 @@ class ChatTenants:
         )
         with self._lock:
             self._known.pop((platform, chat_id), None)
-
-    def prune(self, *, older_than_s: float) -> int:
-        """Delete the chats forgotten more than ``older_than_s`` ago; return how many."""
-        cutoff = self.clock.now() - older_than_s
-        return self.store.prune(CHAT_TENANT_KIND, "prune", where={"updated_at": lt(cutoff)})

@@ -30,16 +30,14 @@ from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from relay.sim.lives import PROCESS, Life
 from relay.sim.sockets import SimNetwork
+from relay.sim.world import EPOCH
 
-__all__ = ["PROCESS", "Deadlock", "Life", "LoopClock", "SimLoop", "collect_quietly"]
+__all__ = ["EPOCH", "PROCESS", "Deadlock", "Life", "LoopClock", "SimLoop", "collect_quietly"]
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 
 log = logging.getLogger(__name__)
-
-EPOCH = 1_800_000_000.0
-"""The wall clock's reading at virtual time 0."""
 
 
 class Deadlock(RuntimeError):

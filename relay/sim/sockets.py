@@ -237,7 +237,6 @@ class SimNetwork:
         """Hosts cut off from the others (their traffic is held)."""
         self.listeners: dict[tuple[str, int], _Listener] = {}
         self.ends: list[_End] = []
-        self.connections = 0
         self._ports = itertools.count(40000)
 
     def trip(self) -> float:
@@ -276,7 +275,6 @@ class SimNetwork:
             listener = self.listeners.get((host, port))
         if listener is None or listener.life in self.dead:
             raise ConnectionRefusedError(errno.ECONNREFUSED, f"connection refused: {host}:{port}")
-        self.connections += 1
         local = (me, next(self._ports))
         client = _End(self, life, contextvars.copy_context(), local, (host, port))
         server = _End(self, listener.life, listener.context, (host, port), local)

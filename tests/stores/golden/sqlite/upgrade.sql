@@ -27,8 +27,6 @@ DROP TRIGGER IF EXISTS delivery_obligations_audit_create;
 
 DROP TRIGGER IF EXISTS delivery_obligations_audit_move;
 
-DROP TRIGGER IF EXISTS delivery_obligations_audit_move_many;
-
 SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = ? AND sql LIKE '% WHERE state IN (%';
 -- bound: 'delivery_obligations'
 
