@@ -65,6 +65,7 @@ class CompiledKind:
         "history_sql",
         "insert_sql",
         "kind",
+        "members",
         "select_cols",
         "states",
         "texts",
@@ -78,6 +79,10 @@ class CompiledKind:
         self.get_sql = sql.get_sql(kind)
         self.history_sql = sql.history_sql(kind)
         self.insert_sql = sql.insert_sql(kind)
+        # The membership columns' values of a row created in each state (bound by inserts).
+        self.members: dict[Enum, tuple[int | None, ...]] = {
+            s: sql.member_values(kind, s) for s in kind.lifecycle.states
+        }
         # The declared fields' values of a checked mapping, in column order (itemgetter runs in
         # C; one field needs a tuple of its own).
         self.column_values: Callable[[Mapping[str, object]], tuple[Any, ...]] = (

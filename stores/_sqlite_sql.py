@@ -52,6 +52,7 @@ __all__ = [
     "literal",
     "literals",
     "member_columns",
+    "member_values",
     "prune_sql",
     "release_sql",
     "rollback_to_sql",
@@ -207,15 +208,21 @@ def add_field_sql(kind: EntityKind[Any], field: Field) -> str:
     return f"ALTER TABLE {kind.table} ADD COLUMN {_column_sql(field, new_table=False)}"
 
 
-def audit_trigger_sql(kind: EntityKind[Any]) -> tuple[str, str, str]:
-    """The triggers that write ``kind``'s audit entries, if absent: after a creation (from
-    state NULL) and after every transition (an UPDATE of ``fence``, which only a transition
-    makes; one trigger for a statement that named the entry's seq, one for the others), each
-    copying the row's :data:`AUDIT_COLUMNS` and its states, chaining the entry to
-    the row's previous one and making it the row's ``audit_head``.  The creation trigger also
-    sets the row's membership columns (see :func:`member_columns`).  A trigger runs inside the
-    statement that fired it, so an entry is written exactly when its write is: one statement
-    per write, atomic on its own."""
+def audit_trigger_sql(kind: EntityKind[Any]) -> tuple[tuple[str, str], ...]:
+    """The triggers that write ``kind``'s audit entries, as (name, ``CREATE TRIGGER`` text):
+    after a creation (from state NULL) and after every transition (an UPDATE of ``fence``, which
+    only a transition makes), each copying the row's :data:`AUDIT_COLUMNS` and its states and
+    chaining the entry to the row's previous one.  A trigger runs inside the statement that
+    fired it, so an entry is written exactly when its write is: one statement per write,
+    atomic on its own.
+
+    Each write comes in two kinds.  The store's own statements name the entry's seq in the
+    row's ``audit_head`` (see :func:`insert_sql`, :func:`update_sql`, :func:`bulk_update_sql`),
+    and an insert also sets the row's membership columns (see :func:`member_columns`): their
+    trigger only appends the entry.  Any other statement (``transition_many``'s, which moves
+    several ids under one guard, or a write from outside the store) leaves them to its trigger,
+    which then writes the row a second time.  The store replaces a trigger whose text differs
+    from this one when the kind is registered."""
     table, name = kind.table, literal(kind.name)
     columns = "prev, kind, entity_id, event, from_state, to_state, at, owner, attempts, reason"
     new = "NEW.audit_event, {source}, NEW.state, NEW.audit_at, NEW.audit_owner, " + (
@@ -225,24 +232,37 @@ def audit_trigger_sql(kind: EntityKind[Any]) -> tuple[str, str, str]:
         f", {column} = CASE WHEN NEW.state IN ({literals(states)}) THEN 1 END"
         for states, column in member_columns(kind).items()
     )
+    entry = f"{name}, NEW.{kind.id_field}"
+    named = f"INSERT INTO {AUDIT_TABLE} (seq, {columns}) VALUES (NEW.audit_head"
+    unnamed = f"INSERT INTO {AUDIT_TABLE} ({columns}) VALUES ("
+    head = f"UPDATE {table} SET audit_head = last_insert_rowid()"
     return (
-        f"CREATE TRIGGER IF NOT EXISTS {table}_audit_create AFTER INSERT ON {table} "
-        f"BEGIN INSERT INTO {AUDIT_TABLE} ({columns}) VALUES "
-        f"(NULL, {name}, NEW.{kind.id_field}, {new.format(source='NULL')}); "
-        f"UPDATE {table} SET audit_head = last_insert_rowid(){members} "
-        "WHERE rowid = NEW.rowid; END",
-        # A single-row move and a bulk move name their entries' seqs themselves (see _next_seq
-        # and bulk_update_sql), so the row need not be written again; a transition_many
-        # (several ids, one guard) leaves the head to the trigger.
-        f"CREATE TRIGGER IF NOT EXISTS {table}_audit_move AFTER UPDATE OF fence ON {table} "
-        "WHEN NEW.audit_head IS NOT OLD.audit_head "
-        f"BEGIN INSERT INTO {AUDIT_TABLE} (seq, {columns}) VALUES (NEW.audit_head, "
-        f"OLD.audit_head, {name}, NEW.{kind.id_field}, {new.format(source='OLD.state')}); END",
-        f"CREATE TRIGGER IF NOT EXISTS {table}_audit_move_many AFTER UPDATE OF fence ON {table} "
-        "WHEN NEW.audit_head IS OLD.audit_head "
-        f"BEGIN INSERT INTO {AUDIT_TABLE} ({columns}) VALUES "
-        f"(OLD.audit_head, {name}, NEW.{kind.id_field}, {new.format(source='OLD.state')}); "
-        f"UPDATE {table} SET audit_head = last_insert_rowid() WHERE rowid = NEW.rowid; END",
+        (
+            f"{table}_audit_create",
+            f"CREATE TRIGGER {table}_audit_create AFTER INSERT ON {table} "
+            f"WHEN NEW.audit_head IS NOT NULL BEGIN {named}, "
+            f"NULL, {entry}, {new.format(source='NULL')}); END",
+        ),
+        (
+            f"{table}_audit_create_bare",
+            f"CREATE TRIGGER {table}_audit_create_bare AFTER INSERT ON {table} "
+            f"WHEN NEW.audit_head IS NULL BEGIN {unnamed}"
+            f"NULL, {entry}, {new.format(source='NULL')}); "
+            f"{head}{members} WHERE rowid = NEW.rowid; END",
+        ),
+        (
+            f"{table}_audit_move",
+            f"CREATE TRIGGER {table}_audit_move AFTER UPDATE OF fence ON {table} "
+            f"WHEN NEW.audit_head IS NOT OLD.audit_head BEGIN {named}, "
+            f"OLD.audit_head, {entry}, {new.format(source='OLD.state')}); END",
+        ),
+        (
+            f"{table}_audit_move_many",
+            f"CREATE TRIGGER {table}_audit_move_many AFTER UPDATE OF fence ON {table} "
+            f"WHEN NEW.audit_head IS OLD.audit_head BEGIN {unnamed}"
+            f"OLD.audit_head, {entry}, {new.format(source='OLD.state')}); "
+            f"{head} WHERE rowid = NEW.rowid; END",
+        ),
     )
 
 
@@ -327,25 +347,49 @@ AUDIT_CHAIN_DELETE = (
 
 
 def insert_sql(kind: EntityKind[Any]) -> str:
-    """Creates one entity unless its id exists (bound: the :func:`select_cols` values, then
-    the :data:`AUDIT_COLUMNS` values; the trigger writes the audit entry)."""
+    """Creates one entity unless its id exists.  Bound: the :func:`select_cols` values, the
+    :data:`AUDIT_COLUMNS` values, then the membership columns' values (see
+    :func:`member_values`).  The row names its audit entry's seq, the next after the audit
+    table's last, and its trigger appends the entry (see :func:`audit_trigger_sql`)."""
     return (
-        f"INSERT INTO {kind.table} ({select_cols(kind)}, {', '.join(AUDIT_COLUMNS)}) "
-        f"VALUES ({', '.join('?' * (3 + len(kind.fields) + len(AUDIT_COLUMNS)))}) "
+        f"INSERT INTO {kind.table} ({_insert_cols(kind)}) "
+        f"VALUES ({_insert_row(kind, _next_seq_value(1))}) "
         f"ON CONFLICT({kind.id_field}) DO NOTHING"
     )
 
 
 def insert_rows_sql(kind: EntityKind[Any], count: int) -> str:
     """Creates ``count`` entities, skipping ids that exist, and returns the rows created (each
-    row bound as :func:`insert_sql` binds one)."""
-    one = f"({', '.join('?' * (3 + len(kind.fields) + len(AUDIT_COLUMNS)))})"
-    cols = select_cols(kind)
+    row bound as :func:`insert_sql` binds one; the n-th names the seq n after the audit
+    table's last)."""
+    rows = ", ".join(f"({_insert_row(kind, _next_seq_value(n))})" for n in range(1, count + 1))
     return (
-        f"INSERT INTO {kind.table} ({cols}, {', '.join(AUDIT_COLUMNS)}) "
-        f"VALUES {', '.join([one] * count)} "
-        f"ON CONFLICT({kind.id_field}) DO NOTHING RETURNING {cols}"
+        f"INSERT INTO {kind.table} ({_insert_cols(kind)}) VALUES {rows} "
+        f"ON CONFLICT({kind.id_field}) DO NOTHING RETURNING {select_cols(kind)}"
     )
+
+
+def member_values(kind: EntityKind[Any], state: Enum) -> tuple[int | None, ...]:
+    """The membership columns' values of a row created in ``state``, in the order
+    :func:`member_columns` lists them (1 inside the column's set, None outside)."""
+    return tuple(1 if state in states else None for states in member_columns(kind))
+
+
+def _insert_cols(kind: EntityKind[Any]) -> str:
+    members = member_columns(kind).values()
+    return ", ".join((select_cols(kind), *AUDIT_COLUMNS, "audit_head", *members))
+
+
+def _insert_row(kind: EntityKind[Any], head: str) -> str:
+    bound = 3 + len(kind.fields) + len(AUDIT_COLUMNS)
+    return ", ".join(["?"] * bound + [head] + ["?"] * len(member_columns(kind)))
+
+
+def _next_seq_value(offset: int) -> str:
+    """The seq ``offset`` after the audit table's last.  A subquery without outer references
+    runs once per statement, so the rows of one statement name distinct seqs; and should it
+    run once per row, each row would still name a seq after every entry written before it."""
+    return f"(SELECT IFNULL(MAX(seq), 0) + {offset} FROM {AUDIT_TABLE})"
 
 
 def update_sql(plan: TransitionPlan[Any]) -> str:
@@ -518,7 +562,7 @@ def _next_seq(kind: EntityKind[Any]) -> str:
     """A single-row move's ``audit_head``: the seq its audit entry will have, the next after
     the audit table's last (what SQLite itself would pick; one writer at a time).  Only for a
     statement that moves one row: evaluated once per statement."""
-    return f"audit_head = (SELECT IFNULL(MAX(seq), 0) + 1 FROM {AUDIT_TABLE})"
+    return f"audit_head = {_next_seq_value(1)}"
 
 
 def _set_members(kind: EntityKind[Any], moves: Mapping[Enum, Enum]) -> list[str]:

@@ -1,6 +1,8 @@
 """The SQL that upgrades a SQLite file written by an older layout of the store (schema
-versions 1 and 2) to the current one: part of the store's SQL seam (``stores._sqlite_sql``),
-kept apart because it runs once per file, and pinned by the same golden files.
+versions 1 and 2) to the current one (a version 3 file differs only by its creation
+triggers, which the store replaces as it does any trigger whose text is not the current
+one): part of the store's SQL seam (``stores._sqlite_sql``), kept apart because it runs once
+per file, and pinned by the same golden files.
 
 The current layout chains each entity's audit entries (the audit table has no secondary index)
 and declares partial indexes over membership columns (see
@@ -21,11 +23,12 @@ from stores._sqlite_sql import AUDIT_TABLE, literal, literals
 __all__ = [
     "AUDIT_HEADS",
     "OLD_PARTIAL_INDEXES",
+    "TRIGGER_TEXT",
     "add_member_sql",
     "audit_chain_sql",
     "drop_index_sql",
+    "drop_trigger_sql",
     "heads_sql",
-    "old_schema_drops",
 ]
 
 AUDIT_HEADS = "statecore_audit_heads"
@@ -71,15 +74,6 @@ def add_member_sql(kind: EntityKind[Any], states: frozenset[Enum], column: str) 
     )
 
 
-def old_schema_drops(kind: EntityKind[Any]) -> list[str]:
-    """What a table written before the chains has and this layout recreates: its audit
-    triggers.  (Its partial indexes over ``state`` are found by :data:`OLD_PARTIAL_INDEXES`.)"""
-    return [
-        f"DROP TRIGGER IF EXISTS {kind.table}_audit_create",
-        f"DROP TRIGGER IF EXISTS {kind.table}_audit_move",
-    ]
-
-
 OLD_PARTIAL_INDEXES = (
     "SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = ? "
     "AND sql LIKE '% WHERE state IN (%'"
@@ -91,3 +85,14 @@ this layout replaces them with indexes over membership columns."""
 def drop_index_sql(name: str) -> str:
     """Drops an index of an older layout (a name read from the schema)."""
     return f'DROP INDEX IF EXISTS "{name}"'
+
+
+TRIGGER_TEXT = "SELECT sql FROM sqlite_schema WHERE type = 'trigger' AND name = ?"
+"""The text a trigger was created with (bound: its name; no row when there is none): a
+trigger of an older layout is found by its text differing from the current one."""
+
+
+def drop_trigger_sql(name: str) -> str:
+    """Drops a trigger of an older layout (a name from
+    :func:`stores._sqlite_sql.audit_trigger_sql`), to be created again as it is now."""
+    return f"DROP TRIGGER IF EXISTS {name}"

@@ -19,7 +19,8 @@
   ``stores._sqlite_shortcuts``; each admits and writes exactly what the plain path would.
 * The schema is versioned (``PRAGMA user_version``, :data:`SCHEMA_VERSION`) and tables are
   migrated in place: columns a kind declares but an older table lacks are added with their
-  defaults, and a version 1 table gains the audit columns and triggers, its history kept.  A
+  defaults, a version 1 table gains the audit columns and triggers, its history kept, and a
+  trigger whose text differs from this layout's is replaced when its kind is registered.  A
   database newer than this code, or a file that is not SQLite, raises ``StoreError`` naming the
   path.
 """
@@ -76,13 +77,15 @@ __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
 S = TypeVar("S", bound=Enum)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The layout version this code writes (``PRAGMA user_version``); 0 is a pre-versioned file.
 Version 2 writes audit entries by trigger (each write one statement); version 3 chains each
 entity's audit entries (no index on the audit table) and declares partial indexes over
-membership columns (see ``stores._sqlite_sql.member_columns``).  An older file is upgraded in
-place: its audit table is chained when it is opened, each table when its kind is registered
-(columns added and filled, triggers and partial indexes replaced), its history kept."""
+membership columns (see ``stores._sqlite_sql.member_columns``); in version 4 a creation names
+its audit entry's seq and sets its membership columns itself, so its trigger only appends the
+entry (see ``stores._sqlite_sql.audit_trigger_sql``).  An older file is upgraded in place: its
+audit table is chained when it is opened, each table when its kind is registered (columns
+added and filled, triggers and partial indexes replaced), its history kept."""
 
 _BULK_CHUNK = 500  # ids per transition_many UPDATE (well under SQLite's bound-parameter limit)
 
@@ -175,12 +178,18 @@ class SQLiteStore(ClosesOnExit):
                 if "audit_head" not in have:  # written before the chains
                     old = conn.execute(upgrade.OLD_PARTIAL_INDEXES, (kind.table,)).fetchall()
                     for statement in (
-                        *upgrade.old_schema_drops(kind),
                         *(upgrade.drop_index_sql(name) for (name,) in old),
                         *self._heads(conn, kind),
                     ):
                         conn.execute(statement)
-            for statement in (*sql.audit_trigger_sql(kind), *sql.index_sql(kind)):
+            for name, text in sql.audit_trigger_sql(kind):
+                # An older layout's trigger of this name is replaced (one transaction: no
+                # write can come between the drop and the create).
+                stored = conn.execute(upgrade.TRIGGER_TEXT, (name,)).fetchone()
+                if stored is None or stored[0] != text:
+                    conn.execute(upgrade.drop_trigger_sql(name))
+                    conn.execute(text)
+            for statement in sql.index_sql(kind):
                 conn.execute(statement)
         self._kinds[kind.name] = CompiledKind(kind)
 
@@ -286,6 +295,7 @@ class SQLiteStore(ClosesOnExit):
             0,
             *c.column_values(checked),
             *audit_values(event, audit),
+            *c.members[state],
         ]
         with Statement(self._db, "insert"):
             conn = self._db.conn()
@@ -458,6 +468,7 @@ class SQLiteStore(ClosesOnExit):
                 0,
                 *c.column_values(checked),
                 *audit_values(creation.event, creation.audit),
+                *c.members[state],
             ]
             ready.append((i, creation, state, params))
         with Txn(self._db, "insert_each", savepoint=False):

@@ -208,18 +208,19 @@ def case_upgrade() -> str:
     kind = OBLIGATION_KIND
     return render(
         "Upgrading a file written before the chains: the audit table chained at open; a table "
-        "gains its membership columns, loses its old triggers and partial indexes, and its rows "
-        "get their audit heads at register",
+        "gains its membership columns, loses its old partial indexes, its rows get their audit "
+        "heads and each trigger whose text differs is replaced at register",
         *upgrade.audit_chain_sql(),
         *(
             s
             for states, c in sql.member_columns(kind).items()
             for s in upgrade.add_member_sql(kind, states, c)
         ),
-        *upgrade.old_schema_drops(kind),
         (upgrade.OLD_PARTIAL_INDEXES, [kind.table]),
         upgrade.drop_index_sql("delivery_obligations_state_owner_pid_attempting_failed_pending"),
         *upgrade.heads_sql(kind),
+        (upgrade.TRIGGER_TEXT, [f"{kind.table}_audit_create"]),
+        upgrade.drop_trigger_sql(f"{kind.table}_audit_create"),
     )
 
 
@@ -228,7 +229,7 @@ def _schema(kind: EntityKind[Any]) -> str:
         f"The {kind.name} kind's table and indexes (register on a new file)",
         sql.table_info_sql(kind),
         sql.create_table_sql(kind),
-        *sql.audit_trigger_sql(kind),
+        *(text for _, text in sql.audit_trigger_sql(kind)),
         *sql.index_sql(kind),
     )
 
