@@ -359,13 +359,13 @@ def insert_sql(kind: EntityKind[Any]) -> str:
 
 
 def insert_rows_sql(kind: EntityKind[Any], count: int) -> str:
-    """Creates ``count`` entities, skipping ids that exist, and returns the rows created (each
+    """Creates ``count`` entities, skipping ids that exist, and returns the ids created (each
     row bound as :func:`insert_sql` binds one; the n-th names the seq n after the audit
     table's last)."""
     rows = ", ".join(f"({_insert_row(kind, _next_seq_value(n))})" for n in range(1, count + 1))
     return (
         f"INSERT INTO {kind.table} ({_insert_cols(kind)}) VALUES {rows} "
-        f"ON CONFLICT({kind.id_field}) DO NOTHING RETURNING {select_cols(kind)}"
+        f"ON CONFLICT({kind.id_field}) DO NOTHING RETURNING {kind.id_field}"
     )
 
 

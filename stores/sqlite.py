@@ -444,7 +444,7 @@ class SQLiteStore(ClosesOnExit):
         self, kind: EntityKind[S], creations: Sequence[Creation]
     ) -> list[tuple[Row[S], bool] | Exception]:
         """Every creation as :meth:`insert` would, in one transaction, with one multi-row
-        ``INSERT ... RETURNING`` per run of distinct ids (see BatchStore).
+        ``INSERT ... RETURNING`` (the ids created) per run of distinct ids (see BatchStore).
 
         In a subclass that overrides :meth:`insert` (and not this method) every creation is
         made by that override instead, in one transaction, so the subclass sees each write.
@@ -453,7 +453,7 @@ class SQLiteStore(ClosesOnExit):
             return insert_each_sequentially(self, kind, creations)
         c = self._compiled(kind)
         outcomes: list[Any] = [None] * len(creations)
-        ready: list[tuple[int, Creation, Enum, list[Any]]] = []
+        ready: list[tuple[int, Creation, S, dict[str, object], list[Any]]] = []
         for i, creation in enumerate(creations):
             try:
                 state, checked = plan_creation(
@@ -470,20 +470,21 @@ class SQLiteStore(ClosesOnExit):
                 *audit_values(creation.event, creation.audit),
                 *c.members[state],
             ]
-            ready.append((i, creation, state, params))
+            ready.append((i, creation, state, checked, params))
         with Txn(self._db, "insert_each", savepoint=False):
             conn = self._db.conn()
             for run in distinct_runs(ready, lambda item: (item[1].entity_id, "insert")):
                 for chunk in pieces(run):
                     text = c.insert_rows_sql(len(chunk))
-                    raws = conn.execute(text, [p for item in chunk for p in item[3]]).fetchall()
-                    created = {raw[0]: raw for raw in raws}
-                    for i, creation, _, _ in chunk:
-                        raw = created.get(creation.entity_id)
-                        if raw is None:  # it existed: returned untouched, as insert() does
-                            outcomes[i] = (self._current(conn, c, creation.entity_id), False)
+                    raws = conn.execute(text, [p for item in chunk for p in item[4]]).fetchall()
+                    created = {raw[0] for raw in raws}
+                    for i, creation, state, checked, _ in chunk:
+                        entity_id = creation.entity_id
+                        if entity_id not in created:  # it existed: returned untouched
+                            outcomes[i] = (self._current(conn, c, entity_id), False)
                             continue
-                        outcomes[i] = (c.row(raw, self.path), True)
+                        # Exactly what was written, as insert() returns it.
+                        outcomes[i] = (new_row(entity_id, state, 0, checked), True)
         return outcomes
 
     def transition_each(
