@@ -107,8 +107,11 @@ class EntityKind(Generic[S]):
     fields: tuple[Field, ...]
     indexes: tuple[Index, ...]
     by_name: Mapping[str, Field]
-    # (name, type, default, field) per field, for new_values' loop (derived: not compared).
-    _creation_plan: tuple[tuple[str, type, object, Field], ...] = attrs.field(eq=False, repr=False)
+    # (name, type, default, nullable, field) per field, for new_values' loop (derived: not
+    # compared).
+    _creation_plan: tuple[tuple[str, type, object, bool, Field], ...] = attrs.field(
+        eq=False, repr=False
+    )
 
     def __init__(
         self,
@@ -145,7 +148,7 @@ class EntityKind(Generic[S]):
             for state in index.states or ():
                 if not isinstance(state, lifecycle.state_type):
                     raise ValueError(f"entity kind {name!r}: index state {state!r} undeclared")
-        plan = tuple((f.name, f.type, f.default, f) for f in fields)
+        plan = tuple((f.name, f.type, f.default, f.nullable, f) for f in fields)
         self.__attrs_init__(name, lifecycle, table, id_field, fields, indexes, by_name, plan)
 
     def field(self, name: str) -> Field:
@@ -165,12 +168,14 @@ class EntityKind(Generic[S]):
             raise KeyError(f"{self.name} has no field {unknown[0]!r}")
         out: dict[str, object] = {}
         get = values.get
-        for name, kind, default, f in self._creation_plan:
+        for name, kind, default, nullable, f in self._creation_plan:
             value = get(name, default)
-            # Field.checked's rule, inlined: this runs for every field of every creation.
-            if (
-                value is None or type(value) is not kind or (kind is str and not value.isascii())  # type: ignore[attr-defined]
-            ):
+            # Field.checked's rule, inlined: this runs for every field of every creation (and
+            # so does Field.check's rule for None, which most creations leave in a few fields).
+            if value is None:
+                if not nullable:
+                    f.check(value, self.name)  # raises, naming the field
+            elif type(value) is not kind or (kind is str and not value.isascii()):  # type: ignore[attr-defined]
                 value = f.check(value, self.name)
             out[name] = value
         return out
