@@ -12,7 +12,7 @@ bumped by every transition, so a stale writer can be refused) and, where a store
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
@@ -72,6 +72,34 @@ class Field:
         return value
 
 
+def _creation_check(
+    kind: str, fields: tuple[Field, ...]
+) -> Callable[[Mapping[str, object]], dict[str, object]]:
+    """``EntityKind.new_values``' checks of ``fields`` (their names known to be identifiers),
+    generated straight-line: each value -- or its default -- that plainly fits (exactly the
+    field's type, text ASCII; None where the field allows it) is taken as it is, and any other
+    goes through :meth:`Field.check`, which converts it or raises naming the field.  Generated
+    because it runs for every field of every creation, and a loop over the fields costs more
+    than the checks (as for :func:`~statecore.trusted.trusted_constructor`)."""
+    namespace: dict[str, Any] = {"kind": kind}
+    lines = ["def check(values):", "    get = values.get"]
+    for i, f in enumerate(fields):
+        namespace[f"field_{i}"] = f
+        namespace[f"default_{i}"] = f.default
+        namespace[f"type_{i}"] = f.type
+        odd = f"type(v{i}) is not type_{i}" + (f" or not v{i}.isascii()" if f.type is str else "")
+        lines.append(f"    v{i} = get({f.name!r}, default_{i})")
+        if f.nullable:
+            lines.append(f"    if v{i} is not None and ({odd}):")
+        else:
+            lines.append(f"    if v{i} is None or {odd}:")
+        lines.append(f"        v{i} = field_{i}.check(v{i}, kind)")
+    lines.append(f"    return {{{', '.join(f'{f.name!r}: v{i}' for i, f in enumerate(fields))}}}")
+    exec("\n".join(lines), namespace)
+    check: Callable[[Mapping[str, object]], dict[str, object]] = namespace["check"]
+    return check
+
+
 def _check_utf8(kind: str, name: str, value: str) -> None:
     # Text must survive every store: an unpaired surrogate (from surrogateescape decoding) has
     # no UTF-8 form, so refuse it here rather than let one store keep what another cannot.
@@ -107,9 +135,8 @@ class EntityKind(Generic[S]):
     fields: tuple[Field, ...]
     indexes: tuple[Index, ...]
     by_name: Mapping[str, Field]
-    # (name, type, default, nullable, field) per field, for new_values' loop (derived: not
-    # compared).
-    _creation_plan: tuple[tuple[str, type, object, bool, Field], ...] = attrs.field(
+    # new_values' checks, generated from the fields (derived: not compared).
+    _creation_check: Callable[[Mapping[str, object]], dict[str, object]] = attrs.field(
         eq=False, repr=False
     )
 
@@ -148,8 +175,8 @@ class EntityKind(Generic[S]):
             for state in index.states or ():
                 if not isinstance(state, lifecycle.state_type):
                     raise ValueError(f"entity kind {name!r}: index state {state!r} undeclared")
-        plan = tuple((f.name, f.type, f.default, f.nullable, f) for f in fields)
-        self.__attrs_init__(name, lifecycle, table, id_field, fields, indexes, by_name, plan)
+        check = _creation_check(name, fields)
+        self.__attrs_init__(name, lifecycle, table, id_field, fields, indexes, by_name, check)
 
     def field(self, name: str) -> Field:
         """The declared field ``name``; raises ``KeyError`` naming the kind if undeclared."""
@@ -166,19 +193,7 @@ class EntityKind(Generic[S]):
         if not values.keys() <= self.by_name.keys():
             unknown = sorted(set(values) - self.by_name.keys())
             raise KeyError(f"{self.name} has no field {unknown[0]!r}")
-        out: dict[str, object] = {}
-        get = values.get
-        for name, kind, default, nullable, f in self._creation_plan:
-            value = get(name, default)
-            # Field.checked's rule, inlined: this runs for every field of every creation (and
-            # so does Field.check's rule for None, which most creations leave in a few fields).
-            if value is None:
-                if not nullable:
-                    f.check(value, self.name)  # raises, naming the field
-            elif type(value) is not kind or (kind is str and not value.isascii()):  # type: ignore[attr-defined]
-                value = f.check(value, self.name)
-            out[name] = value
-        return out
+        return self._creation_check(values)
 
     def changed_values(self, changes: Mapping[str, object]) -> dict[str, object]:
         """Check the values a transition changes: declared, mutable, of the right type."""

@@ -59,7 +59,6 @@ class CompiledKind:
     __slots__ = (
         "column_values",
         "columns",
-        "decoders",
         "fast",
         "get_sql",
         "history_sql",
@@ -69,6 +68,7 @@ class CompiledKind:
         "select_cols",
         "states",
         "texts",
+        "values",
     )
 
     def __init__(self, kind: EntityKind[Any]) -> None:
@@ -94,13 +94,7 @@ class CompiledKind:
         self.texts: dict[tuple[Any, ...], str] = {}
         # Shapes seen with plain values only: (event, unfenced?, expect keys, change keys).
         self.fast: dict[tuple[Any, ...], FastUpdate] = {}
-        # SQLite may hand back a REAL column's whole number as an int (RETURNING does), and
-        # stores bools as ints: these columns are converted back on read.
-        self.decoders = tuple(
-            (f.name, position, bool if f.type is bool else float)
-            for position, f in enumerate(kind.fields, start=3)
-            if f.type in (bool, float)
-        )
+        self.values = _values_decoder(kind)
 
     def update_sql(self, plan: TransitionPlan[Any]) -> str:
         """:func:`~stores._sqlite_sql.update_sql` for the plan's shape (built once per shape)."""
@@ -141,13 +135,31 @@ class CompiledKind:
             raise StoreError(
                 f"{path}: {self.kind.name} {raw[0]!r} has unknown state {raw[1]!r}"
             ) from None
-        # raw may carry a trailing prev_state (RETURNING of a transition): zip stops before it.
-        values = dict(zip(self.columns, raw[3:], strict=False))
-        for name, position, decode in self.decoders:
-            value = raw[position]
-            if value is not None and type(value) is not decode:
-                values[name] = decode(value)
-        return new_row(raw[0], state, raw[2], values)
+        return new_row(raw[0], state, raw[2], self.values(raw))
+
+
+def _values_decoder(kind: EntityKind[Any]) -> Callable[[Sequence[Any]], dict[str, Any]]:
+    """The field values of a row as read (id, state, fence, then the fields in order; a
+    trailing prev_state ignored), as a dict.  SQLite may hand back a REAL column's whole number
+    as an int (RETURNING does) and stores bools as ints: those columns are converted back.
+
+    Generated straight-line (one dict display), as :func:`~statecore.trusted.trusted_constructor`
+    is and for the same reason: it runs for every row read.  The source holds nothing but the
+    kind's field names (checked identifiers) and column positions."""
+    items = []
+    for position, f in enumerate(kind.fields, start=3):
+        if f.type in (bool, float):
+            convert = f.type.__name__
+            value = (
+                f"(v if (v := raw[{position}]) is None or type(v) is {convert} else {convert}(v))"
+            )
+        else:
+            value = f"raw[{position}]"
+        items.append(f"{f.name!r}: {value}")
+    namespace: dict[str, Any] = {}
+    exec(f"def values(raw):\n    return {{{', '.join(items)}}}", namespace)
+    decoder: Callable[[Sequence[Any]], dict[str, Any]] = namespace["values"]
+    return decoder
 
 
 def _where_shape(where: Where) -> tuple[tuple[str, str, bool, int], ...]:

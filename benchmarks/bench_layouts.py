@@ -1,0 +1,254 @@
+"""What the ledger's lifecycle costs on SQLite, piece by piece: the ledger's own statements run
+raw, then the same with one cost taken away, against litequeue, finely interleaved.
+
+Each item is one lifecycle (create -> claim -> settle), three commits, at WAL + synchronous
+NORMAL, as in ``bench_peers.py --only normal``.  The contenders:
+
+* ``Ledger``: the real thing, ``Ledger(SQLiteStore(path))``.
+* ``ledger SQL``: the very statements the ledger executes (their text from the store's SQL
+  seam, ``stores._sqlite_sql``), bound and run with plain ``sqlite3`` on a file the store
+  created: the store's SQLite work with no Python of statecore around it.
+* ``- settled-row index``: the same, on a file without the index pruning reads.
+* ``- RETURNING but fence``: the same statements returning only the new fence.
+* ``- RETURNING``: the moves return nothing (the row count tells whether the guard held).
+* ``- secondary indexes``: no index besides the primary key (the sweeps and pruning would scan).
+* ``litequeue``: put -> pop -> done.
+
+None of the variants is a design the framework could ship as it is (each loses a read the
+framework relies on); they measure what each piece costs, so that a design can be weighed
+before it is built.  Every round makes fresh files; within a round the contenders take turns of
+50 items (the order rotates), so that a slow spell of the machine falls on all of them alike.
+Printed: the median rate over the rounds and the median of the rounds' ratios to litequeue and
+to ``ledger SQL``.  Informational: no target, ``--check`` never fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import litequeue  # type: ignore[import-untyped]
+
+import stores._sqlite_sql as sql
+from statecore import OBLIGATION_KIND, Audit, Ledger, ObligationState
+from statecore.store import plan_transition
+from stores import SQLiteStore
+from stores._sqlite_shortcuts import audit_values
+
+PAYLOAD: dict[str, str] = {
+    "session_key": "agent:main:slack:channel:C1",
+    "platform": "slack",
+    "chat_id": "C1",
+    "thread_id": "171.001",
+    "content": "x" * 100,
+}
+"""What every item carries (as in bench_peers.py)."""
+
+TURN = 50
+"""Items per turn of one contender."""
+
+_K = OBLIGATION_KIND
+
+
+class _Raw:
+    """The ledger's statements on a file the store made, run with plain sqlite3."""
+
+    def __init__(self, path: str, variant: str) -> None:
+        store = SQLiteStore(path)
+        ledger = Ledger(store)
+        me = ledger.incarnation
+        self.label = me.label
+        self.owner = (me.host, me.pid, me.started_at, me.token)
+        store.close()
+        self.conn = sqlite3.connect(path, isolation_level=None, cached_statements=256)
+        self.conn.execute("PRAGMA synchronous = NORMAL")
+        names = [
+            r[0]
+            for r in self.conn.execute(
+                "SELECT name FROM sqlite_schema WHERE type = 'index' AND sql IS NOT NULL"
+            )
+        ]
+        for name in names:
+            if variant == "noindex" or (variant == "nosettled" and "in_abandoned" in name):
+                self.conn.execute(f"DROP INDEX {name}")
+        self.insert = sql.insert_sql(_K)
+        self.members = sql.member_values(_K, ObligationState.PENDING)
+        self.moves: list[tuple[str, str, int]] = []
+        for event, fence in (("attempt", 0), ("deliver", 1)):
+            plan = plan_transition(
+                _K,
+                "ob-x",
+                event,
+                fence=fence,
+                expect={"owner_token": me.token},
+                changes={"updated_at": 1.0},
+            )
+            audit = audit_values(event, Audit(1.0, self.label, 0, None))
+            # The loop below binds exactly what the seam binds, in its order.
+            if sql.update_params(plan, audit) != [1.0, *audit, "ob-x", fence, me.token]:
+                raise AssertionError("update_params changed: update this benchmark")
+            text = sql.update_sql(plan)
+            head, _, _ = text.partition(" RETURNING ")
+            if variant == "fence":
+                text = head + " RETURNING fence"
+            elif variant == "noreturn":
+                text = head
+            self.moves.append((text, event, fence))
+        self.returns = variant != "noreturn"
+
+    def run(self, first: int, n: int) -> None:
+        conn, label, members = self.conn, self.label, self.members
+        host, pid, started, token = self.owner
+        for i in range(first, first + n):
+            oid = f"ob-{i}"
+            now = time.time()
+            conn.execute(
+                self.insert,
+                (
+                    oid,
+                    "pending",
+                    0,
+                    PAYLOAD["session_key"],
+                    "slack",
+                    "C1",
+                    "171.001",
+                    None,
+                    PAYLOAD["content"],
+                    0,
+                    now,
+                    now,
+                    host,
+                    pid,
+                    started,
+                    token,
+                    now + 300.0,
+                    None,
+                    None,
+                    None,
+                    "default",
+                    "record",
+                    now,
+                    label,
+                    0,
+                    None,
+                    *members,
+                ),
+            )
+            for text, event, fence in self.moves:
+                # A statement still open (a RETURNING not read to its end) would keep its
+                # transaction open: each is read, then its cursor dropped, as the store does.
+                cursor = conn.execute(text, (now, event, now, label, 0, None, oid, fence, token))
+                missed = cursor.fetchone() is None if self.returns else cursor.rowcount != 1
+                del cursor
+                if missed:
+                    raise AssertionError(f"{event} of {oid} missed")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class _Ledger:
+    def __init__(self, path: str) -> None:
+        self.store = SQLiteStore(path)
+        self.ledger = Ledger(self.store)
+
+    def run(self, first: int, n: int) -> None:
+        ledger = self.ledger
+        for i in range(first, first + n):
+            ob = ledger.record(**PAYLOAD, obligation_id=f"ob-{i}")
+            ledger.mark_attempting(ob.obligation_id)
+            ledger.mark_delivered(ob.obligation_id)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class _LiteQueue:
+    def __init__(self, path: str) -> None:
+        self.queue = litequeue.LiteQueue(path)
+
+    def run(self, first: int, n: int) -> None:
+        queue = self.queue
+        for _ in range(n):
+            queue.put(json.dumps(PAYLOAD))
+            message = queue.pop()
+            queue.done(message.message_id)
+
+    def close(self) -> None:
+        self.queue.conn.close()
+
+
+CONTENDERS: dict[str, Callable[[str], Any]] = {
+    "Ledger": _Ledger,
+    "ledger SQL": lambda path: _Raw(path, "as is"),
+    "- settled-row index": lambda path: _Raw(path, "nosettled"),
+    "- RETURNING but fence": lambda path: _Raw(path, "fence"),
+    "- RETURNING": lambda path: _Raw(path, "noreturn"),
+    "- secondary indexes": lambda path: _Raw(path, "noindex"),
+    "litequeue": _LiteQueue,
+}
+
+
+def measure(n: int, rounds: int) -> dict[str, list[float]]:
+    """Items/s of every contender in every round."""
+    rates: dict[str, list[float]] = {name: [] for name in CONTENDERS}
+    for r in range(rounds):
+        tmp = tempfile.mkdtemp(prefix="statecore-layouts-")
+        try:
+            made = {
+                name: make(os.path.join(tmp, f"{i}.db"))
+                for i, (name, make) in enumerate(CONTENDERS.items())
+            }
+            for contender in made.values():
+                contender.run(0, 10)  # opens what the first item opens
+            spent = dict.fromkeys(made, 0.0)
+            order = list(made)
+            for turn in range(n // TURN):
+                shift = (turn + r) % len(order)
+                for name in order[shift:] + order[:shift]:
+                    start = time.perf_counter()
+                    made[name].run(10 + turn * TURN, TURN)
+                    spent[name] += time.perf_counter() - start
+            for name, contender in made.items():
+                rates[name].append((n // TURN) * TURN / spent[name])
+                contender.close()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return rates
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print every contender's rate and ratios; informational (always returns 0)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--check", action="store_true", help="accepted; nothing is checked")
+    args = parser.parse_args(argv)
+    n, rounds = (300, 2) if args.quick else (1500, 7)
+    began = time.perf_counter()
+    print(f"layouts: one lifecycle per item, 3 commits, WAL + NORMAL ({n} items, {rounds} rounds)")
+    rates = measure(n, rounds)
+
+    def ratio(name: str, base: str) -> float:
+        return statistics.median(a / b for a, b in zip(rates[name], rates[base], strict=True))
+
+    print(f"  {'':<24} {'items/s':>9} {'/ litequeue':>12} {'/ ledger SQL':>13}")
+    for name in CONTENDERS:
+        print(
+            f"  {name:<24} {statistics.median(rates[name]):9.0f} "
+            f"{ratio(name, 'litequeue'):11.2f}x {ratio(name, 'ledger SQL'):12.2f}x"
+        )
+    print(f"took {time.perf_counter() - began:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
