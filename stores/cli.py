@@ -118,11 +118,13 @@ def _schema_and_journal(conn: sqlite3.Connection, path: str) -> list[Check]:
             details,
             fatal=True,
         )
-    elif version == 0:
-        what = "an older layout: opening it upgrades it" if has_tables else "an empty database"
-        schema = Check("schema version", CheckStatus.INFO, f"0 ({what})", details)
-    else:  # pragma: no cover - no released layout between 0 and the current one yet
-        schema = Check("schema version", CheckStatus.PROBLEM, f"{version}: unknown", details)
+    elif version > 0 or has_tables:
+        # Every older layout (1 to the current one, and the unversioned one) is upgraded in
+        # place, its history kept, when a store opens the file.
+        what = "an older layout: opening it upgrades it"
+        schema = Check("schema version", CheckStatus.INFO, f"{version} ({what})", details)
+    else:
+        schema = Check("schema version", CheckStatus.INFO, "0 (an empty database)", details)
     if mode == "wal":
         journal = Check("journal mode", CheckStatus.OK, "wal", {"mode": mode})
     else:

@@ -161,6 +161,23 @@ def test_a_newer_schema_is_a_problem_and_is_left_alone(tmp_path: Path) -> None:
     conn.close()
 
 
+def test_an_older_layout_is_reported_as_upgraded_when_opened(tmp_path: Path) -> None:
+    """A file of an older layout version (here 3): exit 0, the version read before anything
+    opened the file shown as one that opening it upgrades -- and the ledger checks that follow
+    open it, so the file is at the current version afterwards."""
+    path = tmp_path / "bot.db"
+    _ledger_file(path)
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA user_version = 3")
+    conn.close()
+    result = run("doctor", store=url(path))
+    assert result.returncode == 0, result.stdout
+    assert "3 (an older layout: opening it upgrades it)" in result.stdout
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    conn.close()
+
+
 @pytest.mark.parametrize(
     ("name", "content", "message"),
     [
