@@ -2,7 +2,8 @@
 raw, then the same with one cost taken away, against litequeue, finely interleaved.
 
 Each item is one lifecycle (create -> claim -> settle), three commits, at WAL + synchronous
-NORMAL, as in ``bench_peers.py --only normal``.  The contenders:
+NORMAL, as in ``bench_peers.py --only normal`` (``--synchronous FULL``: every contender at FULL,
+litequeue's connection set to it after its constructor sets NORMAL).  The contenders:
 
 * ``Ledger``: the real thing, ``Ledger(SQLiteStore(path))``.
 * ``ledger SQL``: the very statements the ledger executes (their text from the store's SQL
@@ -62,7 +63,7 @@ _K = OBLIGATION_KIND
 class _Raw:
     """The ledger's statements on a file the store made, run with plain sqlite3."""
 
-    def __init__(self, path: str, variant: str) -> None:
+    def __init__(self, path: str, variant: str, synchronous: str) -> None:
         store = SQLiteStore(path)
         ledger = Ledger(store)
         me = ledger.incarnation
@@ -70,7 +71,7 @@ class _Raw:
         self.owner = (me.host, me.pid, me.started_at, me.token)
         store.close()
         self.conn = sqlite3.connect(path, isolation_level=None, cached_statements=256)
-        self.conn.execute("PRAGMA synchronous = NORMAL")
+        self.conn.execute(f"PRAGMA synchronous = {synchronous}")
         names = [
             r[0]
             for r in self.conn.execute(
@@ -157,8 +158,8 @@ class _Raw:
 
 
 class _Ledger:
-    def __init__(self, path: str) -> None:
-        self.store = SQLiteStore(path)
+    def __init__(self, path: str, synchronous: str) -> None:
+        self.store = SQLiteStore(path, synchronous="FULL" if synchronous == "FULL" else "NORMAL")
         self.ledger = Ledger(self.store)
 
     def run(self, first: int, n: int) -> None:
@@ -173,8 +174,9 @@ class _Ledger:
 
 
 class _LiteQueue:
-    def __init__(self, path: str) -> None:
-        self.queue = litequeue.LiteQueue(path)
+    def __init__(self, path: str, synchronous: str) -> None:
+        self.queue = litequeue.LiteQueue(path)  # sets NORMAL itself
+        self.queue.conn.execute(f"PRAGMA synchronous = {synchronous}")
 
     def run(self, first: int, n: int) -> None:
         queue = self.queue
@@ -187,25 +189,25 @@ class _LiteQueue:
         self.queue.conn.close()
 
 
-CONTENDERS: dict[str, Callable[[str], Any]] = {
+CONTENDERS: dict[str, Callable[[str, str], Any]] = {
     "Ledger": _Ledger,
-    "ledger SQL": lambda path: _Raw(path, "as is"),
-    "- settled-row index": lambda path: _Raw(path, "nosettled"),
-    "- RETURNING but fence": lambda path: _Raw(path, "fence"),
-    "- RETURNING": lambda path: _Raw(path, "noreturn"),
-    "- secondary indexes": lambda path: _Raw(path, "noindex"),
+    "ledger SQL": lambda path, sync: _Raw(path, "as is", sync),
+    "- settled-row index": lambda path, sync: _Raw(path, "nosettled", sync),
+    "- RETURNING but fence": lambda path, sync: _Raw(path, "fence", sync),
+    "- RETURNING": lambda path, sync: _Raw(path, "noreturn", sync),
+    "- secondary indexes": lambda path, sync: _Raw(path, "noindex", sync),
     "litequeue": _LiteQueue,
 }
 
 
-def measure(n: int, rounds: int) -> dict[str, list[float]]:
+def measure(n: int, rounds: int, synchronous: str) -> dict[str, list[float]]:
     """Items/s of every contender in every round."""
     rates: dict[str, list[float]] = {name: [] for name in CONTENDERS}
     for r in range(rounds):
         tmp = tempfile.mkdtemp(prefix="statecore-layouts-")
         try:
             made = {
-                name: make(os.path.join(tmp, f"{i}.db"))
+                name: make(os.path.join(tmp, f"{i}.db"), synchronous)
                 for i, (name, make) in enumerate(CONTENDERS.items())
             }
             for contender in made.values():
@@ -231,11 +233,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--check", action="store_true", help="accepted; nothing is checked")
+    parser.add_argument(
+        "--synchronous",
+        choices=("NORMAL", "FULL"),
+        default="NORMAL",
+        help="every contender's durability (FULL: 600 items, 3 rounds: each commit waits)",
+    )
     args = parser.parse_args(argv)
-    n, rounds = (300, 2) if args.quick else (1500, 7)
+    full = args.synchronous == "FULL"
+    n, rounds = (300, 2) if args.quick else (600, 3) if full else (1500, 7)
     began = time.perf_counter()
-    print(f"layouts: one lifecycle per item, 3 commits, WAL + NORMAL ({n} items, {rounds} rounds)")
-    rates = measure(n, rounds)
+    print(
+        f"layouts: one lifecycle per item, 3 commits, WAL + {args.synchronous} "
+        f"({n} items, {rounds} rounds)"
+    )
+    rates = measure(n, rounds, args.synchronous)
 
     def ratio(name: str, base: str) -> float:
         return statistics.median(a / b for a, b in zip(rates[name], rates[base], strict=True))
