@@ -38,21 +38,13 @@ from collections.abc import Callable
 from typing import Any
 
 import litequeue  # type: ignore[import-untyped]
+from bench_peers import PAYLOAD
 
 import stores._sqlite_sql as sql
 from statecore import OBLIGATION_KIND, Audit, Ledger, ObligationState
 from statecore.store import plan_transition
 from stores import SQLiteStore
 from stores._sqlite_shortcuts import audit_values
-
-PAYLOAD: dict[str, str] = {
-    "session_key": "agent:main:slack:channel:C1",
-    "platform": "slack",
-    "chat_id": "C1",
-    "thread_id": "171.001",
-    "content": "x" * 100,
-}
-"""What every item carries (as in bench_peers.py)."""
 
 TURN = 50
 """Items per turn of one contender."""

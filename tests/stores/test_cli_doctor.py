@@ -145,20 +145,27 @@ def test_a_journal_mode_other_than_wal_is_a_problem(tmp_path: Path) -> None:
     assert '"mode": "delete"' in data.stdout
 
 
+def _user_version(path: Path, version: int | None = None) -> int:
+    """The file's layout version, set to ``version`` first when given."""
+    conn = sqlite3.connect(path)
+    try:
+        if version is not None:
+            conn.execute(f"PRAGMA user_version = {version}")
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        conn.close()
+
+
 def test_a_newer_schema_is_a_problem_and_is_left_alone(tmp_path: Path) -> None:
     """A file of a newer layout: exit 1 saying to upgrade; its version is not touched."""
     path = tmp_path / "bot.db"
     _ledger_file(path)
-    conn = sqlite3.connect(path)
-    conn.execute("PRAGMA user_version = 99")
-    conn.close()
+    _user_version(path, 99)
     result = run("doctor", store=url(path))
     assert result.returncode == 1
     wanted = f"99 is newer than this statecore understands ({SCHEMA_VERSION}): upgrade statecore"
     assert wanted in result.stdout
-    conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 99
-    conn.close()
+    assert _user_version(path) == 99
 
 
 def test_an_older_layout_is_reported_as_upgraded_when_opened(tmp_path: Path) -> None:
@@ -167,15 +174,11 @@ def test_an_older_layout_is_reported_as_upgraded_when_opened(tmp_path: Path) -> 
     open it, so the file is at the current version afterwards."""
     path = tmp_path / "bot.db"
     _ledger_file(path)
-    conn = sqlite3.connect(path)
-    conn.execute("PRAGMA user_version = 3")
-    conn.close()
+    _user_version(path, 3)
     result = run("doctor", store=url(path))
     assert result.returncode == 0, result.stdout
     assert "3 (an older layout: opening it upgrades it)" in result.stdout
-    conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    conn.close()
+    assert _user_version(path) == SCHEMA_VERSION
 
 
 @pytest.mark.parametrize(
