@@ -318,6 +318,9 @@ async def test_a_reply_whose_attempt_mark_never_got_through_is_sent_plain_by_the
     faulty.lock.unlock()
     faulty.clock.advance(RETRY_EVERY)
     await eventually(lambda: row(faulty.store, oid).state is _O.DELIVERED, "the stuck resend")
+    # The row is delivered when the writer commits; the resend is counted when its sender
+    # resumes, a turn of the loop later.
+    await eventually(lambda: gateway.redelivered == 1, "the resend counted")
 
     assert adapter.contents == [ANSWER]
     assert events(faulty.store, oid) == ["record", "claim", "deliver"]
@@ -352,6 +355,9 @@ async def test_a_sent_reply_whose_delivered_mark_never_got_through_is_resent_lab
     faulty.lock.unlock()
     faulty.clock.advance(RETRY_EVERY)
     await eventually(lambda: row(faulty.store, oid).state is _O.DELIVERED, "the stuck resend")
+    # The row is delivered when the writer commits; the resend is counted when its sender
+    # resumes, a turn of the loop later.
+    await eventually(lambda: gateway.redelivered == 1, "the resend counted")
 
     first, resent = adapter.contents
     assert first == ANSWER
