@@ -12,6 +12,8 @@ litequeue's connection set to it after its constructor sets NORMAL).  The conten
 * ``- settled-row index``: the same, on a file without the index pruning reads.
 * ``- RETURNING but fence``: the same statements returning only the new fence.
 * ``- RETURNING``: the moves return nothing (the row count tells whether the guard held).
+* ``- RETURNING, row guarded``: the same, each move also comparing every column it leaves
+  (what a writer would need to prove the row it kept from its last write is the current one).
 * ``- secondary indexes``: no index besides the primary key (the sweeps and pruning would scan).
 * ``litequeue``: put -> pop -> done.
 
@@ -49,6 +51,14 @@ from stores._sqlite_shortcuts import audit_values
 TURN = 50
 """Items per turn of one contender."""
 
+_GUARDED = (
+    "session_key", "platform", "chat_id", "thread_id", "reply_to", "content", "attempts",
+    "created_at", "owner_host", "owner_pid", "owner_started_at", "lease_expires_at",
+    "last_error", "error_kind", "next_attempt_at", "adapter_profile",
+)  # fmt: skip
+"""The columns a move leaves as they were (all but ``updated_at``, which it sets, and the owner
+token, which it compares already), compared by ``- RETURNING, row guarded``."""
+
 _K = OBLIGATION_KIND
 
 
@@ -73,6 +83,9 @@ class _Raw:
         for name in names:
             if variant == "noindex" or (variant == "nosettled" and "in_abandoned" in name):
                 self.conn.execute(f"DROP INDEX {name}")
+        left = tuple(f.name for f in _K.fields if f.name not in ("updated_at", "owner_token"))
+        if left != _GUARDED:
+            raise AssertionError("the obligation's fields changed: update this benchmark")
         self.insert = sql.insert_sql(_K)
         self.members = sql.member_values(_K, ObligationState.PENDING)
         self.moves: list[tuple[str, str, int]] = []
@@ -95,8 +108,11 @@ class _Raw:
                 text = head + " RETURNING fence"
             elif variant == "noreturn":
                 text = head
+            elif variant == "guarded":
+                text = head + "".join(f" AND {name} IS ?" for name in _GUARDED)
             self.moves.append((text, event, fence))
-        self.returns = variant != "noreturn"
+        self.returns = variant not in ("noreturn", "guarded")
+        self.guarded = variant == "guarded"
 
     def run(self, first: int, n: int) -> None:
         conn, label, members = self.conn, self.label, self.members
@@ -137,9 +153,16 @@ class _Raw:
                 ),
             )
             for text, event, fence in self.moves:
+                params: tuple[Any, ...] = (now, event, now, label, 0, None, oid, fence, token)
+                if self.guarded:  # every column the move leaves, in _GUARDED's order
+                    params += (
+                        PAYLOAD["session_key"], "slack", "C1", "171.001", None,
+                        PAYLOAD["content"], 0, now, host, pid, started, now + 300.0,
+                        None, None, None, "default",
+                    )  # fmt: skip
                 # A statement still open (a RETURNING not read to its end) would keep its
                 # transaction open: each is read, then its cursor dropped, as the store does.
-                cursor = conn.execute(text, (now, event, now, label, 0, None, oid, fence, token))
+                cursor = conn.execute(text, params)
                 missed = cursor.fetchone() is None if self.returns else cursor.rowcount != 1
                 del cursor
                 if missed:
@@ -187,6 +210,7 @@ CONTENDERS: dict[str, Callable[[str, str], Any]] = {
     "- settled-row index": lambda path, sync: _Raw(path, "nosettled", sync),
     "- RETURNING but fence": lambda path, sync: _Raw(path, "fence", sync),
     "- RETURNING": lambda path, sync: _Raw(path, "noreturn", sync),
+    "- RETURNING, row guarded": lambda path, sync: _Raw(path, "guarded", sync),
     "- secondary indexes": lambda path, sync: _Raw(path, "noindex", sync),
     "litequeue": _LiteQueue,
 }

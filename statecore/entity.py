@@ -47,8 +47,13 @@ class Field:
 
     def checked(self, value: object, kind: str) -> object:
         """:meth:`check`, skipped for the common value that plainly fits: exactly this field's
-        type and, for text, ASCII (non-ASCII text is still checked: it must be encodable)."""
-        if type(value) is self.type and not (isinstance(value, str) and not value.isascii()):
+        type and, for text, ASCII (non-ASCII text is still checked: it must be encodable), for
+        a number, equal to itself (NaN is still checked: it is refused)."""
+        if (
+            type(value) is self.type
+            and value == value  # noqa: PLR0124 - False for NaN only
+            and not (isinstance(value, str) and not value.isascii())
+        ):
             return value
         return self.check(value, kind)
 
@@ -67,6 +72,8 @@ class Field:
             raise TypeError(
                 f"{kind}.{self.name} must be {expected.__name__}, not {type(value).__name__}"
             )
+        if value != value:  # noqa: PLR0124 - NaN: SQLite would store NULL, other stores NaN
+            raise ValueError(f"{kind}.{self.name} must be a number, not NaN")
         if isinstance(value, str) and not value.isascii():
             _check_utf8(kind, self.name, value)
         return value
@@ -77,17 +84,21 @@ def _creation_check(
 ) -> Callable[[Mapping[str, object]], dict[str, object]]:
     """``EntityKind.new_values``' checks of ``fields`` (their names known to be identifiers),
     generated straight-line: each value -- or its default -- that plainly fits (exactly the
-    field's type, text ASCII; None where the field allows it) is taken as it is, and any other
-    goes through :meth:`Field.check`, which converts it or raises naming the field.  Generated
-    because it runs for every field of every creation, and a loop over the fields costs more
-    than the checks (as for :func:`~statecore.trusted.trusted_constructor`)."""
+    field's type, text ASCII, a float not NaN; None where the field allows it) is taken as it
+    is, and any other goes through :meth:`Field.check`, which converts it or raises naming the
+    field.  Generated because it runs for every field of every creation, and a loop over the
+    fields costs more than the checks (as for :func:`~statecore.trusted.trusted_constructor`)."""
     namespace: dict[str, Any] = {"kind": kind}
     lines = ["def check(values):", "    get = values.get"]
     for i, f in enumerate(fields):
         namespace[f"field_{i}"] = f
         namespace[f"default_{i}"] = f.default
         namespace[f"type_{i}"] = f.type
-        odd = f"type(v{i}) is not type_{i}" + (f" or not v{i}.isascii()" if f.type is str else "")
+        odd = f"type(v{i}) is not type_{i}"
+        if f.type is str:
+            odd += f" or not v{i}.isascii()"
+        elif f.type is float:
+            odd += f" or v{i} != v{i}"  # NaN
         lines.append(f"    v{i} = get({f.name!r}, default_{i})")
         if f.nullable:
             lines.append(f"    if v{i} is not None and ({odd}):")

@@ -171,9 +171,14 @@ def _where_shape(where: Where) -> tuple[tuple[str, str, bool, int], ...]:
 
 
 def _plain(values: Mapping[str, object], types: tuple[type, ...], out: list[Any]) -> bool:
-    """Append ``values`` to ``out`` if each has exactly its expected type (text: ASCII)."""
+    """Append ``values`` to ``out`` if each has exactly its expected type (text: ASCII; a
+    number: equal to itself, so not NaN)."""
     for value, expected in zip(values.values(), types, strict=True):
-        if type(value) is not expected or (isinstance(value, str) and not value.isascii()):
+        if (
+            type(value) is not expected
+            or value != value  # noqa: PLR0124 - NaN
+            or (isinstance(value, str) and not value.isascii())
+        ):
             return False
         out.append(value)
     return True

@@ -114,6 +114,7 @@ class InsertContract(KitFixtures):
             ({"title": None}, ValueError),
             ({}, ValueError),
             ({"title": "t", "urgent": None}, ValueError),
+            ({"title": "t", "score": float("nan")}, ValueError),
             ({"title": "t", "nope": 1}, KeyError),
             ({"title": "t", "fence": 3}, KeyError),
             ({"title": "t", "state": "done"}, KeyError),
@@ -127,6 +128,7 @@ class InsertContract(KitFixtures):
             "none-non-nullable",
             "missing-required",
             "none-non-nullable-default",
+            "float-field-nan",
             "unknown-field",
             "managed-fence",
             "managed-state",
@@ -135,8 +137,8 @@ class InsertContract(KitFixtures):
     def test_insert_bad_values_are_refused_and_nothing_stored(
         self, db: Store, values: dict[str, object], error: type[Exception]
     ) -> None:
-        """A value of the wrong type, None where not nullable or an unknown field is refused
-        and nothing is stored."""
+        """A value of the wrong type, None where not nullable, NaN (which one store would keep
+        and another turn into NULL) or an unknown field is refused and nothing is stored."""
         file_ticket(db, "keep")
         with pytest.raises(error):
             db.insert(TICKET_KIND, "t1", values, event="file", audit=AUDIT)

@@ -252,7 +252,7 @@ class TransitionContract(KitFixtures):
 
     def test_a_shape_that_succeeded_still_checks_every_later_value(self, db: Store) -> None:
         """A store may plan a transition shape once and reuse it; every later call of that shape
-        is still checked in full: wrong types and unencodable text are refused, values of a
+        is still checked in full: wrong types, NaN and unencodable text are refused, values of a
         convertible type are converted, and a refused call writes nothing."""
         file_ticket(db, "t1")
         shape: dict[str, Any] = {"fence": 0, "expect": {"queue": "general"}}
@@ -265,6 +265,7 @@ class TransitionContract(KitFixtures):
             ({"priority": 5, "assignee": 7, "score": 1.5}, TypeError),
             ({"priority": 5, "assignee": "\ud800", "score": 1.5}, ValueError),
             ({"priority": 5, "assignee": "a", "score": "1.5"}, TypeError),
+            ({"priority": 5, "assignee": "a", "score": float("nan")}, ValueError),
         ]
         for changes, error in refused:
             with pytest.raises(error):
