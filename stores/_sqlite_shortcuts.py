@@ -96,6 +96,20 @@ class CompiledKind:
         self.fast: dict[tuple[Any, ...], FastUpdate] = {}
         self.values = _values_decoder(kind)
 
+    def insert_params(
+        self, entity_id: str, state: Enum, checked: Mapping[str, object], event: str, audit: Audit
+    ) -> list[Any]:
+        """The bound values of :attr:`insert_sql` (one row of ``insert_rows_sql``): a creation
+        in ``state`` with its ``checked`` values, audited as ``event``."""
+        return [
+            entity_id,
+            state.value,
+            0,
+            *self.column_values(checked),
+            *audit_values(event, audit),
+            *self.members[state],
+        ]
+
     def update_sql(self, plan: TransitionPlan[Any]) -> str:
         """:func:`~stores._sqlite_sql.update_sql` for the plan's shape (built once per shape)."""
         shape = (plan.event, plan.fence is not None, tuple(plan.changes), _where_shape(plan.expect))

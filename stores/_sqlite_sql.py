@@ -353,7 +353,7 @@ def insert_sql(kind: EntityKind[Any]) -> str:
     table's last, and its trigger appends the entry (see :func:`audit_trigger_sql`)."""
     return (
         f"INSERT INTO {kind.table} ({_insert_cols(kind)}) "
-        f"VALUES ({_insert_row(kind, _next_seq_value(1))}) "
+        f"VALUES ({_insert_row(kind, _seq_after_last(1))}) "
         f"ON CONFLICT({kind.id_field}) DO NOTHING"
     )
 
@@ -362,7 +362,7 @@ def insert_rows_sql(kind: EntityKind[Any], count: int) -> str:
     """Creates ``count`` entities, skipping ids that exist, and returns the ids created (each
     row bound as :func:`insert_sql` binds one; the n-th names the seq n after the audit
     table's last)."""
-    rows = ", ".join(f"({_insert_row(kind, _next_seq_value(n))})" for n in range(1, count + 1))
+    rows = ", ".join(f"({_insert_row(kind, _seq_after_last(n))})" for n in range(1, count + 1))
     return (
         f"INSERT INTO {kind.table} ({_insert_cols(kind)}) VALUES {rows} "
         f"ON CONFLICT({kind.id_field}) DO NOTHING RETURNING {kind.id_field}"
@@ -385,11 +385,13 @@ def _insert_row(kind: EntityKind[Any], head: str) -> str:
     return ", ".join(["?"] * bound + [head] + ["?"] * len(member_columns(kind)))
 
 
-def _next_seq_value(offset: int) -> str:
-    """The seq ``offset`` after the audit table's last.  A subquery without outer references
-    runs once per statement, so the rows of one statement name distinct seqs; and should it
-    run once per row, each row would still name a seq after every entry written before it."""
-    return f"(SELECT IFNULL(MAX(seq), 0) + {offset} FROM {AUDIT_TABLE})"
+def _seq_after_last(offset: int | str) -> str:
+    """The audit seq ``offset`` after the table's last (what SQLite itself would pick next, for
+    1; one writer at a time): a row's ``audit_head`` names its entry's seq before the trigger
+    writes it.  The rows of one statement each have their own offset: whether the subquery runs
+    once per statement or once per row (after the entries of the rows before), they name
+    distinct seqs, each after every entry written before it."""
+    return f"(SELECT IFNULL(MAX(seq), 0) FROM {AUDIT_TABLE}) + {offset}"
 
 
 def update_sql(plan: TransitionPlan[Any]) -> str:
@@ -476,10 +478,9 @@ def bulk_update_sql(kind: EntityKind[Any], shape: BulkShape, rows: int) -> str:
     for name in compared:
         conditions.append(f"{name} IS v.column{column}")
         column += 1
-    # Each row's audit entry gets the next seq after the table's last plus the row's ordinal,
-    # inlined as the last column: the subquery runs once per statement, so the seqs are
-    # distinct, and the trigger need not write the row again (see audit_trigger_sql).
-    sets.append(f"audit_head = (SELECT IFNULL(MAX(seq), 0) FROM {AUDIT_TABLE}) + v.column{column}")
+    # Each row's audit entry gets the seq its ordinal (inlined as the last column) after the
+    # table's last, so the trigger need not write the row again (see audit_trigger_sql).
+    sets.append(f"audit_head = {_seq_after_last(f'v.column{column}')}")
     bound = ", ".join("?" * (column - 1))
     values = ", ".join(f"({bound}, {n})" for n in range(1, rows + 1))
     return (
@@ -528,7 +529,7 @@ def _guarded_update(
     sets = [_set_state(plan.targets), *_set_members(kind, plan.targets)]
     sets += ["fence = fence + 1", "prev_state = state"]
     if head:  # one row: it names its audit entry's seq (see audit_trigger_sql)
-        sets.append(_next_seq(kind))
+        sets.append(f"audit_head = {_seq_after_last(1)}")
     sets += [f"{name} = ?" for name in plan.changes]
     sets += [f"{name} = {name} + ?" for name in increments]
     sets += [f"{name} = ?" for name in AUDIT_COLUMNS]  # read by the audit trigger
@@ -556,13 +557,6 @@ def _set_state(moves: Mapping[Enum, Enum]) -> str:
         for s, t in sorted(moves.items(), key=lambda move: str(move[0].value))
     )
     return f"state = CASE state {cases} END"
-
-
-def _next_seq(kind: EntityKind[Any]) -> str:
-    """A single-row move's ``audit_head``: the seq its audit entry will have, the next after
-    the audit table's last (what SQLite itself would pick; one writer at a time).  Only for a
-    statement that moves one row: evaluated once per statement."""
-    return f"audit_head = {_next_seq_value(1)}"
 
 
 def _set_members(kind: EntityKind[Any], moves: Mapping[Enum, Enum]) -> list[str]:

@@ -289,14 +289,7 @@ class SQLiteStore(ClosesOnExit):
         ``INSERT``, its audit entry written by the table's trigger in the same statement."""
         c = self._compiled(kind)
         state, checked = plan_creation(kind, entity_id, event, values)
-        params = [
-            entity_id,
-            state.value,
-            0,
-            *c.column_values(checked),
-            *audit_values(event, audit),
-            *c.members[state],
-        ]
+        params = c.insert_params(entity_id, state, checked, event, audit)
         with Statement(self._db, "insert"):
             conn = self._db.conn()
             if conn.execute(c.insert_sql, params).rowcount == 0:  # the id exists: untouched
@@ -462,14 +455,9 @@ class SQLiteStore(ClosesOnExit):
             except REFUSALS as exc:
                 outcomes[i] = exc
                 continue
-            params = [
-                creation.entity_id,
-                state.value,
-                0,
-                *c.column_values(checked),
-                *audit_values(creation.event, creation.audit),
-                *c.members[state],
-            ]
+            params = c.insert_params(
+                creation.entity_id, state, checked, creation.event, creation.audit
+            )
             ready.append((i, creation, state, checked, params))
         with Txn(self._db, "insert_each", savepoint=False):
             conn = self._db.conn()
