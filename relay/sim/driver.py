@@ -22,25 +22,20 @@ from typing import Any
 from relay.connector.platform import Intake, LoopbackPlatform, target_chat
 from relay.sim.lives import PROCESS, Life
 from relay.sim.loop import SimLoop
-from relay.sim.platform import PLATFORM, Performed, PlatformState, Written, tenant_of
+from relay.sim.platform import PLATFORM, Performed, PlatformState, Written
 from relay.wire.descriptor import CapabilityDescriptor
 from relay.wire.frames import InboundEvent, OutboundOutcome
 
-__all__ = ["WEBHOOK_TIMEOUT_S", "SimDriver", "answered_chat"]
+__all__ = ["WEBHOOK_TIMEOUT_S", "SimDriver"]
 
 WEBHOOK_TIMEOUT_S = 5.0
 """How long the webhook waits for the connector to take a message before trying again."""
 
 
-def answered_chat(text: str) -> str | None:
-    """The chat of the message a reply answers (replies quote it: ``... in <chat>``)."""
-    head, sep, chat = text.rpartition(" in ")
-    return chat if sep and head else None
-
-
 class SimDriver(PlatformState):
     """See the module docs.  ``SimDriver(loop, rng, log, life)``: ``life`` is the platform's
-    own (never killed); ``log`` records a step of the world's trace."""
+    own (never killed); ``log`` records a step of the world's trace.  The world tells
+    :attr:`asked` which gateway asked for each send, as the gateway's transport asks for it."""
 
     platform = PLATFORM
 
@@ -54,6 +49,8 @@ class SimDriver(PlatformState):
         self._intake: Intake | None = None
         self._intake_context: contextvars.Context | None = None
         self._n = 0
+        self.asked: dict[tuple[str, str], set[str]] = {}
+        """(chat, text) -> the gateways whose transport asked for that send."""
 
     # -- the PlatformDriver protocol -------------------------------------------------------------
 
@@ -85,9 +82,8 @@ class SimDriver(PlatformState):
             self.refuse_next -= 1
             self.log(f"platform refuses a send in {chat}")
             return OutboundOutcome(False, None, "platform busy", "platform_busy")
-        # The gateway that wrote it is the one that handled the message it answers.
-        source = answered_chat(text)
-        writer = f"gw-{tenant_of(source)}" if source else "?"
+        # The gateway that asked for it; several (or none) name no gateway of the world.
+        writer = "+".join(sorted(self.asked.get((chat, text), ()))) or "(nobody)"
         self.performed.append(Performed(chat, text, writer, self.loop.time()))
         self.log(f"platform shows in {chat}: {text!r}")
         return OutboundOutcome(True, f"p{len(self.performed)}")

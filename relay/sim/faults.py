@@ -37,7 +37,8 @@ REAL_KINDS = (*KINDS, "half_open")
 
 @attrs.frozen
 class Fault:
-    """One fault: when, what, on which part, and its size (seconds, writes, messages)."""
+    """One fault: when, what, on which part, and its size (seconds, writes, messages; 0 for
+    ``half_open``, which has none)."""
 
     at: float
     kind: str
@@ -67,7 +68,8 @@ def schedule(
         elif kind == "crash_connector":
             fault = Fault(at, kind, "connector", rng.uniform(0.1, 4.0))
         elif kind in ("drop_connection", "partition", "half_open"):
-            fault = Fault(at, kind, gateway, rng.uniform(0.5, 8.0))
+            size = rng.uniform(0.5, 8.0)  # drawn for each: every later draw stays the seed's
+            fault = Fault(at, kind, gateway, 0.0 if kind == "half_open" else size)
         elif kind == "delay_spike":
             fault = Fault(at, kind, "network", rng.uniform(1.0, 5.0))
         elif kind == "clock_jump":  # one process's wall clock; the monotonic clock is steady

@@ -30,7 +30,7 @@ from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from relay.sim.lives import PROCESS, Life
 from relay.sim.sockets import SimNetwork
-from relay.sim.world import EPOCH
+from relay.sim.world import EPOCH, ProcessClock, SimClock
 
 __all__ = ["EPOCH", "PROCESS", "Deadlock", "Life", "LoopClock", "SimLoop", "collect_quietly"]
 
@@ -104,12 +104,11 @@ class SimLoop(asyncio.BaseEventLoop):
         context.run(PROCESS.set, life)
         return self.create_task(main(), name=str(life), context=context)
 
-    def kill(self, life: Life, *, silently: bool = False) -> None:
+    def kill(self, life: Life) -> None:
         """SIGKILL ``life``: none of its callbacks runs again, its listeners go and its sockets
-        vanish -- reset at the peer, or with ``silently`` never heard of (a host that fell off
-        the network)."""
+        vanish (each peer reset)."""
         self.dead.add(life)
-        self.net.vanish(life, silently=silently)
+        self.net.vanish(life)
 
     def create_task(self, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
         task = super().create_task(coro, **kwargs)
@@ -228,22 +227,29 @@ def collect_quietly() -> None:
         sys.unraisablehook = hook
 
 
-class LoopClock:
-    """The project's clock seam for one simulated process: the loop's virtual time as its
-    monotonic clock (steady), and a wall clock with the process's own ``offset`` (a host whose
-    clock jumped); ``sleep`` waits on the loop."""
+class _LoopTime(SimClock):
+    """The world's clocks read off the loop: its virtual time is the monotonic clock."""
 
     def __init__(self, loop: SimLoop) -> None:
+        super().__init__()
         self.loop = loop
-        self.offset = 0.0
 
     def now(self) -> float:
-        """This process's wall clock."""
-        return EPOCH + self.loop.time() + self.offset
+        """The wall clock (seconds since the epoch)."""
+        return self.loop.time() + self.wall_offset
 
     def monotonic(self) -> float:
-        """The monotonic clock (never jumps)."""
+        """The loop's virtual time."""
         return self.loop.time()
+
+
+class LoopClock(ProcessClock):
+    """The project's clock seam for one simulated process: a
+    :class:`~relay.sim.world.ProcessClock` on the loop's virtual time (a wall clock with the
+    process's own ``offset``), whose ``sleep`` waits on the loop."""
+
+    def __init__(self, loop: SimLoop) -> None:
+        super().__init__(_LoopTime(loop))
 
     async def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` of virtual time (negative or NaN: zero)."""

@@ -18,12 +18,18 @@ __all__ = [
     "PlatformState",
     "SimPlatform",
     "Written",
+    "gateway_tenants",
     "tenant_of",
 ]
 
 PLATFORM = "sim"
 TENANTS = ("acme", "globex")
 CHATS_PER_TENANT = 2
+
+
+def gateway_tenants() -> dict[str, str]:
+    """Each gateway of a world (``gw-<tenant>``) and the one tenant it serves."""
+    return {f"gw-{t}": t for t in TENANTS}
 
 
 def tenant_of(chat_id: str) -> str:

@@ -11,7 +11,9 @@ processes, failing writes on demand), the hosts' clocks (jumping wall clocks) an
 (rotating secrets, restarting what crashed).  The checks are the model worlds' own
 (:func:`relay.sim.invariants.check_world`), plus: no gateway handled a message of another
 tenant, no buffered entry was acked before its handler returned, and the loop saw no
-unexpected error in a living process.
+unexpected error in a living process.  Which gateway asked for each send is what its
+transport asked for; the protocol errors counted are the invalid frames the runtime's readers
+logged.
 
 :func:`run_real_seed` is all a caller needs; ``python -m relay.sim --real`` runs many.
 """
@@ -22,15 +24,16 @@ import asyncio
 import contextlib
 import logging
 import random
-import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from relay.client.adapter import RelayAdapter
 from relay.client.dedupe import StoreBufferDedupe
+from relay.client.requests import RequestResult
 from relay.client.transport import WebSocketRelayTransport
 from relay.connector.buffer import BUFFER_KIND
+from relay.connector.platform import target_chat
 from relay.connector.server import Connector
 from relay.sim.driver import SimDriver
 from relay.sim.faults import REAL_KINDS, Fault, FlakyStore, schedule
@@ -38,14 +41,14 @@ from relay.sim.gateway import HOST, POLICY, SimProbe
 from relay.sim.invariants import Verdict, check_world
 from relay.sim.lives import PROCESS, Life
 from relay.sim.loop import LoopClock, SimLoop, collect_quietly
-from relay.sim.platform import PLATFORM, TENANTS
-from relay.sim.run import QUIET_LIMIT_S, WRITING_S, Outcome, quiet
+from relay.sim.platform import PLATFORM, gateway_tenants
+from relay.sim.run import QUIET_LIMIT_S, WRITING_S, Outcome, disks, quiet, store_kind
 from relay.wire.codec import decode_event
 from statecore.entity import EntityKind
 from statecore.gateway import Gateway, Turn
 from statecore.ownership import Incarnation
 from statecore.store import Store
-from stores import InMemoryStore, SQLiteStore
+from stores import SQLiteStore
 
 __all__ = ["run_real_seed"]
 
@@ -53,17 +56,41 @@ CONNECTOR_HOST = "127.0.0.1"
 """Where the connector listens on the simulated network (one address space for the world)."""
 PORT = 7000
 URL = f"ws://{CONNECTOR_HOST}:{PORT}"
+_INVALID_FRAME = "sent an invalid frame"
+"""What the runtime's readers (the connector's and the gateways') log for each invalid frame
+they read (a rate limit may fold several into one line)."""
+
+
+class _TellingTransport(WebSocketRelayTransport):
+    """The real transport, telling ``asking(action)`` of each send before it asks for it."""
+
+    def __init__(
+        self, *args: Any, asking: Callable[[Mapping[str, Any]], None], **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._asking = asking
+
+    async def request(self, action: Mapping[str, Any], **kwargs: Any) -> RequestResult:
+        self._asking(action)
+        return await super().request(action, **kwargs)
 
 
 class _World:
-    """The parts of one world and the operator's hands on them."""
+    """The parts of one world and the operator's hands on them.  ``logged`` takes the
+    runtime's log lines: the world's trace."""
 
-    def __init__(self, seed: int, loop: SimLoop, rng: random.Random, stores: dict[str, Any]):
-        self.seed = seed
+    def __init__(
+        self,
+        loop: SimLoop,
+        rng: random.Random,
+        stores: dict[str, Any],
+        logged: _TraceHandler,
+    ) -> None:
         self.loop = loop
         self.rng = rng
-        self.trace: list[str] = []
-        self.gateway_ids = {f"gw-{t}": t for t in TENANTS}
+        self.logged = logged
+        self.trace = logged.lines
+        self.gateway_ids = gateway_tenants()
         self.secrets: dict[str, list[str]] = {g: [f"{g}-secret-0"] for g in self.gateway_ids}
         self.gateway_secret = {g: s[0] for g, s in self.secrets.items()}
         self.clocks = {name: LoopClock(loop) for name in ["connector", *self.gateway_ids]}
@@ -77,7 +104,6 @@ class _World:
         self.handled: set[tuple[str, str]] = set()  # (gateway, message id): handler returned
         self.misrouted: list[str] = []
         self.acked_unhandled: list[str] = []
-        self.kills = 0
 
     def log(self, what: str) -> None:
         """Record one step in the trace."""
@@ -151,7 +177,6 @@ class _World:
         life = self.lives[name]
         if life is None or life in self.loop.dead:
             return
-        self.kills += 1
         self.log(f"kill {life}")
         self.loop.kill(life)
         self.probe.alive.pop(life.n, None)
@@ -175,7 +200,7 @@ class _World:
     async def _gateway_main(self, gateway_id: str, life: Life) -> None:
         store = self.store(gateway_id)
         clock = self.clocks[gateway_id]
-        transport = WebSocketRelayTransport(
+        transport = _TellingTransport(
             URL,
             PLATFORM,
             "bot",
@@ -188,6 +213,7 @@ class _World:
             reconnect_backoff_s=0.2,
             reconnect_max_s=4.0,
             request_timeout_s=6.0,
+            asking=lambda action: self._asked(gateway_id, action),
         )
         gateway = Gateway(
             store,
@@ -216,6 +242,12 @@ class _World:
         gateway.on_message(echo)
         await gateway.start()
         await asyncio.Event().wait()  # serve until killed
+
+    def _asked(self, gateway_id: str, action: Mapping[str, Any]) -> None:
+        """A gateway's transport asks for ``action``: the platform learns who asked for it."""
+        chat, content = target_chat(action), action.get("content")
+        if chat is not None and isinstance(content, str):
+            self.platform.asked.setdefault((chat, content), set()).add(gateway_id)
 
     # -- faults --------------------------------------------------------------------------------
 
@@ -308,26 +340,12 @@ class _World:
             gateway_tenants=self.gateway_ids,
             connector_store=inner["connector"],
             acked_unhandled=self.acked_unhandled,
-            protocol_errors=0,
+            protocol_errors=self.logged.invalid_frames,
         )
-        for line in self.misrouted:
-            verdict.expect(False, f"a message of another tenant: {line}")
-        verdict.expect(not self.misrouted, "messages reached only their tenant's gateway")
+        verdict.expect_none(self.misrouted, "a message of another tenant")
         errors = [e for e in self.loop.errors if "was destroyed but it is pending" not in e]
-        for error in errors:
-            verdict.expect(False, f"unexpected error in a living process: {error}")
-        verdict.expect(not errors, "no unexpected error")
+        verdict.expect_none(errors, "unexpected error in a living process")
         return verdict
-
-
-@contextlib.contextmanager
-def _disks(kind: str) -> Iterator[dict[str, Any]]:
-    names = ["connector", *(f"gw-{t}" for t in TENANTS)]
-    if kind == "memory":
-        yield {name: InMemoryStore() for name in names}
-        return
-    with tempfile.TemporaryDirectory(prefix="statecore-sim-real-") as tmp:
-        yield {name: Path(tmp) / f"{name}.db" for name in names}
 
 
 def run_real_seed(
@@ -336,20 +354,20 @@ def run_real_seed(
     """Run the world of ``seed`` with the real runtime (see the module docs); ``faults``
     replaces the seed's own schedule, which is still drawn."""
     rng = random.Random(seed)
-    store_kind = "sqlite" if seed % 4 == 0 else "memory"
+    kind = store_kind(seed)
     drawn = schedule(
         rng,
         seconds=WRITING_S,
-        gateways=[f"gw-{t}" for t in TENANTS],
+        gateways=list(gateway_tenants()),
         count=rng.randint(2, 12),
         kinds=REAL_KINDS,
     )
     chosen = list(drawn if faults is None else faults)
-    verdict, lines, steps, quiet_after = _simulate(seed, rng, store_kind, chosen)
+    verdict, lines, steps, quiet_after = _simulate(rng, kind, chosen)
     collect_quietly()  # the world is unreferenced now: every coroutine of it goes here
     return Outcome(
         seed,
-        store_kind,
+        kind,
         tuple(chosen),
         verdict,
         tuple(lines) if trace else (),
@@ -359,15 +377,14 @@ def run_real_seed(
 
 
 def _simulate(
-    seed: int, rng: random.Random, store_kind: str, faults: list[Fault]
+    rng: random.Random, kind: str, faults: list[Fault]
 ) -> tuple[Verdict, list[str], int, float]:
     """Build the world on its own loop, play it, check it: (verdict, trace, loop turns, quiet
     after).  Nothing of the world outlives this call but what it returns."""
     loop = SimLoop(random.Random(rng.random()))
     try:
-        with _disks(store_kind) as disks, _logs_into(loop) as logged:
-            world = _World(seed, loop, rng, disks)
-            world.trace = logged
+        with disks(kind) as found, _logs_into(loop) as logged:
+            world = _World(loop, rng, found, logged)
             verdict, lines, quiet_after = _run(world, faults)
     finally:
         loop.bury()
@@ -382,8 +399,12 @@ class _TraceHandler(logging.Handler):
         super().__init__(logging.INFO)
         self.loop = loop
         self.lines = lines
+        self.invalid_frames = 0
+        """Lines of the runtime's readers that report invalid frames they read."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        if _INVALID_FRAME in str(record.msg):
+            self.invalid_frames += 1
         life = PROCESS.get()
         self.lines.append(
             f"{self.loop.time():10.4f} [{life or 'world'}] {record.name}: {record.getMessage()}"
@@ -391,10 +412,9 @@ class _TraceHandler(logging.Handler):
 
 
 @contextlib.contextmanager
-def _logs_into(loop: SimLoop) -> Iterator[list[str]]:
+def _logs_into(loop: SimLoop) -> Iterator[_TraceHandler]:
     """While the world runs, the runtime's INFO lines go into its trace (and nowhere else)."""
-    lines: list[str] = []
-    handler = _TraceHandler(loop, lines)
+    handler = _TraceHandler(loop, [])
     saved = []
     for name in ("relay", "statecore", "stores"):
         logger = logging.getLogger(name)
@@ -403,7 +423,7 @@ def _logs_into(loop: SimLoop) -> Iterator[list[str]]:
         logger.propagate = False
         logger.addHandler(handler)
     try:
-        yield lines
+        yield handler
     finally:
         for logger, level, propagate in saved:
             logger.removeHandler(handler)
@@ -438,7 +458,6 @@ async def _play(world: _World, faults: list[Fault]) -> float:
     await asyncio.sleep(WRITING_S + 8.0)
     world.heal()
     began = loop.time()
-    stores = {name: flaky.inner for name, flaky in world.flaky.items()}
     while loop.time() - began < QUIET_LIMIT_S:
         await asyncio.sleep(2.0)
         stores = {name: flaky.inner for name, flaky in world.flaky.items()}

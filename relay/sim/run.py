@@ -16,12 +16,12 @@ from relay.sim.faults import Fault, FlakyStore, schedule
 from relay.sim.gateway import SimGateway, SimProbe
 from relay.sim.invariants import Verdict, check_world
 from relay.sim.net import Network
-from relay.sim.platform import TENANTS, PlatformState, SimPlatform
+from relay.sim.platform import PlatformState, SimPlatform, gateway_tenants
 from relay.sim.world import World
 from statecore.store import Store
 from stores import InMemoryStore, SQLiteStore
 
-__all__ = ["Outcome", "quiet", "run_seed", "shrink"]
+__all__ = ["Outcome", "disks", "quiet", "run_seed", "shrink", "store_kind"]
 
 WRITING_S = 20.0
 """How long users write (and faults land)."""
@@ -47,20 +47,38 @@ class Outcome:
         return not self.verdict.violations
 
 
+def store_kind(seed: int) -> str:
+    """The kind of store the world of ``seed`` runs on: ``sqlite`` (one seed in four) or
+    ``memory``."""
+    return "sqlite" if seed % 4 == 0 else "memory"
+
+
 @contextlib.contextmanager
-def _stores(kind: str) -> Iterator[dict[str, Store]]:
-    names = ["connector", *(f"gw-{t}" for t in TENANTS)]
+def disks(kind: str) -> Iterator[dict[str, InMemoryStore | Path]]:
+    """The disk of each process of a world (the connector and every gateway): a store in
+    memory, or (``sqlite``) the path of its database file, in a directory removed after."""
+    names = ["connector", *gateway_tenants()]
     if kind == "memory":
-        made: dict[str, Store] = {name: InMemoryStore() for name in names}
-        yield made
+        yield {name: InMemoryStore() for name in names}
         return
     with tempfile.TemporaryDirectory(prefix="statecore-sim-") as tmp:
-        made = {name: SQLiteStore(Path(tmp) / f"{name}.db") for name in names}
+        yield {name: Path(tmp) / f"{name}.db" for name in names}
+
+
+@contextlib.contextmanager
+def _stores(kind: str) -> Iterator[dict[str, Store]]:
+    """Each process's store, open for the whole run (a SQLite file is closed after)."""
+    with disks(kind) as found:
+        made: dict[str, Store] = {
+            name: SQLiteStore(disk) if isinstance(disk, Path) else disk
+            for name, disk in found.items()
+        }
         try:
             yield made
         finally:
             for store in made.values():
-                store.close()
+                if isinstance(store, SQLiteStore):
+                    store.close()
 
 
 def run_seed(seed: int, *, trace: bool = False, faults: Sequence[Fault] | None = None) -> Outcome:
@@ -69,13 +87,13 @@ def run_seed(seed: int, *, trace: bool = False, faults: Sequence[Fault] | None =
     ``faults`` replaces the seed's own schedule (the shrinker's smaller ones); the schedule is
     still drawn, so that everything else the seed decides stays the same."""
     world = World(seed)
-    store_kind = "sqlite" if seed % 4 == 0 else "memory"
-    gateway_ids = {f"gw-{t}": t for t in TENANTS}
+    kind = store_kind(seed)
+    gateway_ids = gateway_tenants()
     drawn = schedule(
         world.rng, seconds=WRITING_S, gateways=list(gateway_ids), count=world.rng.randint(2, 12)
     )
     faults = list(drawn if faults is None else faults)
-    with _stores(store_kind) as stores:
+    with _stores(kind) as stores:
         flaky = {name: FlakyStore(store) for name, store in stores.items()}
         net = Network(world)
         platform = SimPlatform(world)
@@ -122,13 +140,9 @@ def run_seed(seed: int, *, trace: bool = False, faults: Sequence[Fault] | None =
             gateway.crash()
             gateway.start()
         began = world.now
-
-        def is_quiet() -> bool:
-            return quiet(platform, stores)
-
         while world.now - began < QUIET_LIMIT_S:
             world.run(world.now + 2.0)
-            if is_quiet():
+            if quiet(platform, stores):
                 break
         verdict = check_world(
             platform,
@@ -140,7 +154,7 @@ def run_seed(seed: int, *, trace: bool = False, faults: Sequence[Fault] | None =
         )
         return Outcome(
             seed,
-            store_kind,
+            kind,
             tuple(faults),
             verdict,
             tuple(world.trace) if trace else (),
@@ -254,22 +268,21 @@ class _Parts:
             self.platform.duplicate_next += int(fault.size)
 
 
-def shrink(seed: int, run: Callable[..., Outcome] | None = None) -> list[Fault]:
+def shrink(seed: int, run: Callable[..., Outcome] = run_seed) -> list[Fault]:
     """A smaller fault schedule on which ``seed``'s world still fails: each fault is dropped
     in turn, and kept out while the run still fails (one pass, then again until nothing more
     can go).  Returns the seed's whole schedule when the run does not fail at all.  ``run``
     is how a seed runs (default :func:`run_seed`; :func:`relay.sim.real.run_real_seed` for
     the real runtime)."""
-    play = run_seed if run is None else run
-    faults = list(play(seed).faults)
-    if play(seed, faults=faults).ok:
+    faults = list(run(seed).faults)
+    if run(seed, faults=faults).ok:
         return faults
     shrunk = True
     while shrunk:
         shrunk = False
         for fault in list(faults):
             fewer = [f for f in faults if f is not fault]
-            if not play(seed, faults=fewer).ok:
+            if not run(seed, faults=fewer).ok:
                 faults, shrunk = fewer, True
     return faults
 

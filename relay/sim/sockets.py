@@ -3,10 +3,10 @@ travel between two protocols on virtual time, and listeners in place of server s
 
 A connection is a pair of :class:`_End` transports.  Bytes (and the end-of-stream) arrive in
 order, after a latency drawn from the world's ``rng`` (longer during a delay spike).  What a
-host in a partition sends or should receive is held until the partition heals (TCP keeps
-retransmitting); a black-holed connection loses everything silently (a half-open socket).
-When a life is killed its ends vanish: the peer gets a reset, or nothing at all when the kill is
-silent.  Data that reaches an end already closed is answered with a reset, as a kernel does.
+host in a partition sends or should receive is held until neither host of its connection
+is partitioned any more (TCP keeps retransmitting); a black-holed connection loses everything
+silently (a half-open socket).  When a life is killed its ends vanish and each peer gets a
+reset.  Data that reaches an end already closed is answered with a reset, as a kernel does.
 """
 
 from __future__ import annotations
@@ -26,6 +26,11 @@ __all__ = ["SimNetwork", "SimServer"]
 _EOF = None
 _STEP_S = 1e-5
 """The least time between two arrivals on one direction of a connection."""
+
+
+def _host_of(life: Life | None) -> str:
+    """The host ``life`` runs on (the world's own code runs on host ``world``)."""
+    return life.host if life is not None else "world"
 
 
 class _End(asyncio.Transport):
@@ -58,7 +63,7 @@ class _End(asyncio.Transport):
     @property
     def host(self) -> str:
         """The host this end lives on."""
-        return self.life.host if self.life is not None else "world"
+        return _host_of(self.life)
 
     # -- asyncio.Transport -------------------------------------------------------------------
 
@@ -210,7 +215,7 @@ class _Listener:
     @property
     def host(self) -> str:
         """The host the listening life runs on."""
-        return self.life.host if self.life is not None else "world"
+        return _host_of(self.life)
 
 
 class SimNetwork:
@@ -265,7 +270,7 @@ class SimNetwork:
         is partitioned (a SYN retried); ``ConnectionRefusedError`` when nothing (alive)
         listens there."""
         life = PROCESS.get()
-        me = life.host if life is not None else "world"
+        me = _host_of(life)
         await asyncio.sleep(self.trip() * 2)
         listener = self.listeners.get((host, port))
         while listener is not None and (
@@ -322,31 +327,34 @@ class SimNetwork:
 
     # -- faults --------------------------------------------------------------------------------
 
-    def vanish(self, life: Life, *, silently: bool) -> None:
-        """``life`` was killed: its listeners go; its ends are gone, each peer reset (or, when
-        ``silently``, left to find out by itself)."""
+    def vanish(self, life: Life) -> None:
+        """``life`` was killed: its listeners go; its ends are gone, each peer reset."""
         for key, listener in list(self.listeners.items()):
             if listener.life == life:
                 del self.listeners[key]
         for end in [e for e in self.ends if e.life == life]:
-            if silently:
-                end.black_hole = True
-            else:
-                self.reset_peer(end)
+            self.reset_peer(end)
             end.lost = end.closing = True
             self.forget(end)
 
     def partition(self, host: str, cut: bool) -> None:
-        """Cut ``host`` off (``cut``) or heal it: on heal, what was held is sent, in order."""
+        """Cut ``host`` off (``cut``) or heal it: on heal, what was held on a connection whose
+        two hosts are both out of every partition now is sent, in order."""
         if cut:
             self.partitioned.add(host)
             return
         self.partitioned.discard(host)
         for end in list(self.ends):
-            if end.held and end.peer is not None and end.peer.host not in self.partitioned:
+            peer = end.peer
+            if (
+                end.held
+                and peer is not None
+                and end.host not in self.partitioned
+                and peer.host not in self.partitioned
+            ):
                 held, end.held = end.held, []
                 for item in held:
-                    self._schedule(end, end.peer, item)
+                    self._schedule(end, peer, item)
 
     def black_hole(self, host: str) -> int:
         """Make every connection of ``host`` half-open: nothing more arrives either way and

@@ -5,18 +5,20 @@ exactly, the checks catch planted bugs, and the seed that found a real bug is ke
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from relay.client.dispatch import InboundDispatcher
-from relay.connector import chat_tenants
+from relay.connector import _reader, chat_tenants
+from relay.connector._inbound import InboundRouter
 from relay.sim.real import run_real_seed
+from relay.wire.codec import FrameDecoder
+from relay.wire.errors import ProtocolError
+from relay.wire.frames import Frame, InboundEvent
 from statecore.obligation import Claim
 from tests.cli_run import run_module
 
-ROOT = Path(__file__).resolve().parents[3]
 SEEDS = range(1, 61)
 """The seeds every ``make test`` runs with the real runtime (about 10 s here)."""
 
@@ -94,6 +96,46 @@ def test_an_unlabelled_resend_in_the_real_runtime_is_caught(
     outcomes = [run_real_seed(seed) for seed in range(1, 21)]
     caught = [v for o in outcomes for v in o.verdict.violations if "unlabelled duplicate" in v]
     assert caught
+
+
+def test_a_connector_that_delivers_to_another_tenants_gateway_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connector that routes one message to the other tenant's gateway instead of its own
+    is caught: that gateway handled a message of another tenant."""
+    routed = InboundRouter._audience
+
+    def misroutes(self: InboundRouter, platform: str, event: InboundEvent) -> list[str]:
+        audience = routed(self, platform, event)
+        if event.message_id != "m3":
+            return audience
+        tenants = self._connector.tenants or {}
+        return sorted(g for g in tenants if g not in audience)
+
+    monkeypatch.setattr(InboundRouter, "_audience", misroutes)
+    outcome = run_real_seed(1)
+    violations = outcome.verdict.violations
+    misrouted = [v for v in violations if "a message of another tenant" in v]
+    assert len(misrouted) == 1, outcome.verdict
+    # What is reported is what went wrong, each once: m3 (and its reply) and nothing else.
+    assert all("m3" in v or "replies still owed" in v for v in violations), violations
+
+
+def test_an_invalid_frame_read_by_the_real_connector_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An invalid frame the connector's reader meets (here, one made up after a message it
+    read) is counted as a protocol error of the world, and fails the run."""
+    planted: list[ProtocolError] = [ProtocolError("malformed_json", "planted")]
+
+    class Corrupting(FrameDecoder):
+        def feed(self, data: str | bytes | bytearray | memoryview) -> list[Frame | ProtocolError]:
+            frames = super().feed(data)
+            return [*frames, planted.pop()] if planted else frames
+
+    monkeypatch.setattr(_reader, "FrameDecoder", Corrupting)
+    outcome = run_real_seed(1)
+    assert "1 lines no decoder could read" in outcome.verdict.violations, outcome.verdict
 
 
 def test_the_command_runs_the_real_runtime() -> None:

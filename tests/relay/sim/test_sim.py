@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -22,7 +21,6 @@ from relay.wire.frames import Frame, Inbound, InboundAck
 from statecore.store import Audit
 from tests.cli_run import run_module
 
-ROOT = Path(__file__).resolve().parents[3]
 SEEDS = range(1, 301)
 """The seeds every ``make test`` runs (about 15 s on the reference machine)."""
 
