@@ -70,6 +70,11 @@ ROLES = {
         "`relay_subscriptions`: which gateways listen to which platform, so that a connector "
         "restart keeps buffering for a gateway that is asleep."
     ),
+    "chat_tenant": (
+        "Persisted by the connector (`relay.connector.chat_tenants.ChatTenants`) in table "
+        "`relay_chat_tenant`: the tenant the platform's own inbound traffic gave a chat, which "
+        "the tenant guard trusts over a gateway's claim, so that a connector restart keeps it."
+    ),
 }
 
 HEADER = """\

@@ -8,6 +8,7 @@ from typing import Any
 from relay.client.dedupe import DEDUPE, UNDELIVERABLE
 from relay.client.lifecycle import TRANSPORT
 from relay.connector.buffer import BUFFER
+from relay.connector.chat_tenants import CHAT_TENANT
 from relay.connector.connection import CONNECTION
 from relay.connector.provenance import PROVENANCE
 from relay.connector.subscriptions import SUBSCRIPTION
@@ -18,6 +19,7 @@ __all__ = ["RELAY_LIFECYCLES"]
 RELAY_LIFECYCLES: tuple[Lifecycle[Any], ...] = (
     TRANSPORT,
     BUFFER,
+    CHAT_TENANT,
     CONNECTION,
     DEDUPE,
     PROVENANCE,

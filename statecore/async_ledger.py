@@ -30,7 +30,7 @@ import queue
 import threading
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from statecore.batch import REFUSALS
 from statecore.checks import require_positive
@@ -54,6 +54,13 @@ _Op = tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]",
 _STOP = object()
 _READERS = 4
 """Reader threads per ledger (each holds its own store connection once it has read)."""
+
+
+class _Threads(NamedTuple):
+    """The threads of a ledger built with ``threads=True``: the writer and the readers."""
+
+    writer: threading.Thread
+    readers: ThreadPoolExecutor
 
 
 class AsyncLedger:
@@ -113,14 +120,15 @@ class AsyncLedger:
         """Transactions committed so far (for observing group commit)."""
         self.operations = 0
         """Operations executed so far."""
-        self._threads = threads
         # Without threads: what was submitted since the loop last ran the writer's turn.
         self._inline: list[_Op] = []
-        self._thread = threading.Thread(target=self._run, name="statecore-ledger", daemon=True)
-        self._readers: ThreadPoolExecutor | None = None
+        # The one record of the mode: None without threads (nothing is built, nothing started).
+        self._threads: _Threads | None = None
         if threads:
-            self._thread.start()
-            self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix="statecore-ledger-read")
+            writer = threading.Thread(target=self._run, name="statecore-ledger", daemon=True)
+            writer.start()
+            readers = ThreadPoolExecutor(_READERS, thread_name_prefix="statecore-ledger-read")
+            self._threads = _Threads(writer, readers)
 
     @property
     def policy(self) -> LedgerPolicy:
@@ -293,21 +301,21 @@ class AsyncLedger:
         """Finish queued operations and running reads, stop the writer and reader threads.
         Idempotent; later calls raise ``StoreError``."""
         self._stop()
-        if self._readers is None:
+        if self._threads is None:
             self._run_inline()
             return
-        await asyncio.to_thread(self._thread.join)
-        await asyncio.to_thread(self._readers.shutdown)
+        await asyncio.to_thread(self._threads.writer.join)
+        await asyncio.to_thread(self._threads.readers.shutdown)
 
     def close(self, timeout: float | None = None) -> None:
         """Synchronous :meth:`aclose` for code without a running loop (waits at most
         ``timeout`` for the writer; running reads finish on their own)."""
         self._stop()
-        if self._readers is None:
+        if self._threads is None:
             self._run_inline()
             return
-        self._thread.join(timeout)
-        self._readers.shutdown(wait=False)
+        self._threads.writer.join(timeout)
+        self._threads.readers.shutdown(wait=False)
 
     async def __aenter__(self) -> AsyncLedger:
         return self
@@ -319,7 +327,8 @@ class AsyncLedger:
         with self._close_lock:
             if not self._closed:
                 self._closed = True
-                self._queue.put(_STOP)
+                if self._threads is not None:  # without threads nobody reads the queue
+                    self._queue.put(_STOP)
 
     # -- the writer --------------------------------------------------------------------------
 
@@ -331,7 +340,7 @@ class AsyncLedger:
         with self._close_lock:
             if self._closed:
                 raise StoreError("the ledger is closed")
-            if not self._threads:
+            if self._threads is None:
                 if not self._inline:
                     loop.call_soon(self._run_inline)
                 self._inline.append((fn, loop, future, key, payload))
@@ -345,9 +354,9 @@ class AsyncLedger:
         with self._close_lock:
             if self._closed:
                 raise StoreError("the ledger is closed")
-            if self._readers is None:
+            if self._threads is None:
                 return fn()
-            future = loop.run_in_executor(self._readers, fn)
+            future = loop.run_in_executor(self._threads.readers, fn)
         return await future
 
     def _run_inline(self) -> None:

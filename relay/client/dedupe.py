@@ -176,13 +176,13 @@ class StoreBufferDedupe:
     async def _submit(self, kind: str, buffer_id: str) -> object:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[object] = loop.create_future()
-        if not self._threads:
-            if self._ops.empty():
-                loop.call_soon(self._round_inline)
-            self._ops.put((kind, buffer_id, loop, future))
-            return await future
+        # Without threads the first operation queued in a turn schedules the round (on the
+        # loop) that takes it and every one queued behind it.
+        schedule_round = not self._threads and self._ops.empty()
         self._ops.put((kind, buffer_id, loop, future))
-        if self._worker is None:
+        if schedule_round:
+            loop.call_soon(self._round, [])
+        elif self._threads and self._worker is None:
             with self._worker_lock:
                 if self._worker is None:
                     self._worker = threading.Thread(
@@ -196,11 +196,6 @@ class StoreBufferDedupe:
         the earlier rounds left it, remembers of one round commit together."""
         while True:
             self._round([self._ops.get()])
-
-    def _round_inline(self) -> None:
-        """Without threads: the worker's round, on the loop."""
-        if not self._ops.empty():
-            self._round([self._ops.get_nowait()])
 
     def _round(self, batch: list[_DedupeOp]) -> None:
         """One round: ``batch`` and everything queued behind it (see :meth:`_work`)."""

@@ -1,4 +1,9 @@
 """The reference connector: the relay's server (:mod:`relay.connector.server`), the durable
-inbound buffer, the subscriptions and egress provenance it remembers, the platform drivers
-(:mod:`relay.connector.platform`), its housekeeping and its ``/healthz`` and ``/metrics``
-endpoints.  Built on :mod:`relay.wire`."""
+inbound buffer, the subscriptions, egress provenance and chat tenants it remembers in its store
+(:mod:`relay.connector.chat_tenants`: the tenant each chat belongs to, as the platform said it),
+the platform drivers (:mod:`relay.connector.platform`), its housekeeping and its ``/healthz``
+and ``/metrics`` endpoints.  Built on :mod:`relay.wire`.
+
+In a cluster every node reads the chat tenants at start only: a chat whose tenant another node
+learnt afterwards falls back, on this node, to the scope or user the gateway claims until the
+node restarts."""

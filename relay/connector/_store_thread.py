@@ -67,9 +67,17 @@ class StoreThread:
             if future.cancelled():
                 return
             try:
-                future.set_result(fn())
-            except Exception as exc:
-                future.set_exception(exc)
+                result = fn()
+            except BaseException as exc:
+                # Handed to the caller whatever it is, as the thread's executor does; one that
+                # must stop the loop (SystemExit, KeyboardInterrupt) goes on from here too.
+                if not future.done():
+                    future.set_exception(exc)
+                if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+                    raise
+            else:
+                if not future.done():
+                    future.set_result(result)
 
         self._submit(work)
         return await future
@@ -188,8 +196,15 @@ class StoreThread:
 
     async def stop(self) -> None:
         """Wait for the store work already submitted, then stand up a fresh store thread (a
-        stopped connector may start again)."""
-        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
+        stopped connector may start again).  Without a thread: wait for a marker queued behind
+        that work in the loop's turns (the work runs in submission order, so it ran first)."""
+        loop = asyncio.get_running_loop()
+        if not self._threads:
+            done = loop.create_future()
+            self._submit(_settle_marker, done)
+            await done
+            return
+        await loop.run_in_executor(None, self._executor.shutdown, True)
         self._executor = _executor()
 
 
@@ -205,6 +220,12 @@ def _ignored_acks(instance: Instance, ignored: int) -> None:
             f" ({suppressed} more lines not logged)" if suppressed else "",
             extra={"gateway_id": instance.gateway_id, "ignored": ignored},
         )
+
+
+def _settle_marker(done: asyncio.Future[None]) -> None:
+    """Without a thread: the marker :meth:`StoreThread.stop` waits for."""
+    if not done.done():
+        done.set_result(None)
 
 
 def _resolve_all(futures: list[asyncio.Future[_Line]], lines: list[_Line]) -> None:

@@ -4,7 +4,9 @@ It holds the platform credentials (its drivers), authenticates each gateway at t
 answers every hello with that platform's descriptor, performs outbound actions for the
 identities a connection said hello for (through the tenant guard, or provenance when there is no
 tenants table), and buffers inbound events durably for an instance that is asleep, replaying
-them in order on its next handshake.
+them in order on its next handshake.  With a tenants table the tenant each chat belongs to, as
+the platform's inbound traffic said it, is kept in the store too
+(:mod:`relay.connector.chat_tenants`) and read back into memory at start.
 
 One authenticated gateway id is served on at most one connection.  A second one never makes the
 two fight (docs/wire-contract.md, "Compatibility"): while the served connection answers a ping
@@ -30,7 +32,9 @@ collaborators, one concept each:
 * :mod:`relay.connector._store_thread` -- the store thread and its grouped write rounds;
 * :mod:`relay.connector._housekeeping` -- pruning settled buffer entries and forgotten targets;
 * :mod:`relay.connector._http` -- ``GET /healthz`` and ``GET /metrics`` on the same port;
-* :mod:`relay.connector._cluster` -- nodes sharing one store: announced appends, catch-up;
+* :mod:`relay.connector._cluster` -- nodes sharing one store: announced appends, catch-up
+  (chat tenants are read at start only: one learnt by another node afterwards falls back to
+  the gateway's claim on this node until it restarts);
 * :mod:`relay.connector._tasks` -- the background tasks the connector owns.
 
 The collaborators never import this module: each reads the connector through a small protocol
@@ -119,8 +123,7 @@ class Connector:
       notifications: PostgreSQL), usually started with ``reuse_port`` behind one URL; an event
       any node accepts reaches the gateway whose socket another node holds, and every node
       re-checks the shared tables every ``cluster_sweep_s`` (:mod:`relay.connector._cluster`);
-    * ``store_threads=False`` runs the store work in turns of the event loop instead of on the
-      store thread (for a deterministic simulation, :mod:`relay.sim.loop`).
+    * ``store_threads=False``: store work in turns of the event loop (:mod:`relay.sim.loop`).
 
     ``async with Connector(...) as connector:`` starts it (any free port on 127.0.0.1, unless
     it was started already) and stops it.
@@ -156,6 +159,7 @@ class Connector:
             prune_interval_s=prune_interval_s,
             cluster_sweep_s=cluster_sweep_s,
             http_metrics=http_metrics,
+            store_threads=store_threads,
         )
         if cluster and not isinstance(store, NotifyingStore):
             raise TypeError(
@@ -396,6 +400,7 @@ def _check_options(
     prune_interval_s: float,
     cluster_sweep_s: float,
     http_metrics: MetricsText | None,
+    store_threads: bool,
 ) -> None:
     """Refuse a connector option out of its range (``ValueError``) or of the wrong kind
     (``TypeError``), before anything is built."""
@@ -409,3 +414,5 @@ def _check_options(
         raise ValueError(f"cluster_sweep_s must be non-negative, not {cluster_sweep_s!r}")
     if http_metrics is not None and not callable(http_metrics):
         raise TypeError("http_metrics must be a callable returning the metrics text")
+    if not isinstance(store_threads, bool):
+        raise TypeError(f"store_threads must be a bool, not {store_threads!r}")

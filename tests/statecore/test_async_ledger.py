@@ -536,7 +536,8 @@ async def test_aclose_finishes_queued_work_then_refuses(make_store: StoreFactory
         await guarded(al.record(**record_kwargs("ob-late")))
     await guarded(al.aclose())
     al.close(timeout=GUARD)
-    assert not al._thread.is_alive()
+    assert al._threads is not None
+    assert not al._threads.writer.is_alive()
 
 
 @pytest.mark.asyncio

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -14,7 +15,8 @@ import pytest_asyncio
 from relay.client.requests import RequestOutcome
 from relay.connector.chat_tenants import CHAT_TENANT_KIND, ChatTenants, ChatTenantState
 from statecore.clock import FakeClock
-from statecore.errors import InvalidTransition
+from statecore.errors import InvalidTransition, StoreError
+from stores.memory import InMemoryStore
 from stores.sqlite import SQLiteStore
 from tests.relay.connector.connector_harness import (
     BOUND,
@@ -90,3 +92,54 @@ def test_chat_tenants_persist_move_and_forget(tmp_path: Path) -> None:
     [row] = store.select(CHAT_TENANT_KIND)
     assert row.state is ChatTenantState.KNOWN
     store.close()
+
+
+class _FailingStore(InMemoryStore):
+    """An in-memory store whose writes fail with ``StoreError`` while ``failing`` is set."""
+
+    failing = False
+
+    def insert(self, *args: Any, **kwargs: Any) -> Any:
+        if self.failing:
+            raise StoreError("the disk is full")
+        return super().insert(*args, **kwargs)
+
+    def transition(self, *args: Any, **kwargs: Any) -> Any:
+        if self.failing:
+            raise StoreError("the disk is full")
+        return super().transition(*args, **kwargs)
+
+
+def test_a_learn_the_store_refuses_leaves_memory_as_it_was() -> None:
+    store = _FailingStore()
+    tenants = ChatTenants(store, clock=FakeClock())
+    assert tenants.learn("p", "c1", "t1") is True
+    store.failing = True
+    with pytest.raises(StoreError):
+        tenants.learn("p", "c1", "t2")  # a move
+    with pytest.raises(StoreError):
+        tenants.learn("p", "c2", "t1")  # a new chat
+    # Memory holds only what the store holds: the guard never acts on a failed write.
+    assert (tenants.get("p", "c1"), tenants.get("p", "c2")) == ("t1", None)
+    assert tenants.changes("p", "c1", "t2")
+    assert tenants.changes("p", "c2", "t1")
+    assert [(r["chat_id"], r["tenant"]) for r in store.select(CHAT_TENANT_KIND)] == [("c1", "t1")]
+    store.failing = False
+    assert tenants.learn("p", "c1", "t2") is True  # the next inbound event teaches it
+    assert ChatTenants(store).get("p", "c1") == "t2"
+
+
+@pytest.mark.asyncio
+async def test_without_a_tenants_table_no_chat_tenant_is_written(tmp_path: Path) -> None:
+    store = InMemoryStore()
+    h = Harness(store)
+    try:
+        connector = await h.start()  # no tenants: provenance decides egress
+        seen = Recorder()
+        await h.gateway(connector, "gw-a", seen)
+        await h.platform.inject("chat-a", "hello", user_id="u1", scope_id="scope-a")
+        await eventually(lambda: seen.texts == ["hello"], "delivered to gw-a")
+        assert connector.chat_tenants.get("loopback", "chat-a") is None
+        assert store.select(CHAT_TENANT_KIND) == []
+    finally:
+        await h.close()

@@ -5,6 +5,7 @@ order, writes of one turn committed together -- so that a deterministic loop dec
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from relay.client.dedupe import StoreBufferDedupe
 from relay.connector._store_thread import StoreThread
 from relay.connector.buffer import InboundBuffer
+from relay.sim.loop import SimLoop, collect_quietly
 from relay.wire.frames import EventSource, InboundEvent
 from statecore import AsyncLedger, FakeClock, InvalidTransition, ObligationState, StoreError
 from statecore.metrics import NO_METRICS
@@ -97,5 +99,49 @@ async def test_a_threadless_store_thread_keeps_the_order_of_its_work(tmp_path: P
     assert await depth == 3
     assert [seq for _, seq, _ in lines] == sorted(seq for _, seq, _ in lines)
     assert _threads() == before
+    await work.stop()
+    store.close()
+
+
+def test_a_threadless_store_thread_stops_after_the_work_submitted(tmp_path: Path) -> None:
+    """stop() returns only once the work already submitted ran -- on the deterministic loop,
+    where nothing else would give that work its turn before stop() returns."""
+    store = SQLiteStore(tmp_path / "buffer.db")
+    buffer = InboundBuffer(store, clock=FakeClock())
+    source = EventSource(platform="p", chat_id="c", chat_type="dm", user_id="u")
+    buffer_id = buffer.append("gw", "p", InboundEvent(text="e", source=source))
+    work = StoreThread(_Settings(buffer), threads=False)  # type: ignore[arg-type]
+
+    async def main() -> list[int]:
+        work.record_sent("gw", [buffer_id])  # submitted, not awaited
+        await work.stop()
+        return [entry.replays for entry in buffer.backlog("gw")]  # read right after stop()
+
+    loop = SimLoop(random.Random(1))
+    try:
+        assert loop.run_until_complete(main()) == [1]
+    finally:
+        loop.bury()
+        loop.close()
+        del loop
+        collect_quietly()
+    store.close()
+
+
+@pytest.mark.asyncio
+async def test_a_threadless_store_thread_hands_any_failure_to_its_caller(tmp_path: Path) -> None:
+    """Work that raises something other than an Exception still settles its caller's await."""
+    store = SQLiteStore(tmp_path / "buffer.db")
+    work = StoreThread(_Settings(InboundBuffer(store, clock=FakeClock())), threads=False)  # type: ignore[arg-type]
+
+    class _Abort(BaseException):
+        pass
+
+    def abort() -> None:
+        raise _Abort
+
+    with pytest.raises(_Abort):
+        await asyncio.wait_for(work.run(abort), timeout=5)
+    assert await work.run(lambda: 7) == 7  # the work after it runs as before
     await work.stop()
     store.close()
