@@ -46,6 +46,7 @@ import stores._sqlite_sql as sql
 from statecore import OBLIGATION_KIND, Audit, Ledger, ObligationState
 from statecore.store import plan_transition
 from stores import SQLiteStore
+from stores._sqlite_conn import DEFAULT_CHECKPOINT_PAGES
 from stores._sqlite_shortcuts import audit_values
 
 TURN = 50
@@ -74,6 +75,8 @@ class _Raw:
         store.close()
         self.conn = sqlite3.connect(path, isolation_level=None, cached_statements=256)
         self.conn.execute(f"PRAGMA synchronous = {synchronous}")
+        # As the store's connections: the file's page size is the store's already.
+        self.conn.execute(sql.autocheckpoint_sql(DEFAULT_CHECKPOINT_PAGES))
         names = [
             r[0]
             for r in self.conn.execute(

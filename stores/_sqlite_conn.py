@@ -19,9 +19,49 @@ from pathlib import Path
 import stores._sqlite_sql as sql
 from statecore.errors import StatecoreError, StoreError
 
-__all__ = ["Connections", "Statement", "Txn", "check_header"]
+__all__ = [
+    "DEFAULT_CHECKPOINT_PAGES",
+    "DEFAULT_PAGE_SIZE",
+    "Connections",
+    "Statement",
+    "Txn",
+    "check_checkpoint_pages",
+    "check_header",
+    "check_page_size",
+]
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+
+DEFAULT_PAGE_SIZE = 2048
+"""The page size of a file the store creates.  Every commit writes each page it changed to the
+WAL whole, and a lifecycle's commits change about ten pages (the row, its indexes, the audit
+table), each only by a row or an index entry: smaller pages write less for the same change.
+Below 2048 bytes a longer reply no longer fits one page and spills into overflow pages
+(``benchmarks/README.md`` has the figures)."""
+
+DEFAULT_CHECKPOINT_PAGES = 4000
+"""WAL pages a commit may leave before it checkpoints (SQLite's own default is 1000).  A
+checkpoint copies each page once however often it was written since the last one, and syncs
+both files even at ``synchronous=NORMAL``: fewer, larger checkpoints copy and sync less per
+commit, for a WAL file of up to ``page_size * checkpoint_pages`` bytes (8 MB by default)."""
+
+
+def check_page_size(page_size: object) -> None:
+    """Refuse a page size SQLite would ignore: ``TypeError`` for a non-int, ``ValueError``
+    unless a power of two from 512 to 65536."""
+    if not isinstance(page_size, int) or isinstance(page_size, bool):
+        raise TypeError(f"page_size must be an int, not {type(page_size).__name__}")
+    if not 512 <= page_size <= 65536 or page_size & (page_size - 1):
+        raise ValueError(f"page_size must be a power of two from 512 to 65536: {page_size!r}")
+
+
+def check_checkpoint_pages(pages: object) -> None:
+    """Refuse a checkpoint threshold that would never checkpoint: ``TypeError`` for a
+    non-int, ``ValueError`` below 1."""
+    if not isinstance(pages, int) or isinstance(pages, bool):
+        raise TypeError(f"checkpoint_pages must be an int, not {type(pages).__name__}")
+    if pages < 1:
+        raise ValueError(f"checkpoint_pages must be at least 1: {pages!r}")
 
 
 def check_header(path: str) -> None:
@@ -50,10 +90,20 @@ class Connections:
     """The connections of one store to its file: one per thread, opened on first use and all
     closed by :meth:`close`; and the translation of driver errors into ``StoreError``."""
 
-    def __init__(self, path: str, synchronous: str, busy_ms: int) -> None:
+    def __init__(
+        self,
+        path: str,
+        synchronous: str,
+        busy_ms: int,
+        *,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        checkpoint_pages: int = DEFAULT_CHECKPOINT_PAGES,
+    ) -> None:
         self.path = path
         self.synchronous = synchronous
         self.busy_ms = busy_ms
+        self.page_size = page_size
+        self.checkpoint_pages = checkpoint_pages
         self.local = _Local()
         self.closed = False
         self._lock = threading.Lock()
@@ -74,10 +124,14 @@ class Connections:
         )
         try:
             conn.execute(sql.busy_timeout_sql(self.busy_ms))
+            # Takes effect only while the file has no page yet: before WAL mode writes its
+            # header.  An existing file keeps its page size.
+            conn.execute(sql.page_size_sql(self.page_size))
             mode = conn.execute(sql.JOURNAL_WAL).fetchone()[0]
             if str(mode).lower() != "wal":
                 raise StoreError(f"{self.path}: cannot use WAL journaling (got {mode!r})")
             conn.execute(sql.synchronous_sql(self.synchronous))
+            conn.execute(sql.autocheckpoint_sql(self.checkpoint_pages))
             conn.execute(sql.FOREIGN_KEYS_ON)
         except BaseException:
             conn.close()

@@ -123,6 +123,16 @@ def synchronous_sql(level: str) -> str:
     return f"PRAGMA synchronous = {level}"
 
 
+def page_size_sql(size: int) -> str:
+    """The page size of a file not yet written (checked by the store)."""
+    return f"PRAGMA page_size = {int(size)}"
+
+
+def autocheckpoint_sql(pages: int) -> str:
+    """How many WAL pages a commit may leave before it checkpoints (checked by the store)."""
+    return f"PRAGMA wal_autocheckpoint = {int(pages)}"
+
+
 def set_user_version_sql(version: int) -> str:
     """Records the schema version of the layout this code writes."""
     return f"PRAGMA user_version = {int(version)}"

@@ -62,7 +62,16 @@ from statecore.store import (
 )
 from stores._closing import ClosesOnExit
 from stores._schema import migration, registered
-from stores._sqlite_conn import Connections, Statement, Txn, check_header
+from stores._sqlite_conn import (
+    DEFAULT_CHECKPOINT_PAGES,
+    DEFAULT_PAGE_SIZE,
+    Connections,
+    Statement,
+    Txn,
+    check_checkpoint_pages,
+    check_header,
+    check_page_size,
+)
 from stores._sqlite_shortcuts import (
     CompiledKind,
     Step,
@@ -93,9 +102,13 @@ _BULK_CHUNK = 500  # ids per transition_many UPDATE (well under SQLite's bound-p
 class SQLiteStore(ClosesOnExit):
     """A :class:`~statecore.store.Store` in one SQLite file (see the module docs).
 
-    ``SQLiteStore(path, synchronous="NORMAL" | "FULL", busy_timeout_s=5.0)``.  Opening checks
-    that the file is a SQLite database of a version this code knows; raises ``StoreError``
-    naming the path otherwise.  Safe to share between threads; each thread gets its own
+    ``SQLiteStore(path, synchronous="NORMAL" | "FULL", busy_timeout_s=5.0, page_size=2048,
+    checkpoint_pages=4000)``.  Opening checks that the file is a SQLite database of a version
+    this code knows; raises ``StoreError`` naming the path otherwise.  ``page_size`` (a power
+    of two from 512 to 65536) applies to a file this store creates; an existing file keeps its
+    own.  ``checkpoint_pages`` is how many WAL pages a commit may leave before it copies them
+    back into the file.  Either one out of range raises ``ValueError`` (``TypeError`` if not an
+    int), before anything is opened.  Safe to share between threads; each thread gets its own
     connection, all closed by :meth:`close`.
 
     SQLiteStore is long because it is the whole Store and BatchStore protocol for one file, one
@@ -110,14 +123,24 @@ class SQLiteStore(ClosesOnExit):
         *,
         synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
         busy_timeout_s: float = 5.0,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        checkpoint_pages: int = DEFAULT_CHECKPOINT_PAGES,
     ) -> None:
         if synchronous not in ("NORMAL", "FULL"):
             raise ValueError(f"synchronous must be NORMAL or FULL, not {synchronous!r}")
         if not isinstance(busy_timeout_s, int | float) or busy_timeout_s < 0:
             raise ValueError(f"busy_timeout_s must be a non-negative number: {busy_timeout_s!r}")
+        check_page_size(page_size)
+        check_checkpoint_pages(checkpoint_pages)
         self.path = os.fspath(path)
         self.synchronous = synchronous
-        self._db = Connections(self.path, synchronous, int(busy_timeout_s * 1000))
+        self._db = Connections(
+            self.path,
+            synchronous,
+            int(busy_timeout_s * 1000),
+            page_size=page_size,
+            checkpoint_pages=checkpoint_pages,
+        )
         self._kinds: dict[str, CompiledKind] = {}
         check_header(self.path)
         with self._db.guard("open"):
