@@ -16,7 +16,8 @@ def open_store(url: str) -> Store:
 
     * ``memory://`` -- a new :class:`InMemoryStore`;
     * ``sqlite:///relative/or/absolute/path.db`` (``sqlite:////abs/path.db`` also works), with
-      optional ``?synchronous=FULL`` and ``&busy_timeout_s=10``;
+      optional ``?synchronous=FULL``, ``&busy_timeout_s=10``, ``&page_size=4096`` and
+      ``&checkpoint_pages=1000``;
     * ``postgresql://user:password@host:5432/db`` (or ``postgres://``) -- a
       :class:`~stores.postgres.PostgresStore` (needs the ``statecore[postgres]`` extra), with
       optional ``?pool_size=10``, ``&schema=name`` and ``&connect_timeout_s=5``; any other query
@@ -43,7 +44,7 @@ def open_store(url: str) -> Store:
         if not path:
             raise ValueError(f"sqlite URL without a path: {url!r}")
         options = {k: v[-1] for k, v in parse_qs(parts.query, strict_parsing=False).items()}
-        unknown = set(options) - {"synchronous", "busy_timeout_s"}
+        unknown = set(options) - {"synchronous", "busy_timeout_s", "page_size", "checkpoint_pages"}
         if unknown:
             raise ValueError(f"unknown sqlite option {sorted(unknown)[0]!r} in {url!r}")
         synchronous = options.get("synchronous", "NORMAL").upper()
@@ -53,10 +54,18 @@ def open_store(url: str) -> Store:
             busy = float(options.get("busy_timeout_s", "5"))
         except ValueError:
             raise ValueError(f"busy_timeout_s must be a number in {url!r}") from None
+        sizes = {}
+        for name in ("page_size", "checkpoint_pages"):
+            if name in options:
+                try:
+                    sizes[name] = int(options[name])
+                except ValueError:
+                    raise ValueError(f"{name} must be an integer in {url!r}") from None
         return SQLiteStore(
             path,
             synchronous="FULL" if synchronous == "FULL" else "NORMAL",
             busy_timeout_s=busy,
+            **sizes,
         )
     if parts.scheme in ("postgresql", "postgres"):
         return _open_postgres(url)

@@ -127,6 +127,65 @@ def test_rejects_unknown_synchronous(db_path: Path) -> None:
     assert not db_path.exists()
 
 
+def test_new_file_page_size_and_checkpoint_threshold(
+    opened: Callable[..., SQLiteStore], db_path: Path, tmp_path: Path
+) -> None:
+    """A file the store creates has its page size (2048 by default) and each connection its
+    checkpoint threshold (4000 WAL pages by default); both can be chosen."""
+    ledger_on(opened())
+    with raw_connect(db_path) as raw:
+        assert raw.execute("PRAGMA page_size").fetchone()[0] == 2048
+    assert opened()._conn().execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 4000
+    chosen = opened(tmp_path / "chosen.db", page_size=8192, checkpoint_pages=250)
+    ledger_on(chosen)
+    conn = chosen._conn()
+    assert conn.execute("PRAGMA page_size").fetchone()[0] == 8192
+    assert conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 250
+
+
+def test_existing_file_keeps_its_page_size_and_history(
+    opened: Callable[..., SQLiteStore], db_path: Path
+) -> None:
+    """A file written with other pages (4096, as before the option existed) keeps them when a
+    store with another page size opens it, and its rows and history stay readable."""
+    clock = FakeClock()
+    first = ledger_on(opened(page_size=4096), clock)
+    oid = record(first, "ob-old")
+    first.mark_attempting(oid)
+    history = first.history(oid)
+    first.store.close()
+    again = ledger_on(opened(), clock)
+    assert again.store._conn().execute("PRAGMA page_size").fetchone()[0] == 4096
+    assert again.history(oid) == history
+    assert again.mark_delivered(oid).state is S.DELIVERED
+    with raw_connect(db_path) as raw:
+        assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"page_size": 1000}, ValueError),
+        ({"page_size": 256}, ValueError),
+        ({"page_size": 131072}, ValueError),
+        ({"page_size": "2048"}, TypeError),
+        ({"page_size": True}, TypeError),
+        ({"checkpoint_pages": 0}, ValueError),
+        ({"checkpoint_pages": -5}, ValueError),
+        ({"checkpoint_pages": 1.5}, TypeError),
+        ({"checkpoint_pages": False}, TypeError),
+    ],
+)
+def test_rejects_bad_page_size_and_checkpoint_pages(
+    db_path: Path, options: dict[str, Any], error: type[Exception]
+) -> None:
+    """A page size SQLite would ignore or a threshold that never checkpoints is refused, naming
+    the option, before any file is created."""
+    with pytest.raises(error, match=next(iter(options))):
+        SQLiteStore(db_path, **options)
+    assert not db_path.exists()
+
+
 def test_data_survives_close_and_reopen(opened: Callable[..., SQLiteStore]) -> None:
     """Rows and history written before close() are all there after reopening the file."""
     clock = FakeClock()
@@ -593,6 +652,18 @@ def test_open_store_absolute_sqlite_path_with_options(tmp_path: Path) -> None:
         default.close()
 
 
+def test_open_store_sqlite_page_size_and_checkpoint_pages(tmp_path: Path) -> None:
+    """?page_size= sizes the pages of a new file; ?checkpoint_pages= the WAL's threshold."""
+    path = tmp_path / "sized.db"
+    store = open_store(f"sqlite:///{path}?page_size=4096&checkpoint_pages=100")
+    try:
+        assert isinstance(store, SQLiteStore)
+        assert store._conn().execute("PRAGMA page_size").fetchone()[0] == 4096
+        assert store._conn().execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 100
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize(
     "url",
     [
@@ -607,6 +678,10 @@ def test_open_store_absolute_sqlite_path_with_options(tmp_path: Path) -> None:
         "sqlite:///x.db?synchronous=OFF",
         "sqlite:///x.db?journal=delete",
         "sqlite:///x.db?busy_timeout_s=soon",
+        "sqlite:///x.db?page_size=big",
+        "sqlite:///x.db?page_size=1000",
+        "sqlite:///x.db?checkpoint_pages=0",
+        "sqlite:///x.db?checkpoint_pages=1.5",
     ],
 )
 def test_open_store_rejects_bad_urls(
