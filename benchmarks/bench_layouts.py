@@ -46,7 +46,7 @@ import stores._sqlite_sql as sql
 from statecore import OBLIGATION_KIND, Audit, Ledger, ObligationState
 from statecore.store import plan_transition
 from stores import SQLiteStore
-from stores._sqlite_conn import DEFAULT_CHECKPOINT_PAGES
+from stores._sqlite_conn import default_checkpoint_pages
 from stores._sqlite_shortcuts import audit_values
 
 TURN = 50
@@ -76,7 +76,7 @@ class _Raw:
         self.conn = sqlite3.connect(path, isolation_level=None, cached_statements=256)
         self.conn.execute(f"PRAGMA synchronous = {synchronous}")
         # As the store's connections: the file's page size is the store's already.
-        self.conn.execute(sql.autocheckpoint_sql(DEFAULT_CHECKPOINT_PAGES))
+        self.conn.execute(sql.autocheckpoint_sql(default_checkpoint_pages(synchronous)))
         names = [
             r[0]
             for r in self.conn.execute(

@@ -19,9 +19,11 @@ Parts and targets:
   lifecycle); heap per tracked object (tracemalloc over many objects) <= 256 bytes, printed
   next to the peers'.
 
-Every workload runs in a fresh temporary directory; the contenders of a part run in turn in
-every round (the order rotates), rates printed are medians over the rounds and the ratio checked
-is the median of the rounds' own ratios.  The pragmas in effect are read back from each side's
+Every workload runs in a fresh temporary directory.  In ``normal`` and ``full`` both sides are
+open at once in every round and take turns of 50 items (the order rotating), so that a slow
+spell of the machine falls on both; in ``async`` the contenders run one after the other in every
+round (the order rotates).  Rates printed are medians over the rounds and the ratio checked is
+the median of the rounds' own ratios.  The pragmas in effect are read back from each side's
 connection, and SQL statements, commits and WAL frames per item are counted (trace callback) on a
 separate, untimed run.  Absolute numbers drift between runs, ratios hold.
 """
@@ -44,7 +46,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import litequeue  # type: ignore[import-untyped]
 import persistqueue
@@ -125,7 +127,10 @@ def print_table() -> None:
         ]
         print("  " + "  ".join(cells).rstrip())
     if PRAGMAS:
-        print("pragmas read back from each side's connection (journal_mode, synchronous):")
+        print(
+            "pragmas read back from each side's connection "
+            "(journal_mode, synchronous, page_size, wal_autocheckpoint):"
+        )
         for who, pragmas in PRAGMAS:
             print(f"  {who:<48} {pragmas}")
     if COUNTS:
@@ -158,7 +163,9 @@ def _fresh_dir(name: str) -> Iterator[Path]:
 def _pragmas(conn: sqlite3.Connection) -> str:
     mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
     sync = conn.execute("PRAGMA synchronous").fetchone()[0]
-    return f"{mode}, {_SYNC_NAMES.get(sync, str(sync))}"
+    page = conn.execute("PRAGMA page_size").fetchone()[0]
+    checkpoint = conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+    return f"{mode}, {_SYNC_NAMES.get(sync, str(sync))}, {page}, {checkpoint}"
 
 
 def _store_connections(store: SQLiteStore) -> list[sqlite3.Connection]:
@@ -306,15 +313,20 @@ def _litequeue_items(queue: Any, n: int) -> None:
         queue.done(message.message_id)
 
 
-def _time_litequeue(n: int, samples: list[float], pragmas: list[str]) -> None:
-    with _fresh_dir("litequeue") as tmp:
-        queue = litequeue.LiteQueue(str(tmp / "queue.db"))
-        gc.collect()
-        start = time.perf_counter()
-        _litequeue_items(queue, n)
-        samples.append(n / (time.perf_counter() - start))
-        pragmas.append(_pragmas(queue.conn))
-        queue.close()
+class _LiteQueue:
+    """litequeue as shipped (it sets WAL and NORMAL itself)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.queue = litequeue.LiteQueue(str(tmp / "queue.db"))
+
+    def run(self, first: int, n: int) -> None:
+        _litequeue_items(self.queue, n)
+
+    def pragmas(self) -> str:
+        return _pragmas(self.queue.conn)
+
+    def close(self) -> None:
+        self.queue.close()
 
 
 def _count_litequeue(n: int) -> None:
@@ -329,7 +341,7 @@ def bench_normal(n: int, rounds: int) -> None:
     _versus_queue(
         Versus("normal", "NORMAL", "litequeue", "litequeue put -> pop -> done"),
         "litequeue.LiteQueue, normal",
-        _time_litequeue,
+        _LiteQueue,
         _count_litequeue,
         n=n,
         rounds=rounds,
@@ -362,15 +374,20 @@ def _persist_items(queue: persistqueue.SQLiteAckQueue, n: int) -> None:
         queue.ack(id=item["pqid"])
 
 
-def _time_persist(n: int, samples: list[float], pragmas: list[str]) -> None:
-    with _fresh_dir("persistqueue") as tmp:
-        queue = _persist_queue(tmp)
-        gc.collect()
-        start = time.perf_counter()
-        _persist_items(queue, n)
-        samples.append(n / (time.perf_counter() - start))
-        pragmas.append(_pragmas(_persist_conn(queue)))
-        queue.close()
+class _PersistQueue:
+    """persist-queue's SQLiteAckQueue, its connection set to FULL."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.queue = _persist_queue(tmp)
+
+    def run(self, first: int, n: int) -> None:
+        _persist_items(self.queue, n)
+
+    def pragmas(self) -> str:
+        return _pragmas(_persist_conn(self.queue))
+
+    def close(self) -> None:
+        self.queue.close()
 
 
 def _count_persist(n: int) -> None:
@@ -386,7 +403,7 @@ def bench_full(n: int, rounds: int) -> None:
     _versus_queue(
         Versus("full", "FULL", "persist-queue SQLiteAckQueue", "SQLiteAckQueue put -> get -> ack"),
         "persistqueue.SQLiteAckQueue, full",
-        _time_persist,
+        _PersistQueue,
         _count_persist,
         n=n,
         rounds=rounds,
@@ -404,35 +421,88 @@ class Versus:
     peer_steps: str
 
 
+class _Contender(Protocol):
+    """One side of a sequential part, on its own new file."""
+
+    def run(self, first: int, n: int) -> None: ...
+    def pragmas(self) -> str: ...
+    def close(self) -> None: ...
+
+
+class _LedgerSide:
+    """``Ledger(SQLiteStore)`` at one durability."""
+
+    def __init__(self, tmp: Path, sync: str) -> None:
+        self.store = _ledger_store(tmp, sync)
+        self.ledger = Ledger(self.store)
+
+    def run(self, first: int, n: int) -> None:
+        _ledger_items(self.ledger, n, first)
+
+    def pragmas(self) -> str:
+        return _store_pragmas(self.store)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+TURN = 50
+"""Items per turn in the sequential parts: the sides alternate this often within a round."""
+
+
+def _turns(makers: list[Callable[[Path], _Contender]], n: int, r: int) -> list[tuple[float, str]]:
+    """One round: every side on a new file, warmed by a few items, then taking turns of
+    ``TURN`` items (the order rotating per round) until each has run ``n``; each side's rate
+    over its own turns and its pragmas.  A slow spell of the machine falls on every side."""
+    with contextlib.ExitStack() as stack:
+        sides: list[_Contender] = []
+        for i, make in enumerate(makers):
+            side = make(stack.enter_context(_fresh_dir(f"side{i}")))
+            stack.callback(side.close)
+            side.run(0, 10)  # opens what the first item opens
+            sides.append(side)
+        spent = [0.0] * len(sides)
+        gc.collect()
+        for turn in range(max(1, n // TURN)):
+            for j in range(len(sides)):
+                k = (j + turn + r) % len(sides)
+                start = time.perf_counter()
+                sides[k].run(10 + turn * TURN, TURN)
+                spent[k] += time.perf_counter() - start
+        done = max(1, n // TURN) * TURN
+        return [(done / t, side.pragmas()) for t, side in zip(spent, sides, strict=True)]
+
+
 def _versus_queue(
     versus: Versus,
     peer_pragmas_label: str,
-    time_peer: Callable[[int, list[float], list[str]], None],
+    make_peer: Callable[[Path], _Contender],
     count_peer: Callable[[int], None],
     *,
     n: int,
     rounds: int,
     floor: float | None,
 ) -> None:
-    """The Ledger against one queue at one durability, a commit per step, interleaved rounds;
-    reports the median of the rounds' ratios against the >= 1.0 target (and ``floor``)."""
+    """The Ledger against one queue at one durability, a commit per step, the sides taking
+    turns within each round; reports the median of the rounds' ratios against the >= 1.0
+    target (and ``floor``)."""
     sync = versus.sync
     print(
         f"{versus.part}: enqueue -> claim -> settle "
-        f"(n={n}, {rounds} rounds, WAL, synchronous={sync})"
+        f"(n={n}, {rounds} rounds, turns of {TURN}, WAL, synchronous={sync})"
     )
     ours: list[float] = []
     peer: list[float] = []
     our_pragmas: list[str] = []
     peer_pragmas: list[str] = []
     for r in range(rounds):
-        _rotated(
-            [
-                lambda: _time_ledger(sync, n, ours, our_pragmas),
-                lambda: time_peer(n, peer, peer_pragmas),
-            ],
-            r,
+        (our_rate, our_pragma), (peer_rate, peer_pragma) = _turns(
+            [lambda tmp: _LedgerSide(tmp, sync), make_peer], n, r
         )
+        ours.append(our_rate)
+        peer.append(peer_rate)
+        our_pragmas.append(our_pragma)
+        peer_pragmas.append(peer_pragma)
     our, their = statistics.median(ours), statistics.median(peer)
     print(f"  {versus.peer_steps:<50} {their:10.0f} items/s")
     print(f"  {'Ledger record -> mark_attempting -> mark_delivered':<50} {our:10.0f} items/s")

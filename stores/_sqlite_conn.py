@@ -20,7 +20,6 @@ import stores._sqlite_sql as sql
 from statecore.errors import StatecoreError, StoreError
 
 __all__ = [
-    "DEFAULT_CHECKPOINT_PAGES",
     "DEFAULT_PAGE_SIZE",
     "Connections",
     "Statement",
@@ -28,6 +27,7 @@ __all__ = [
     "check_checkpoint_pages",
     "check_header",
     "check_page_size",
+    "default_checkpoint_pages",
 ]
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -39,11 +39,18 @@ table), each only by a row or an index entry: smaller pages write less for the s
 Below 2048 bytes a longer reply no longer fits one page and spills into overflow pages
 (``benchmarks/README.md`` has the figures)."""
 
-DEFAULT_CHECKPOINT_PAGES = 4000
-"""WAL pages a commit may leave before it checkpoints (SQLite's own default is 1000).  A
-checkpoint copies each page once however often it was written since the last one, and syncs
-both files even at ``synchronous=NORMAL``: fewer, larger checkpoints copy and sync less per
-commit, for a WAL file of up to ``page_size * checkpoint_pages`` bytes (8 MB by default)."""
+
+def default_checkpoint_pages(synchronous: str) -> int:
+    """WAL pages a commit may leave before it checkpoints, when the store is not told.
+
+    At ``NORMAL``, 4000 (SQLite's own default is 1000): a checkpoint copies each page once
+    however often it was written since the last one, and syncs both files, the only syncs at
+    that level, so fewer, larger checkpoints copy and sync less per commit, for a WAL file of up
+    to ``page_size * 4000`` bytes (8 MB by default).  At ``FULL``, SQLite's 1000: every commit
+    syncs the WAL anyway, and while the WAL file grows each of those syncs also writes its new
+    size, so a larger WAL costs more than its fewer checkpoints save (``benchmarks/README.md``
+    has the figures)."""
+    return 1000 if synchronous == "FULL" else 4000
 
 
 def check_page_size(page_size: object) -> None:
@@ -57,7 +64,10 @@ def check_page_size(page_size: object) -> None:
 
 def check_checkpoint_pages(pages: object) -> None:
     """Refuse a checkpoint threshold that would never checkpoint: ``TypeError`` for a
-    non-int, ``ValueError`` below 1."""
+    non-int (None is the default, see :func:`default_checkpoint_pages`), ``ValueError`` below
+    1."""
+    if pages is None:
+        return
     if not isinstance(pages, int) or isinstance(pages, bool):
         raise TypeError(f"checkpoint_pages must be an int, not {type(pages).__name__}")
     if pages < 1:
@@ -97,13 +107,15 @@ class Connections:
         busy_ms: int,
         *,
         page_size: int = DEFAULT_PAGE_SIZE,
-        checkpoint_pages: int = DEFAULT_CHECKPOINT_PAGES,
+        checkpoint_pages: int | None = None,
     ) -> None:
         self.path = path
         self.synchronous = synchronous
         self.busy_ms = busy_ms
         self.page_size = page_size
-        self.checkpoint_pages = checkpoint_pages
+        self.checkpoint_pages = (
+            default_checkpoint_pages(synchronous) if checkpoint_pages is None else checkpoint_pages
+        )
         self.local = _Local()
         self.closed = False
         self._lock = threading.Lock()

@@ -63,7 +63,6 @@ from statecore.store import (
 from stores._closing import ClosesOnExit
 from stores._schema import migration, registered
 from stores._sqlite_conn import (
-    DEFAULT_CHECKPOINT_PAGES,
     DEFAULT_PAGE_SIZE,
     Connections,
     Statement,
@@ -103,13 +102,13 @@ class SQLiteStore(ClosesOnExit):
     """A :class:`~statecore.store.Store` in one SQLite file (see the module docs).
 
     ``SQLiteStore(path, synchronous="NORMAL" | "FULL", busy_timeout_s=5.0, page_size=2048,
-    checkpoint_pages=4000)``.  Opening checks that the file is a SQLite database of a version
+    checkpoint_pages=None)``.  Opening checks that the file is a SQLite database of a version
     this code knows; raises ``StoreError`` naming the path otherwise.  ``page_size`` (a power
     of two from 512 to 65536) applies to a file this store creates; an existing file keeps its
     own.  ``checkpoint_pages`` is how many WAL pages a commit may leave before it copies them
-    back into the file.  Either one out of range raises ``ValueError`` (``TypeError`` if not an
-    int), before anything is opened.  Safe to share between threads; each thread gets its own
-    connection, all closed by :meth:`close`.
+    back into the file (None: 4000 at NORMAL, 1000 at FULL).  Either one out of range raises
+    ``ValueError`` (``TypeError`` if not an int), before anything is opened.  Safe to share
+    between threads; each thread gets its own connection, all closed by :meth:`close`.
 
     SQLiteStore is long because it is the whole Store and BatchStore protocol for one file, one
     method per operation; everything else lives beside it: statement text in
@@ -124,7 +123,7 @@ class SQLiteStore(ClosesOnExit):
         synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
         busy_timeout_s: float = 5.0,
         page_size: int = DEFAULT_PAGE_SIZE,
-        checkpoint_pages: int = DEFAULT_CHECKPOINT_PAGES,
+        checkpoint_pages: int | None = None,
     ) -> None:
         if synchronous not in ("NORMAL", "FULL"):
             raise ValueError(f"synchronous must be NORMAL or FULL, not {synchronous!r}")

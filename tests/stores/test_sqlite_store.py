@@ -131,11 +131,14 @@ def test_new_file_page_size_and_checkpoint_threshold(
     opened: Callable[..., SQLiteStore], db_path: Path, tmp_path: Path
 ) -> None:
     """A file the store creates has its page size (2048 by default) and each connection its
-    checkpoint threshold (4000 WAL pages by default); both can be chosen."""
+    checkpoint threshold (by default 4000 WAL pages at NORMAL, 1000 at FULL); both can be
+    chosen."""
     ledger_on(opened())
     with raw_connect(db_path) as raw:
         assert raw.execute("PRAGMA page_size").fetchone()[0] == 2048
     assert opened()._conn().execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 4000
+    full = opened(synchronous="FULL")._conn()
+    assert full.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000
     chosen = opened(tmp_path / "chosen.db", page_size=8192, checkpoint_pages=250)
     ledger_on(chosen)
     conn = chosen._conn()
