@@ -184,62 +184,65 @@ def _where_shape(where: Where) -> tuple[tuple[str, str, bool, int], ...]:
     )
 
 
-def _plain(values: Mapping[str, object], types: tuple[type, ...], out: list[Any]) -> bool:
-    """Append ``values`` to ``out`` if each has exactly its expected type (text: ASCII; a
-    number: equal to itself, so not NaN)."""
-    for value, expected in zip(values.values(), types, strict=True):
-        if (
-            type(value) is not expected
-            or value != value  # noqa: PLR0124 - NaN
-            or (isinstance(value, str) and not value.isascii())
-        ):
-            return False
-        out.append(value)
-    return True
-
-
 class FastUpdate:
-    """A transition shape already planned once: its SQL and the exact type of each bound value.
+    """A transition shape already planned once: its SQL and a check of each bound value's type.
 
-    A later call of the same shape whose values all have exactly those types (and text is plain
-    ASCII) is admitted by the very checks plan_transition would run, so it skips planning; any
-    other value (None, a comparison, a convertible type) takes the full path.
+    A later call of the same shape whose values all have exactly the types the first one had
+    (text plain ASCII, a float not NaN) is admitted by the very checks plan_transition would
+    run, so it skips planning; any other value (None, a comparison, a convertible type) takes
+    the full path.
+
+    ``values(entity_id, fence, expect, changes, audit, bulk)`` returns the bound values, or
+    None when any needs the full checks: in the order of
+    :func:`~stores._sqlite_sql.update_params` or, with ``bulk``, of a
+    :func:`~stores._sqlite_sql.bulk_row` (``audit``: the audit columns' values).  It is
+    generated straight-line per shape, like the row decoder: it runs for every transition.
     """
 
-    __slots__ = ("change_types", "expect_types", "sql")
+    __slots__ = ("sql", "values")
 
     def __init__(
-        self, sql: str, change_types: tuple[type, ...], expect_types: tuple[type, ...]
+        self,
+        sql: str,
+        fenced: bool,
+        changes: Sequence[tuple[str, type]],
+        expect: Sequence[tuple[str, type]],
     ) -> None:
         self.sql = sql
-        self.change_types = change_types
-        self.expect_types = expect_types
+        self.values: Callable[..., list[Any] | None] = _values_binder(fenced, changes, expect)
 
-    def values(
-        self,
-        entity_id: object,
-        fence: object,
-        expect: Mapping[str, object] | None,
-        changes: Mapping[str, object] | None,
-        audit: Sequence[Any],
-        *,
-        bulk: bool,
-    ) -> list[Any] | None:
-        """The bound values, or None when any needs the full checks: in the order of
-        :func:`~stores._sqlite_sql.update_params` or, with ``bulk``, of a
-        :func:`~stores._sqlite_sql.bulk_row` (``audit``: the audit columns' values)."""
-        if type(entity_id) is not str or (fence is not None and type(fence) is not int):
-            return None
-        key: list[Any] = [entity_id] if fence is None else [entity_id, fence]
-        values: list[Any] = key if bulk else []
-        if changes and not _plain(changes, self.change_types, values):
-            return None
-        values.extend(audit)
-        if not bulk:
-            values.extend(key)
-        if expect and not _plain(expect, self.expect_types, values):
-            return None
-        return values
+
+def _values_binder(
+    fenced: bool, changes: Sequence[tuple[str, type]], expect: Sequence[tuple[str, type]]
+) -> Callable[..., list[Any] | None]:
+    """The generated ``values`` of a :class:`FastUpdate` (see there).  Its source holds field
+    names (as string literals) and refers to the expected types by name only."""
+    namespace: dict[str, Any] = {}
+    lines = [
+        "def values(entity_id, fence, expect, changes, audit, bulk):",
+        "    if type(entity_id) is not str: return None",
+    ]
+    if fenced:
+        lines.append("    if type(fence) is not int: return None")
+    names: dict[str, list[str]] = {"changes": [], "expect": []}
+    for source, fields in (("changes", changes), ("expect", expect)):
+        for i, (name, expected) in enumerate(fields):
+            var = f"{source[0]}{i}"
+            namespace[f"{var}_type"] = expected
+            lines.append(f"    {var} = {source}[{name!r}]")
+            # The plain path's checks, for this type: text must be ASCII, a number equal to
+            # itself (not NaN).
+            extra = f"not {var}.isascii()" if expected is str else f"{var} != {var}"
+            lines.append(f"    if type({var}) is not {var}_type or {extra}: return None")
+            names[source].append(var)
+    key = "entity_id, fence" if fenced else "entity_id"
+    changed = "".join(f"{v}, " for v in names["changes"])
+    compared = "".join(f", {v}" for v in names["expect"])
+    lines.append(f"    if bulk: return [{key}, {changed}*audit{compared}]")
+    lines.append(f"    return [{changed}*audit, {key}{compared}]")
+    exec("\n".join(lines), namespace)
+    binder: Callable[..., list[Any] | None] = namespace["values"]
+    return binder
 
 
 def learn(kind: EntityKind[Any], plan: TransitionPlan[Any], text: str) -> FastUpdate | None:
@@ -254,8 +257,9 @@ def learn(kind: EntityKind[Any], plan: TransitionPlan[Any], text: str) -> FastUp
             return None
     return FastUpdate(
         text,
-        tuple(fields[name].type for name in plan.changes),
-        tuple(fields[col].type for col, _ in plan.expect),
+        plan.fence is not None,
+        [(name, fields[name].type) for name in plan.changes],
+        [(col, fields[col].type) for col, _ in plan.expect],
     )
 
 

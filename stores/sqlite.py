@@ -232,6 +232,11 @@ class SQLiteStore(ClosesOnExit):
         )
 
     def _compiled(self, kind: EntityKind[Any]) -> CompiledKind:
+        c = self._kinds.get(kind.name)
+        # The common case (this very kind, registered, store open) in two lookups; anything
+        # else goes through the full check, which names the problem.
+        if c is not None and c.kind is kind and not self._db.closed:
+            return c
         return registered(str(self.path), self._kinds, kind, closed=self._db.closed)
 
     # -- reads --------------------------------------------------------------------------------
@@ -346,12 +351,15 @@ class SQLiteStore(ClosesOnExit):
             )
         )
         if fast is not None and params is not None:
-            with Statement(self._db, "transition"):
-                conn = self._db.conn()
+            db = self._db
+            try:  # what Statement does, inline: this is the hot path of every transition
+                conn = db.local.conn or db.conn()
                 raw = conn.execute(fast.sql, params).fetchone()
                 if raw is not None:
                     return c.row(raw, self.path)
                 current = self._current(conn, c, entity_id)
+            except (sqlite3.Error, OSError) as exc:
+                raise db.error(exc, "transition") from exc
             # A miss: the full plan names the refusal.
             plan = plan_transition(
                 kind, entity_id, event, fence=fence, expect=expect, changes=changes
