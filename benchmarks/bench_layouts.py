@@ -8,21 +8,27 @@ litequeue's connection set to it after its constructor sets NORMAL).  The conten
 * ``Ledger``: the real thing, ``Ledger(SQLiteStore(path))``.
 * ``ledger SQL``: the very statements the ledger executes (their text from the store's SQL
   seam, ``stores._sqlite_sql``), bound and run with plain ``sqlite3`` on a file the store
-  created: the store's SQLite work with no Python of statecore around it.
+  created (``ledger_sql.RawLedger``): the store's SQLite work with no Python of statecore
+  around it.
 * ``- settled-row index``: the same, on a file without the index pruning reads.
 * ``- RETURNING but fence``: the same statements returning only the new fence.
 * ``- RETURNING``: the moves return nothing (the row count tells whether the guard held).
 * ``- RETURNING, row guarded``: the same, each move also comparing every column it leaves
   (what a writer would need to prove the row it kept from its last write is the current one).
 * ``- secondary indexes``: no index besides the primary key (the sweeps and pruning would scan).
+* ``4096-byte pages``: the store's statements on a file of SQLite's usual page size instead of
+  the store's 2048 bytes.
+* ``checkpoints swapped``: the store's statements with the WAL checkpointed every 1000 pages
+  (SQLite's default) at NORMAL and every 4000 at FULL: the store's defaults swapped.
 * ``litequeue``: put -> pop -> done.
 
-None of the variants is a design the framework could ship as it is (each loses a read the
-framework relies on); they measure what each piece costs, so that a design can be weighed
-before it is built.  Every round makes fresh files; within a round the contenders take turns of
-50 items (the order rotates), so that a slow spell of the machine falls on all of them alike.
-Printed: the median rate over the rounds and the median of the rounds' ratios to litequeue and
-to ``ledger SQL``.  Informational: no target, ``--check`` never fails.
+None of the ``-`` variants is a design the framework could ship as it is (each loses a read
+the framework relies on); they measure what each piece costs, so that a design can be weighed
+before it is built.  The page and checkpoint variants measure the store's own choices.
+Every round makes fresh files; within a round the contenders take turns of 50 items (the order
+rotates), so that a slow spell of the machine falls on all of them alike.  Printed: the median
+rate over the rounds and the median of the rounds' ratios to litequeue and to ``ledger SQL``.
+Informational: no target, ``--check`` never fails.
 """
 
 from __future__ import annotations
@@ -31,7 +37,6 @@ import argparse
 import json
 import os
 import shutil
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -40,139 +45,13 @@ from collections.abc import Callable
 from typing import Any
 
 import litequeue  # type: ignore[import-untyped]
-from bench_peers import PAYLOAD
+from ledger_sql import PAYLOAD, RawLedger
 
-import stores._sqlite_sql as sql
-from statecore import OBLIGATION_KIND, Audit, Ledger, ObligationState
-from statecore.store import plan_transition
+from statecore import Ledger
 from stores import SQLiteStore
-from stores._sqlite_conn import default_checkpoint_pages
-from stores._sqlite_shortcuts import audit_values
 
 TURN = 50
 """Items per turn of one contender."""
-
-_GUARDED = (
-    "session_key", "platform", "chat_id", "thread_id", "reply_to", "content", "attempts",
-    "created_at", "owner_host", "owner_pid", "owner_started_at", "lease_expires_at",
-    "last_error", "error_kind", "next_attempt_at", "adapter_profile",
-)  # fmt: skip
-"""The columns a move leaves as they were (all but ``updated_at``, which it sets, and the owner
-token, which it compares already), compared by ``- RETURNING, row guarded``."""
-
-_K = OBLIGATION_KIND
-
-
-class _Raw:
-    """The ledger's statements on a file the store made, run with plain sqlite3."""
-
-    def __init__(self, path: str, variant: str, synchronous: str) -> None:
-        store = SQLiteStore(path)
-        ledger = Ledger(store)
-        me = ledger.incarnation
-        self.label = me.label
-        self.owner = (me.host, me.pid, me.started_at, me.token)
-        store.close()
-        self.conn = sqlite3.connect(path, isolation_level=None, cached_statements=256)
-        self.conn.execute(f"PRAGMA synchronous = {synchronous}")
-        # As the store's connections: the file's page size is the store's already.
-        self.conn.execute(sql.autocheckpoint_sql(default_checkpoint_pages(synchronous)))
-        names = [
-            r[0]
-            for r in self.conn.execute(
-                "SELECT name FROM sqlite_schema WHERE type = 'index' AND sql IS NOT NULL"
-            )
-        ]
-        for name in names:
-            if variant == "noindex" or (variant == "nosettled" and "in_abandoned" in name):
-                self.conn.execute(f"DROP INDEX {name}")
-        left = tuple(f.name for f in _K.fields if f.name not in ("updated_at", "owner_token"))
-        if left != _GUARDED:
-            raise AssertionError("the obligation's fields changed: update this benchmark")
-        self.insert = sql.insert_sql(_K)
-        self.members = sql.member_values(_K, ObligationState.PENDING)
-        self.moves: list[tuple[str, str, int]] = []
-        for event, fence in (("attempt", 0), ("deliver", 1)):
-            plan = plan_transition(
-                _K,
-                "ob-x",
-                event,
-                fence=fence,
-                expect={"owner_token": me.token},
-                changes={"updated_at": 1.0},
-            )
-            audit = audit_values(event, Audit(1.0, self.label, 0, None))
-            # The loop below binds exactly what the seam binds, in its order.
-            if sql.update_params(plan, audit) != [1.0, *audit, "ob-x", fence, me.token]:
-                raise AssertionError("update_params changed: update this benchmark")
-            text = sql.update_sql(plan)
-            head, _, _ = text.partition(" RETURNING ")
-            if variant == "fence":
-                text = head + " RETURNING fence"
-            elif variant == "noreturn":
-                text = head
-            elif variant == "guarded":
-                text = head + "".join(f" AND {name} IS ?" for name in _GUARDED)
-            self.moves.append((text, event, fence))
-        self.returns = variant not in ("noreturn", "guarded")
-        self.guarded = variant == "guarded"
-
-    def run(self, first: int, n: int) -> None:
-        conn, label, members = self.conn, self.label, self.members
-        host, pid, started, token = self.owner
-        for i in range(first, first + n):
-            oid = f"ob-{i}"
-            now = time.time()
-            conn.execute(
-                self.insert,
-                (
-                    oid,
-                    "pending",
-                    0,
-                    PAYLOAD["session_key"],
-                    "slack",
-                    "C1",
-                    "171.001",
-                    None,
-                    PAYLOAD["content"],
-                    0,
-                    now,
-                    now,
-                    host,
-                    pid,
-                    started,
-                    token,
-                    now + 300.0,
-                    None,
-                    None,
-                    None,
-                    "default",
-                    "record",
-                    now,
-                    label,
-                    0,
-                    None,
-                    *members,
-                ),
-            )
-            for text, event, fence in self.moves:
-                params: tuple[Any, ...] = (now, event, now, label, 0, None, oid, fence, token)
-                if self.guarded:  # every column the move leaves, in _GUARDED's order
-                    params += (
-                        PAYLOAD["session_key"], "slack", "C1", "171.001", None,
-                        PAYLOAD["content"], 0, now, host, pid, started, now + 300.0,
-                        None, None, None, "default",
-                    )  # fmt: skip
-                # A statement still open (a RETURNING not read to its end) would keep its
-                # transaction open: each is read, then its cursor dropped, as the store does.
-                cursor = conn.execute(text, params)
-                missed = cursor.fetchone() is None if self.returns else cursor.rowcount != 1
-                del cursor
-                if missed:
-                    raise AssertionError(f"{event} of {oid} missed")
-
-    def close(self) -> None:
-        self.conn.close()
 
 
 class _Ledger:
@@ -209,12 +88,16 @@ class _LiteQueue:
 
 CONTENDERS: dict[str, Callable[[str, str], Any]] = {
     "Ledger": _Ledger,
-    "ledger SQL": lambda path, sync: _Raw(path, "as is", sync),
-    "- settled-row index": lambda path, sync: _Raw(path, "nosettled", sync),
-    "- RETURNING but fence": lambda path, sync: _Raw(path, "fence", sync),
-    "- RETURNING": lambda path, sync: _Raw(path, "noreturn", sync),
-    "- RETURNING, row guarded": lambda path, sync: _Raw(path, "guarded", sync),
-    "- secondary indexes": lambda path, sync: _Raw(path, "noindex", sync),
+    "ledger SQL": lambda path, sync: RawLedger(path, sync, "as is"),
+    "- settled-row index": lambda path, sync: RawLedger(path, sync, "nosettled"),
+    "- RETURNING but fence": lambda path, sync: RawLedger(path, sync, "fence"),
+    "- RETURNING": lambda path, sync: RawLedger(path, sync, "noreturn"),
+    "- RETURNING, row guarded": lambda path, sync: RawLedger(path, sync, "guarded"),
+    "- secondary indexes": lambda path, sync: RawLedger(path, sync, "noindex"),
+    "4096-byte pages": lambda path, sync: RawLedger(path, sync, page_size=4096),
+    "checkpoints swapped": lambda path, sync: RawLedger(
+        path, sync, checkpoint_pages=1000 if sync == "NORMAL" else 4000
+    ),
     "litequeue": _LiteQueue,
 }
 

@@ -6,9 +6,9 @@ missed; ``--only NAME`` runs one part; ``--quick`` shrinks every size for a smok
 Parts and targets:
 
 * ``sequential``: record -> attempting -> delivered, each step committed, on SQLite WAL +
-  synchronous NORMAL.  Ledger >= 0.7x raw ``sqlite3`` executing the equivalent guarded
-  statements (same schema, same audit inserts) on one connection, and >= 20x a naive ledger that
-  opens a connection per call.
+  synchronous NORMAL.  Ledger >= 0.7x raw ``sqlite3`` executing the store's own statements on
+  one connection (``ledger_sql.RawLedger``: the same texts, the same file layout and triggers,
+  so the audit entries too), and >= 20x a naive ledger that opens a connection per call.
 * ``group``: AsyncLedger with 100 concurrent senders >= 3x the raw per-operation-commit rate at
   the same durability, at synchronous NORMAL and FULL.
 * ``sweep``: startup sweep over 1,000,000 rows of which 10,000 belong to dead owners takes
@@ -34,13 +34,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ledger_sql import RawLedger, creation_values, execute
+
+import stores._sqlite_sql as sql
 from statecore import (
     OBLIGATION_KIND,
     AsyncLedger,
     Incarnation,
     Ledger,
+    ObligationState,
 )
 from stores import InMemoryStore, SQLiteStore
+
+S = ObligationState
 
 RESULTS: list[tuple[str, float, str, bool]] = []
 
@@ -57,64 +63,7 @@ def _paired(ours: list[float], raws: list[float]) -> float:
     return statistics.median(o / r for o, r in zip(ours, raws, strict=True))
 
 
-# -- shared raw SQL (the same statements the SQLite store issues) ------------------------------
-
-_COLS = ("obligation_id", "state", "fence", *(f.name for f in OBLIGATION_KIND.fields))
-_INSERT = (
-    f"INSERT INTO delivery_obligations ({', '.join(_COLS)}) VALUES ({', '.join('?' * len(_COLS))})"
-)
-_INSERT_RETURNING = f"{_INSERT} ON CONFLICT(obligation_id) DO NOTHING RETURNING {', '.join(_COLS)}"
-_AUDIT = (
-    "INSERT INTO statecore_audit (kind, entity_id, event, from_state, to_state, at, owner, "
-    "attempts, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_UPDATE = (
-    "UPDATE delivery_obligations SET state = '{to}', fence = fence + 1, prev_state = state, "
-    "updated_at = ? WHERE obligation_id = ? AND state IN ('{frm}') AND fence = ? "
-    f"AND owner_token = ? AND owner_pid = ? RETURNING {', '.join(_COLS)}, prev_state"
-)
-_ATTEMPT = _UPDATE.format(to="attempting", frm="pending")
-_DELIVER = _UPDATE.format(to="delivered", frm="attempting")
-
-
-def _row_values(oid: str, me: Incarnation, now: float) -> list[Any]:
-    values: dict[str, Any] = {
-        "session_key": "agent:main:slack:channel:C1",
-        "platform": "slack",
-        "chat_id": "C1",
-        "thread_id": "171.001",
-        "reply_to": None,
-        "content": "x" * 100,
-        "attempts": 0,
-        "created_at": now,
-        "updated_at": now,
-        "owner_host": me.host,
-        "owner_pid": me.pid,
-        "owner_started_at": me.started_at,
-        "owner_token": me.token,
-        "lease_expires_at": now + 300,
-        "last_error": None,
-        "error_kind": None,
-        "next_attempt_at": None,
-        "adapter_profile": "default",
-    }
-    return [oid, "pending", 0, *(values[f.name] for f in OBLIGATION_KIND.fields)]
-
-
-def _raw_lifecycle(conn: sqlite3.Connection, oid: str, me: Incarnation, owner: str) -> None:
-    """One lifecycle as raw guarded statements, a commit per step (what the store does)."""
-    now = time.time()
-    conn.execute("BEGIN IMMEDIATE")
-    conn.execute(_INSERT_RETURNING, _row_values(oid, me, now)).fetchone()
-    conn.execute(_AUDIT, ("obligation", oid, "record", None, "pending", now, owner, 0, None))
-    conn.execute("COMMIT")
-    steps = ((_ATTEMPT, 0, "pending", "attempting"), (_DELIVER, 1, "attempting", "delivered"))
-    for sql, fence, frm, to in steps:
-        conn.execute("BEGIN IMMEDIATE")
-        row = conn.execute(sql, (now, oid, fence, me.token, me.pid)).fetchone()
-        assert row is not None
-        conn.execute(_AUDIT, ("obligation", oid, "x", frm, to, now, owner, 0, None))
-        conn.execute("COMMIT")
+# -- shared raw SQL (the same statements the SQLite store issues: see ledger_sql.py) -----------
 
 
 def _connect(path: str, synchronous: str) -> sqlite3.Connection:
@@ -137,11 +86,9 @@ def _fresh_db(tmp: Path, name: str, synchronous: str = "NORMAL") -> tuple[str, S
 def bench_sequential(tmp: Path, n: int, rounds: int) -> None:
     """Ledger vs raw vs naive connection-per-call, sequential lifecycles, NORMAL."""
     print(f"sequential lifecycles (n={n}, {rounds} rounds, WAL, synchronous=NORMAL)")
-    me = Incarnation.current()
-    owner = f"{me.host}:{me.pid}:{me.token}"
     samples: dict[str, list[float]] = {"ledger": [], "raw": [], "naive": []}
     for r in range(rounds):
-        path, store = _fresh_db(tmp, f"seq-ledger-{r}")
+        _, store = _fresh_db(tmp, f"seq-ledger-{r}")
         ledger = Ledger(store)
         start = time.perf_counter()
         for i in range(n):
@@ -158,34 +105,22 @@ def bench_sequential(tmp: Path, n: int, rounds: int) -> None:
         samples["ledger"].append(n / (time.perf_counter() - start))
         store.close()
 
-        path, store = _fresh_db(tmp, f"seq-raw-{r}")
-        store.close()
-        conn = _connect(path, "NORMAL")
+        raw = RawLedger(str(tmp / f"seq-raw-{r}.db"))
         start = time.perf_counter()
-        for i in range(n):
-            _raw_lifecycle(conn, f"ob-{i}", me, owner)
+        raw.run(0, n)
         samples["raw"].append(n / (time.perf_counter() - start))
-        conn.close()
+        raw.close()
 
-        path, store = _fresh_db(tmp, f"seq-naive-{r}")
-        store.close()
+        naive = RawLedger(str(tmp / f"seq-naive-{r}.db"))
+        naive.close()
         naive_n = max(20, n // 20)
         start = time.perf_counter()
         for i in range(naive_n):
             oid = f"ob-{i}"
-            now = time.time()
-            for step in range(3):
-                # A naive ledger: open, write, commit, close -- for every call.
-                conn = sqlite3.connect(path, isolation_level=None)
-                conn.execute("PRAGMA synchronous = NORMAL")
-                conn.execute("BEGIN IMMEDIATE")
-                if step == 0:
-                    conn.execute(_INSERT_RETURNING, _row_values(oid, me, now)).fetchone()
-                else:
-                    sql = _ATTEMPT if step == 1 else _DELIVER
-                    conn.execute(sql, (now, oid, step - 1, me.token, me.pid)).fetchone()
-                conn.execute(_AUDIT, ("obligation", oid, "x", None, "pending", now, owner, 0, None))
-                conn.execute("COMMIT")
+            for text, params, returns in naive.steps(oid, time.time()):
+                # A naive ledger: open, write (committed on its own), close -- for every call.
+                conn = naive.connect()
+                execute(conn, text, params, returns, oid)
                 conn.close()
         samples["naive"].append(naive_n / (time.perf_counter() - start))
     med = {k: statistics.median(v) for k, v in samples.items()}
@@ -221,15 +156,13 @@ def bench_group(tmp: Path, n: int, rounds: int) -> None:
     """AsyncLedger, 100 concurrent senders, vs raw per-operation commits, NORMAL and FULL."""
     senders = 100
     per_sender = max(1, n // senders)
-    me = Incarnation.current()
-    owner = f"{me.host}:{me.pid}:{me.token}"
     for sync in ("NORMAL", "FULL"):
         print(f"group commit ({senders} senders x {per_sender} lifecycles, synchronous={sync})")
         raw_n = max(50, n // (10 if sync == "FULL" else 2))
         ours: list[float] = []
         raws: list[float] = []
         for r in range(rounds):
-            path, store = _fresh_db(tmp, f"group-{sync}-{r}", sync)
+            _, store = _fresh_db(tmp, f"group-{sync}-{r}", sync)
             ledger = AsyncLedger(store)
             start = time.perf_counter()
             asyncio.run(_async_senders(ledger, senders, per_sender))
@@ -238,14 +171,11 @@ def bench_group(tmp: Path, n: int, rounds: int) -> None:
             ledger.close()
             store.close()
 
-            path, store = _fresh_db(tmp, f"group-raw-{sync}-{r}", sync)
-            store.close()
-            conn = _connect(path, sync)
+            raw = RawLedger(str(tmp / f"group-raw-{sync}-{r}.db"), sync)
             start = time.perf_counter()
-            for i in range(raw_n):
-                _raw_lifecycle(conn, f"ob-{i}", me, owner)
+            raw.run(0, raw_n)
             raws.append(raw_n / (time.perf_counter() - start))
-            conn.close()
+            raw.close()
         our, raw = statistics.median(ours), statistics.median(raws)
         print(f"  raw sqlite3, a commit per operation   {raw:10.0f} lifecycles/s (baseline)")
         per_commit = ops / max(1, batches)
@@ -282,23 +212,26 @@ def _populate(path: str, total: int, dead: int, owners: int, me: Incarnation) ->
     conn.execute("BEGIN")
     batch: list[list[Any]] = []
     made_dead = 0
+    insert = sql.insert_sql(OBLIGATION_KIND)  # the store's own: its trigger writes the audit
+    column = {f.name: 3 + i for i, f in enumerate(OBLIGATION_KIND.fields)}
     for i in range(total):
-        values = _row_values(f"ob-{i:08d}", me, now - (total - i) * 0.001)
+        at = now - (total - i) * 0.001
         if i % dead_every == 0 and made_dead < dead:
-            values[1] = "attempting" if i % 3 else "pending"
+            state = S.ATTEMPTING if i % 3 else S.PENDING
+            values = creation_values(f"ob-{i:08d}", state, me, me.label, at)
             owner_index = made_dead % owners
-            values[_COLS.index("owner_pid")] = 900_000 + owner_index
-            values[_COLS.index("owner_started_at")] = 1
-            values[_COLS.index("owner_token")] = f"dead{owner_index}"
+            values[column["owner_pid"]] = 900_000 + owner_index
+            values[column["owner_started_at"]] = 1
+            values[column["owner_token"]] = f"dead{owner_index}"
             made_dead += 1
         else:
-            values[1] = "delivered"
+            values = creation_values(f"ob-{i:08d}", S.DELIVERED, me, me.label, at)
         batch.append(values)
         if len(batch) >= 10_000:
-            conn.executemany(_INSERT, batch)
+            conn.executemany(insert, batch)
             batch.clear()
     if batch:
-        conn.executemany(_INSERT, batch)
+        conn.executemany(insert, batch)
     conn.execute("COMMIT")
     conn.close()
 

@@ -53,6 +53,7 @@ import persistqueue
 import statemachine
 import transitions
 from bench_ledger import _async_senders, _fresh_db, _paired
+from ledger_sql import PAYLOAD
 
 from statecore import AsyncLedger, Ledger, Lifecycle, Transition
 from stores import SQLiteStore
@@ -140,15 +141,6 @@ def print_table() -> None:
 
 
 # -- shared helpers -------------------------------------------------------------------------------
-
-PAYLOAD: dict[str, str] = {
-    "session_key": "agent:main:slack:channel:C1",
-    "platform": "slack",
-    "chat_id": "C1",
-    "thread_id": "171.001",
-    "content": "x" * 100,
-}
-"""What every item carries (the fields bench_ledger's sequential part records)."""
 
 _SYNC_NAMES = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
 
