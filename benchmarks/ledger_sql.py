@@ -43,7 +43,7 @@ GUARDED = (
 """The columns a move leaves as they were (all but ``updated_at``, which it sets, and the owner
 token, which it compares already): what the ``guarded`` variant compares."""
 
-VARIANTS = ("as is", "nosettled", "fence", "noreturn", "guarded", "noindex")
+VARIANTS = ("as is", "nosettled", "fence", "noreturn", "guarded", "head", "noindex")
 """``as is``: the store's statements; the others take one cost away (see bench_layouts.py)."""
 
 
@@ -120,6 +120,8 @@ class RawLedger:
         if left != GUARDED:
             raise AssertionError("the obligation's fields changed: update ledger_sql.py")
         self.insert = sql.insert_sql(_K)
+        if variant == "head":
+            self.insert += " RETURNING audit_head"
         self.moves: list[tuple[str, str, int]] = []
         for event, fence in (("attempt", 0), ("deliver", 1)):
             plan = plan_transition(
@@ -142,9 +144,12 @@ class RawLedger:
                 text = head
             elif variant == "guarded":
                 text = head + "".join(f" AND {name} IS ?" for name in GUARDED)
+            elif variant == "head":
+                text = head + " AND audit_head = ? RETURNING audit_head"
             self.moves.append((text, event, fence))
         self.returns = variant not in ("noreturn", "guarded")
         self.guarded = variant == "guarded"
+        self.variant = variant
 
     def connect(self) -> sqlite3.Connection:
         """A new connection to the file, set up as the store sets up its own."""
@@ -172,10 +177,35 @@ class RawLedger:
     def run(self, first: int, n: int, conn: sqlite3.Connection | None = None) -> None:
         """Lifecycles of ids ``ob-<first>`` onwards, each statement committed on its own."""
         conn = conn or self.conn
+        if self.variant == "head":
+            self._run_head(conn, first, n)
+            return
         for i in range(first, first + n):
             oid = f"ob-{i}"
             for text, params, returns in self.steps(oid, time.time()):
                 execute(conn, text, params, returns, oid)
+
+    def _run_head(self, conn: sqlite3.Connection, first: int, n: int) -> None:
+        """The ``head`` variant: each write returns only the row's new audit head, and each move
+        is guarded by the head the previous write returned (what a writer keeping its rows would
+        need, were audit seqs never reused)."""
+        me, label = self.me, self.label
+        for i in range(first, first + n):
+            oid = f"ob-{i}"
+            now = time.time()
+            record = creation_values(oid, ObligationState.PENDING, me, label, now)
+            cursor = conn.execute(self.insert, record)
+            row = cursor.fetchone()
+            del cursor
+            for text, event, fence in self.moves:
+                if row is None:
+                    raise AssertionError(f"a step of {oid} missed before {event}")
+                params = (now, event, now, label, 0, None, oid, fence, me.token, row[0])
+                cursor = conn.execute(text, params)
+                row = cursor.fetchone()
+                del cursor
+            if row is None:
+                raise AssertionError(f"the last step of {oid} missed")
 
     def close(self) -> None:
         """Close the connection."""
