@@ -148,8 +148,16 @@ class Ledger:
             reply_to=reply_to,
             adapter_profile=adapter_profile,
         )
-        if self._meter is None:
-            return self._recorded(creation.apply(self.store, _K))
+        if self._meter is None:  # creation.apply(self.store, _K), spelled out (hot path)
+            return self._recorded(
+                self.store.insert(
+                    _K,
+                    creation.entity_id,
+                    creation.values,
+                    event=creation.event,
+                    audit=creation.audit,
+                )
+            )
         # Counted in _recorded when created: a repeated record writes nothing.
         return self._meter.write(
             "record", lambda: self._recorded(creation.apply(self.store, _K)), counted=True
@@ -612,7 +620,7 @@ class Ledger:
             if row.state in _SETTLED:
                 self._fences.pop(row.id, None)
             else:
-                self._fences[row.id] = (row.fence, row["attempts"])
+                self._fences[row.id] = (row.fence, row.values["attempts"])
 
     def _forget(self, obligation_id: str) -> None:
         """Drop the fence remembered for one row (it was abandoned)."""

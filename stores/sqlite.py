@@ -317,13 +317,16 @@ class SQLiteStore(ClosesOnExit):
         c = self._compiled(kind)
         state, checked = plan_creation(kind, entity_id, event, values)
         params = c.insert_params(entity_id, state, checked, event, audit)
-        with Statement(self._db, "insert"):
-            conn = self._db.conn()
+        db = self._db
+        try:  # what Statement does, inline: this is the hot path of every creation
+            conn = db.local.conn or db.conn()
             if conn.execute(c.insert_sql, params).rowcount == 0:  # the id exists: untouched
                 existing = self._current(conn, c, entity_id)
                 if existing is None:  # deleted between the two statements: a prune won
                     raise StoreError(f"{self.path}: {kind.name} {entity_id!r} was just pruned")
                 return existing, False
+        except (sqlite3.Error, OSError) as exc:
+            raise db.error(exc, "insert") from exc
         # Exactly what was written: the checked values are in the form a read returns.
         return new_row(entity_id, state, 0, checked), True
 
