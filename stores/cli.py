@@ -179,6 +179,7 @@ def _size(conn: sqlite3.Connection, path: str) -> Check:
     return Check(
         "file size",
         CheckStatus.INFO,
-        f"{size(file_bytes)} (+ {size(wal_bytes)} WAL; {size(free * page)} free pages)",
-        {"bytes": file_bytes, "wal_bytes": wal_bytes, "free_bytes": free * page},
+        f"{size(file_bytes)} (+ {size(wal_bytes)} WAL; {size(free * page)} free pages; "
+        f"{page}-byte pages)",
+        {"bytes": file_bytes, "wal_bytes": wal_bytes, "free_bytes": free * page, "page_size": page},
     )

@@ -87,6 +87,9 @@ def test_a_healthy_file_passes_and_is_not_changed(tmp_path: Path) -> None:
     ]
     assert checks["integrity"]["details"] == {"check": "quick_check"}
     assert checks["file size"]["details"]["bytes"] == path.stat().st_size
+    # A file the store created has its pages (an older file keeps its own: reported as is).
+    assert checks["file size"]["details"]["page_size"] == 2048
+    assert "2048-byte pages" in lines[4]
 
 
 def test_stuck_rows_are_a_problem_with_their_owners_liveness(tmp_path: Path) -> None:
