@@ -9,16 +9,15 @@ litequeue's connection set to it after its constructor sets NORMAL).  The conten
 * ``ledger SQL``: the very statements the ledger executes (their text from the store's SQL
   seam, ``stores._sqlite_sql``), bound and run with plain ``sqlite3`` on a file the store
   created (``ledger_sql.RawLedger``): the store's SQLite work with no Python of statecore
-  around it.
-* ``- settled-row index``: the same, on a file without the index pruning reads.
-* ``- RETURNING but fence``: the same statements returning only the new fence.
-* ``- RETURNING``: the moves return nothing (the row count tells whether the guard held).
-* ``- RETURNING, row guarded``: the same, each move also comparing every column it leaves
-  (what a writer would need to prove the row it kept from its last write is the current one).
-* ``- RETURNING but head, head guarded``: each write returns only the row's new
-  ``audit_head``, and each move also compares the head the previous write returned (a cheaper
-  proof that a kept row is current, were audit seqs never reused).
-* ``- secondary indexes``: no index besides the primary key (the sweeps and pruning would scan).
+  around it.  Each mark is a proved move, as the store runs it for a row it wrote last.
+* ``+ RETURNING, no proof``: each mark returns the row it wrote instead, as the store runs it
+  for a row it does not know.
+* ``- settled-row index``: the proved moves on a file without the index pruning reads.
+* ``- RETURNING but fence``, ``- RETURNING``, ``- RETURNING but head, head guarded``: the
+  returning moves returning only the new fence; nothing (the row count tells whether the guard
+  held); only the row's new ``audit_head``, each move also comparing the previous one.
+* ``- secondary indexes``: the proved moves without any index besides the primary key (the
+  sweeps and pruning would scan).
 * ``4096-byte pages``: the store's statements on a file of SQLite's usual page size instead of
   the store's 2048 bytes.
 * ``checkpoints swapped``: the store's statements with the WAL checkpointed every 1000 pages
@@ -92,10 +91,10 @@ class _LiteQueue:
 CONTENDERS: dict[str, Callable[[str, str], Any]] = {
     "Ledger": _Ledger,
     "ledger SQL": lambda path, sync: RawLedger(path, sync, "as is"),
+    "+ RETURNING, no proof": lambda path, sync: RawLedger(path, sync, "returning"),
     "- settled-row index": lambda path, sync: RawLedger(path, sync, "nosettled"),
     "- RETURNING but fence": lambda path, sync: RawLedger(path, sync, "fence"),
     "- RETURNING": lambda path, sync: RawLedger(path, sync, "noreturn"),
-    "- RETURNING, row guarded": lambda path, sync: RawLedger(path, sync, "guarded"),
     "- RETURNING but head, head guarded": lambda path, sync: RawLedger(path, sync, "head"),
     "- secondary indexes": lambda path, sync: RawLedger(path, sync, "noindex"),
     "4096-byte pages": lambda path, sync: RawLedger(path, sync, page_size=4096),

@@ -4,8 +4,10 @@ The raw baseline of ``bench_ledger.py`` and ``bench_layouts.py``: the statement 
 the store's SQL seam (``stores._sqlite_sql``) and the bound values are laid out as the seam lays
 them out (checked against it when a :class:`RawLedger` is built), so a baseline never drifts from
 what the store runs.  One lifecycle is three statements, each committed on its own: the
-``INSERT`` that records (its trigger appends the audit entry), then the guarded ``UPDATE ...
-RETURNING`` of ``attempt`` and of ``deliver`` (their triggers likewise).
+``INSERT`` that records (its trigger appends the audit entry), then the guarded ``UPDATE`` of
+``attempt`` and of ``deliver`` (their triggers likewise), each proving the row it moves is the
+one the previous statement wrote, as the store does for a row it knows
+(:func:`stores._sqlite_sql.proved_update_sql`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import stores._sqlite_pragmas as pragmas
 import stores._sqlite_sql as sql
 from statecore import OBLIGATION_KIND, Audit, Incarnation, Ledger, ObligationState
 from statecore.store import plan_transition
@@ -35,16 +38,19 @@ PAYLOAD: dict[str, str] = {
 
 _K = OBLIGATION_KIND
 
-GUARDED = (
+COMPARED = (
     "session_key", "platform", "chat_id", "thread_id", "reply_to", "content", "attempts",
-    "created_at", "owner_host", "owner_pid", "owner_started_at", "lease_expires_at",
-    "last_error", "error_kind", "next_attempt_at", "adapter_profile",
+    "created_at", "owner_host", "owner_pid", "owner_started_at", "owner_token",
+    "lease_expires_at", "last_error", "error_kind", "next_attempt_at", "adapter_profile",
 )  # fmt: skip
-"""The columns a move leaves as they were (all but ``updated_at``, which it sets, and the owner
-token, which it compares already): what the ``guarded`` variant compares."""
+"""The fields a mark leaves as they were (all but ``updated_at``, which it sets): what a proved
+move compares."""
 
-VARIANTS = ("as is", "nosettled", "fence", "noreturn", "guarded", "head", "noindex")
-"""``as is``: the store's statements; the others take one cost away (see bench_layouts.py)."""
+VARIANTS = ("as is", "returning", "nosettled", "fence", "noreturn", "head", "noindex")
+"""``as is``: the store's statements for rows it knows (proved moves); ``returning``: its
+statements for other rows (each move returns the row it wrote); ``nosettled`` and ``noindex``:
+the proved moves without some indexes; ``fence``, ``noreturn`` and ``head``: the returning moves
+returning less (see bench_layouts.py)."""
 
 
 def creation_values(
@@ -116,8 +122,8 @@ class RawLedger:
         for name in names:
             if variant == "noindex" or (variant == "nosettled" and "in_abandoned" in name):
                 self.conn.execute(f"DROP INDEX {name}")
-        left = tuple(f.name for f in _K.fields if f.name not in ("updated_at", "owner_token"))
-        if left != GUARDED:
+        left = tuple(f.name for f in _K.fields if f.name != "updated_at")
+        if left != COMPARED:
             raise AssertionError("the obligation's fields changed: update ledger_sql.py")
         self.insert = sql.insert_sql(_K)
         if variant == "head":
@@ -138,24 +144,24 @@ class RawLedger:
                 raise AssertionError("update_params changed: update ledger_sql.py")
             text = sql.update_sql(plan)
             head, _, _ = text.partition(" RETURNING ")
-            if variant == "fence":
+            if variant in ("as is", "nosettled", "noindex"):
+                text = sql.proved_update_sql(plan, COMPARED)
+            elif variant == "fence":
                 text = head + " RETURNING fence"
             elif variant == "noreturn":
                 text = head
-            elif variant == "guarded":
-                text = head + "".join(f" AND {name} IS ?" for name in GUARDED)
             elif variant == "head":
                 text = head + " AND audit_head = ? RETURNING audit_head"
             self.moves.append((text, event, fence))
-        self.returns = variant not in ("noreturn", "guarded")
-        self.guarded = variant == "guarded"
+        self.proved = variant in ("as is", "nosettled", "noindex")
+        self.returns = variant not in ("noreturn", "as is", "nosettled", "noindex")
         self.variant = variant
 
     def connect(self) -> sqlite3.Connection:
         """A new connection to the file, set up as the store sets up its own."""
         conn = sqlite3.connect(self.path, isolation_level=None, cached_statements=256)
         conn.execute(f"PRAGMA synchronous = {self.synchronous}")
-        conn.execute(sql.autocheckpoint_sql(self.checkpoint_pages))
+        conn.execute(pragmas.autocheckpoint_sql(self.checkpoint_pages))
         return conn
 
     def steps(self, oid: str, now: float) -> Iterator[tuple[str, tuple[Any, ...], bool]]:
@@ -164,14 +170,15 @@ class RawLedger:
         me, label = self.me, self.label
         record = creation_values(oid, ObligationState.PENDING, me, label, now)
         yield self.insert, tuple(record), False
-        for text, event, fence in self.moves:
+        # The row as the insert wrote it: each proved move compares it (its fields but
+        # updated_at, which the moves set, then state and fence), as the store does.
+        kept = tuple(
+            v for f, v in zip(_K.fields, record[3:], strict=False) if f.name != "updated_at"
+        )
+        for (text, event, fence), state in zip(self.moves, ("pending", "attempting"), strict=True):
             params: tuple[Any, ...] = (now, event, now, label, 0, None, oid, fence, me.token)
-            if self.guarded:  # every column the move leaves, in GUARDED's order
-                params += (
-                    PAYLOAD["session_key"], PAYLOAD["platform"], PAYLOAD["chat_id"],
-                    PAYLOAD["thread_id"], None, PAYLOAD["content"], 0, now, me.host, me.pid,
-                    me.started_at, now + 300.0, None, None, None, "default",
-                )  # fmt: skip
+            if self.proved:
+                params += (state, fence, *kept)
             yield text, params, self.returns
 
     def run(self, first: int, n: int, conn: sqlite3.Connection | None = None) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import stores._sqlite_sql as sql
+import stores._sqlite_pragmas as pragmas
 from statecore.errors import StatecoreError, StoreError
 
 __all__ = [
@@ -135,16 +135,16 @@ class Connections:
             cached_statements=256,
         )
         try:
-            conn.execute(sql.busy_timeout_sql(self.busy_ms))
+            conn.execute(pragmas.busy_timeout_sql(self.busy_ms))
             # Takes effect only while the file has no page yet: before WAL mode writes its
             # header.  An existing file keeps its page size.
-            conn.execute(sql.page_size_sql(self.page_size))
-            mode = conn.execute(sql.JOURNAL_WAL).fetchone()[0]
+            conn.execute(pragmas.page_size_sql(self.page_size))
+            mode = conn.execute(pragmas.JOURNAL_WAL).fetchone()[0]
             if str(mode).lower() != "wal":
                 raise StoreError(f"{self.path}: cannot use WAL journaling (got {mode!r})")
-            conn.execute(sql.synchronous_sql(self.synchronous))
-            conn.execute(sql.autocheckpoint_sql(self.checkpoint_pages))
-            conn.execute(sql.FOREIGN_KEYS_ON)
+            conn.execute(pragmas.synchronous_sql(self.synchronous))
+            conn.execute(pragmas.autocheckpoint_sql(self.checkpoint_pages))
+            conn.execute(pragmas.FOREIGN_KEYS_ON)
         except BaseException:
             conn.close()
             raise
@@ -243,7 +243,7 @@ class Txn:
             depth = local.depth
             self.joined = depth > 0 and not self.savepoint
             if not self.joined:
-                conn.execute(sql.BEGIN if depth == 0 else sql.savepoint_sql(depth))
+                conn.execute(pragmas.BEGIN if depth == 0 else pragmas.savepoint_sql(depth))
         except sqlite3.Error as exc:
             raise db.error(exc, f"{self.what} (begin)") from exc
         self.conn, self.depth = conn, depth
@@ -261,7 +261,7 @@ class Txn:
         db.local.depth = depth
         if kind is None:
             try:
-                conn.execute(sql.COMMIT if depth == 0 else sql.release_sql(depth))
+                conn.execute(pragmas.COMMIT if depth == 0 else pragmas.release_sql(depth))
                 return
             except sqlite3.Error as error:
                 self._rollback()
@@ -275,7 +275,7 @@ class Txn:
         with contextlib.suppress(sqlite3.Error):
             if depth == 0:
                 if conn.in_transaction:
-                    conn.execute(sql.ROLLBACK)
+                    conn.execute(pragmas.ROLLBACK)
             else:
-                conn.execute(sql.rollback_to_sql(depth))
-                conn.execute(sql.release_sql(depth))
+                conn.execute(pragmas.rollback_to_sql(depth))
+                conn.execute(pragmas.release_sql(depth))

@@ -7,7 +7,9 @@ writes exactly what it would:
   shape, and its row decoder (by column position, without a second check of values the store
   already checked).
 * :class:`FastUpdate` -- a transition shape learned from its first full plan: a later call of
-  the same shape with plain values binds them directly instead of planning again.
+  the same shape with plain values binds them directly instead of planning again.  Of a row the
+  store wrote last (:meth:`CompiledKind.remember`), such a call proves in its ``UPDATE`` that
+  the row is still that one, and the row written is known without reading it back.
 * :class:`Step`, :func:`distinct_runs`, :func:`pieces` -- a batch of moves or creations cut into
   runs of one shape on distinct entities, each run into a few multi-row statements whose texts
   repeat (and so stay in the driver's statement cache).
@@ -18,6 +20,7 @@ golden files.  Nothing here touches a connection either.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
@@ -45,6 +48,9 @@ __all__ = [
 
 _T = TypeVar("_T")
 
+KNOWN_ROWS = 1024
+"""Rows a compiled kind keeps as the last written per id (for proved transitions)."""
+
 BATCH_PIECE = 64
 """Rows per multi-row statement of a batch (parameters stay well under any SQLite limit)."""
 
@@ -60,10 +66,12 @@ class CompiledKind:
         "column_values",
         "columns",
         "fast",
+        "final",
         "get_sql",
         "history_sql",
         "insert_sql",
         "kind",
+        "known",
         "members",
         "select_cols",
         "states",
@@ -76,6 +84,9 @@ class CompiledKind:
         self.columns = tuple(f.name for f in kind.fields)
         self.select_cols = sql.select_cols(kind)
         self.states: dict[str, Enum] = {s.value: s for s in kind.lifecycle.states}
+        self.final = frozenset(
+            s for s in kind.lifecycle.states if not kind.lifecycle.allowed_events(s)
+        )
         self.get_sql = sql.get_sql(kind)
         self.history_sql = sql.history_sql(kind)
         self.insert_sql = sql.insert_sql(kind)
@@ -95,6 +106,24 @@ class CompiledKind:
         # Shapes seen with plain values only: (event, unfenced?, expect keys, change keys).
         self.fast: dict[tuple[Any, ...], FastUpdate] = {}
         self.values = _values_decoder(kind)
+        # The row this store last wrote for each id (a few, see remember): a later transition
+        # of that id proves the row unchanged instead of reading it back (see FastUpdate).
+        self.known: dict[str, Row[Any]] = {}
+
+    def remember(self, row: Row[Any]) -> None:
+        """Keep ``row`` as the one this store last wrote for its id, unless its state is final
+        (no transition leaves it); at most :data:`KNOWN_ROWS` are kept, the oldest dropped.
+        A kept row is only ever a hint: a transition proves it in the statement itself."""
+        known = self.known
+        known.pop(row.id, None)
+        if row.state in self.final:
+            return
+        known[row.id] = row
+        if len(known) > KNOWN_ROWS:
+            # Another thread may be changing the dict too: an eviction it races with is only
+            # skipped (the next one catches up).
+            with contextlib.suppress(RuntimeError, KeyError, StopIteration):
+                del known[next(iter(known))]
 
     def insert_params(
         self, entity_id: str, state: Enum, checked: Mapping[str, object], event: str, audit: Audit
@@ -199,7 +228,7 @@ class FastUpdate:
     generated straight-line per shape, like the row decoder: it runs for every transition.
     """
 
-    __slots__ = ("sql", "values")
+    __slots__ = ("apply", "compared", "moves", "proved_sql", "sql", "values")
 
     def __init__(
         self,
@@ -207,9 +236,22 @@ class FastUpdate:
         fenced: bool,
         changes: Sequence[tuple[str, type]],
         expect: Sequence[tuple[str, type]],
+        *,
+        moves: Mapping[Enum, Enum],
+        proved_sql: str,
+        compared: tuple[str, ...],
     ) -> None:
         self.sql = sql
         self.values: Callable[..., list[Any] | None] = _values_binder(fenced, changes, expect)
+        self.moves = moves
+        self.proved_sql = proved_sql
+        self.apply = _applier(changes)
+        # The known row's values the proof compares, in proved_sql's order.
+        self.compared: Callable[[Mapping[str, object]], tuple[Any, ...]] = (
+            operator.itemgetter(*compared)
+            if len(compared) > 1
+            else lambda values: tuple(values[n] for n in compared)
+        )
 
 
 def _values_binder(
@@ -245,6 +287,24 @@ def _values_binder(
     return binder
 
 
+def _applier(
+    changes: Sequence[tuple[str, type]],
+) -> Callable[[Mapping[str, object], Mapping[str, object] | None], dict[str, object]]:
+    """``apply(known, changes)``: the values a proved move leaves, ``known``'s with the changes
+    made, each in the form a read returns it (a float ``-0.0`` reads back as ``0.0``: adding
+    ``0.0`` does the same).  Generated straight-line per shape, like the binder."""
+    lines = ["def apply(known, changes):", "    values = dict(known)"]
+    for name, expected in changes:
+        normal = " + 0.0" if expected is float else ""
+        lines.append(f"    values[{name!r}] = changes[{name!r}]{normal}")
+    lines.append("    return values")
+    namespace: dict[str, Any] = {}
+    exec("\n".join(lines), namespace)
+    apply: Callable[[Mapping[str, object], Mapping[str, object] | None], dict[str, object]]
+    apply = namespace["apply"]
+    return apply
+
+
 def learn(kind: EntityKind[Any], plan: TransitionPlan[Any], text: str) -> FastUpdate | None:
     """The fast path for a plan's shape (whose UPDATE is ``text``), when every value it binds is
     a plain, non-NULL value of a declared field compared by equality (the shape a ledger's
@@ -255,11 +315,15 @@ def learn(kind: EntityKind[Any], plan: TransitionPlan[Any], text: str) -> FastUp
     for column, cmp in plan.expect:
         if column not in fields or cmp.op != "=" or cmp.value is None:
             return None
+    compared = tuple(f.name for f in kind.fields if f.name not in plan.changes)
     return FastUpdate(
         text,
         plan.fence is not None,
         [(name, fields[name].type) for name in plan.changes],
         [(col, fields[col].type) for col, _ in plan.expect],
+        moves=plan.targets,
+        proved_sql=sql.proved_update_sql(plan, compared),
+        compared=compared,
     )
 
 

@@ -1,11 +1,13 @@
-"""The SQL text of the SQLite store: every statement it executes, built from a kind or a plan.
+"""The SQL text of the SQLite store: every statement it executes on its tables, built from a
+kind or a plan.
 
-This is the store's one SQL seam.  Its functions are pure (no driver calls, no caches): given an
-entity kind, a transition plan or a bulk shape they return the statement text, and, where the
-order of the bound values is part of the statement, the values in that order.  The text is
-pinned as golden files by ``tests/test_sqlite_sql_golden.py``, so a change to any statement shows
-up as a reviewed diff.  The store's speed shortcuts (``stores._sqlite_shortcuts``) cache this text
-per kind and shape; they never write SQL of their own.
+This is the store's one SQL seam (the pragmas and transaction statements of its connections are
+beside it, in ``stores._sqlite_pragmas``).  Its functions are pure (no driver calls, no caches):
+given an entity kind, a transition plan or a bulk shape they return the statement text, and,
+where the order of the bound values is part of the statement, the values in that order.  The
+text is pinned as golden files by ``tests/test_sqlite_sql_golden.py``, so a change to any
+statement shows up as a reviewed diff.  The store's speed shortcuts (``stores._sqlite_shortcuts``)
+cache this text per kind and shape; they never write SQL of their own.
 
 Values are always bound (``?``).  State names are the exception: they are validated identifiers
 (see :class:`~statecore.lifecycle.Lifecycle`), inlined as sorted literals so that SQLite can prove
@@ -26,13 +28,7 @@ __all__ = [
     "AUDIT_CHAIN_DELETE",
     "AUDIT_COLUMNS",
     "AUDIT_TABLE",
-    "BEGIN",
-    "COMMIT",
-    "FOREIGN_KEYS_ON",
-    "JOURNAL_WAL",
     "MANAGED_COLUMNS",
-    "ROLLBACK",
-    "USER_VERSION",
     "BulkShape",
     "add_field_sql",
     "add_managed_sql",
@@ -41,7 +37,6 @@ __all__ = [
     "bulk_row",
     "bulk_shape",
     "bulk_update_sql",
-    "busy_timeout_sql",
     "count_sql",
     "create_table_sql",
     "get_sql",
@@ -54,13 +49,8 @@ __all__ = [
     "member_columns",
     "member_values",
     "prune_sql",
-    "release_sql",
-    "rollback_to_sql",
-    "savepoint_sql",
     "select_cols",
     "select_sql",
-    "set_user_version_sql",
-    "synchronous_sql",
     "table_info_named_sql",
     "table_info_sql",
     "update_many_sql",
@@ -95,62 +85,6 @@ AUDIT_COLUMNS = ("audit_event", "audit_at", "audit_owner", "audit_attempts", "au
 """The row's copy of its last audit entry: every write sets them, in the same statement, and
 the table's triggers copy them into the audit table (see :func:`audit_trigger_sql`).  Bound in
 this order: event, at, owner, attempts, reason."""
-
-
-# -- connections and transactions -------------------------------------------------------------
-
-JOURNAL_WAL = "PRAGMA journal_mode = WAL"
-"""Switches the file to WAL journaling; returns the mode now in force."""
-
-FOREIGN_KEYS_ON = "PRAGMA foreign_keys = ON"
-USER_VERSION = "PRAGMA user_version"
-"""Reads the schema version a file was written with."""
-
-BEGIN = "BEGIN IMMEDIATE"
-"""Opens a write transaction: the write lock is taken at once, not at the first write."""
-
-COMMIT = "COMMIT"
-ROLLBACK = "ROLLBACK"
-
-
-def busy_timeout_sql(busy_ms: int) -> str:
-    """How long a connection waits for another's write lock before failing."""
-    return f"PRAGMA busy_timeout = {int(busy_ms)}"
-
-
-def synchronous_sql(level: str) -> str:
-    """The durability level (``NORMAL`` or ``FULL``; checked by the store)."""
-    return f"PRAGMA synchronous = {level}"
-
-
-def page_size_sql(size: int) -> str:
-    """The page size of a file not yet written (checked by the store)."""
-    return f"PRAGMA page_size = {int(size)}"
-
-
-def autocheckpoint_sql(pages: int) -> str:
-    """How many WAL pages a commit may leave before it checkpoints (checked by the store)."""
-    return f"PRAGMA wal_autocheckpoint = {int(pages)}"
-
-
-def set_user_version_sql(version: int) -> str:
-    """Records the schema version of the layout this code writes."""
-    return f"PRAGMA user_version = {int(version)}"
-
-
-def savepoint_sql(depth: int) -> str:
-    """Opens the savepoint of a block nested ``depth`` deep."""
-    return f"SAVEPOINT sp{depth}"
-
-
-def release_sql(depth: int) -> str:
-    """Keeps the work of the block nested ``depth`` deep (its enclosing block commits it)."""
-    return f"RELEASE sp{depth}"
-
-
-def rollback_to_sql(depth: int) -> str:
-    """Undoes the work of the block nested ``depth`` deep (release it afterwards)."""
-    return f"ROLLBACK TO sp{depth}"
 
 
 # -- schema -----------------------------------------------------------------------------------
@@ -411,6 +345,14 @@ def update_sql(plan: TransitionPlan[Any]) -> str:
     states, fence, expected values) does not hold.
     """
     return _guarded_update(plan, f"{plan.kind.id_field} = ?", head=True)
+
+
+def proved_update_sql(plan: TransitionPlan[Any], compared: Sequence[str]) -> str:
+    """:func:`update_sql` returning nothing, and also requiring the row to be exactly one the
+    writer knows: its state, its fence and each of ``compared`` (``IS``).  Bound: as
+    :func:`update_params`, then the known state, fence and ``compared`` values."""
+    text, _, _ = update_sql(plan).partition(" RETURNING ")
+    return text + " AND +state = ? AND fence = ?" + "".join(f" AND {c} IS ?" for c in compared)
 
 
 def update_params(plan: TransitionPlan[Any], audit: Sequence[Any]) -> list[Any]:

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from enum import Enum
 from typing import Any, Literal, TypeVar
 
+import stores._sqlite_pragmas as pragmas
 import stores._sqlite_sql as sql
 import stores._sqlite_upgrade_sql as upgrade
 from statecore.batch import (
@@ -143,7 +144,7 @@ class SQLiteStore(ClosesOnExit):
         self._kinds: dict[str, CompiledKind] = {}
         check_header(self.path)
         with self._db.guard("open"):
-            version = self._db.conn().execute(sql.USER_VERSION).fetchone()[0]
+            version = self._db.conn().execute(pragmas.USER_VERSION).fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise StoreError(
                     f"{self.path}: schema version {version} is newer than this code "
@@ -156,7 +157,7 @@ class SQLiteStore(ClosesOnExit):
             if "prev" not in audit:  # written before the chains: chain it, once
                 for statement in upgrade.audit_chain_sql():
                     conn.execute(statement)
-            conn.execute(sql.set_user_version_sql(SCHEMA_VERSION))
+            conn.execute(pragmas.set_user_version_sql(SCHEMA_VERSION))
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r}, synchronous={self.synchronous!r})"
@@ -328,7 +329,9 @@ class SQLiteStore(ClosesOnExit):
         except (sqlite3.Error, OSError) as exc:
             raise db.error(exc, "insert") from exc
         # Exactly what was written: the checked values are in the form a read returns.
-        return new_row(entity_id, state, 0, checked), True
+        row = new_row(entity_id, state, 0, checked)
+        c.remember(row)
+        return row, True
 
     def transition(
         self,
@@ -341,8 +344,11 @@ class SQLiteStore(ClosesOnExit):
         expect: Mapping[str, object] | None = None,
         changes: Mapping[str, object] | None = None,
     ) -> Row[S]:
-        """One guarded ``UPDATE ... RETURNING``; the table's trigger writes its audit entry in
-        the same statement."""
+        """One guarded ``UPDATE``; the table's trigger writes its audit entry in the same
+        statement.  Of a row this store wrote last (and knows), the ``UPDATE`` also proves the
+        row unchanged since (its state, fence and every field the move leaves), and the row
+        written is that one moved, not read back; otherwise, or when the proof fails (another
+        writer moved it), the ``UPDATE`` returns the row it wrote (``RETURNING``)."""
         c = self._compiled(kind)
         key = fast_key(event, fence, expect, changes)
         fast = c.fast.get(key)
@@ -357,9 +363,26 @@ class SQLiteStore(ClosesOnExit):
             db = self._db
             try:  # what Statement does, inline: this is the hot path of every transition
                 conn = db.local.conn or db.conn()
+                known = c.known.get(entity_id)
+                if known is not None and known.state in fast.moves:
+                    # The row this store last wrote, proved unchanged by the statement itself
+                    # (state, fence and every field the move leaves): what it writes is then
+                    # known without reading it back.  A stale row only fails the proof.
+                    proof = [*params, known.state.value, known.fence, *fast.compared(known.values)]
+                    if conn.execute(fast.proved_sql, proof).rowcount == 1:
+                        row = new_row(
+                            entity_id,
+                            fast.moves[known.state],
+                            known.fence + 1,
+                            fast.apply(known.values, changes),
+                        )
+                        c.remember(row)
+                        return row
                 raw = conn.execute(fast.sql, params).fetchone()
                 if raw is not None:
-                    return c.row(raw, self.path)
+                    row = c.row(raw, self.path)
+                    c.remember(row)
+                    return row
                 current = self._current(conn, c, entity_id)
             except (sqlite3.Error, OSError) as exc:
                 raise db.error(exc, "transition") from exc
@@ -375,6 +398,7 @@ class SQLiteStore(ClosesOnExit):
             outcome = self._one_planned(self._db.conn(), c, plan, audit)
         if isinstance(outcome, Exception):
             raise outcome
+        c.remember(outcome)
         return outcome
 
     def _current(

@@ -39,7 +39,7 @@ def bench() -> Iterator[tuple[ModuleType, ModuleType]]:
 
 
 @pytest.mark.parametrize(
-    "variant", ["as is", "nosettled", "fence", "noreturn", "guarded", "head", "noindex"]
+    "variant", ["as is", "returning", "nosettled", "fence", "noreturn", "head", "noindex"]
 )
 def test_raw_lifecycles_are_the_stores_writes(
     bench: tuple[ModuleType, ModuleType], tmp_path: Path, variant: str

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+import stores._sqlite_pragmas as pragmas
 import stores._sqlite_sql as sql
 import stores._sqlite_upgrade_sql as upgrade
 from statecore import OBLIGATION_KIND, Audit, Move, ObligationState
@@ -180,18 +181,20 @@ def _with_params(plan: TransitionPlan[Any]) -> tuple[str, list[Any]]:
 def case_connection() -> str:
     return render(
         "Every connection's settings, then a transaction and a nested block",
-        sql.busy_timeout_sql(5000),
-        sql.JOURNAL_WAL,
-        sql.synchronous_sql("NORMAL"),
-        sql.FOREIGN_KEYS_ON,
-        sql.USER_VERSION,
-        sql.set_user_version_sql(1),
-        sql.BEGIN,
-        sql.savepoint_sql(1),
-        sql.rollback_to_sql(1),
-        sql.release_sql(1),
-        sql.COMMIT,
-        sql.ROLLBACK,
+        pragmas.busy_timeout_sql(5000),
+        pragmas.page_size_sql(2048),
+        pragmas.JOURNAL_WAL,
+        pragmas.synchronous_sql("NORMAL"),
+        pragmas.autocheckpoint_sql(4000),
+        pragmas.FOREIGN_KEYS_ON,
+        pragmas.USER_VERSION,
+        pragmas.set_user_version_sql(1),
+        pragmas.BEGIN,
+        pragmas.savepoint_sql(1),
+        pragmas.rollback_to_sql(1),
+        pragmas.release_sql(1),
+        pragmas.COMMIT,
+        pragmas.ROLLBACK,
     )
 
 
@@ -299,6 +302,15 @@ def case_obligation_transition() -> str:
     )
 
 
+def case_obligation_proved_transition() -> str:
+    plan = attempt_plan()
+    compared = tuple(f.name for f in OBLIGATION_KIND.fields if f.name not in plan.changes)
+    return render(
+        "A settle of a row the store knows: the same guard, no RETURNING, the known row proved",
+        sql.proved_update_sql(plan, compared),
+    )
+
+
 def case_parcel_transition() -> str:
     return render(
         "A multi-target event (CASE over sorted sources) under every comparison, fenced",
@@ -371,6 +383,7 @@ CASES: dict[str, Callable[[], str]] = {
     "obligation_select": case_obligation_select,
     "parcel_select": case_parcel_select,
     "obligation_transition": case_obligation_transition,
+    "obligation_proved_transition": case_obligation_proved_transition,
     "parcel_transition": case_parcel_transition,
     "obligation_bulk_update": case_obligation_bulk_update,
     "parcel_bulk_update": case_parcel_bulk_update,
@@ -439,6 +452,9 @@ def test_a_learned_update_binds_what_the_plain_path_binds() -> None:
     assert bound == sql.update_params(plan, AUDIT)
     row = fast.values(plan.entity_id, plan.fence, expect, changes, AUDIT, bulk=True)
     assert row == sql.bulk_row(plan, AUDIT)
+    # The proved form: the seam's text, comparing every field the move leaves.
+    compared = tuple(f.name for f in OBLIGATION_KIND.fields if f.name not in plan.changes)
+    assert fast.proved_sql == sql.proved_update_sql(plan, compared)
 
 
 def test_a_batch_step_binds_the_bulk_row_and_uses_the_seams_bulk_text() -> None:

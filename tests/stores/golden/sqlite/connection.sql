@@ -3,9 +3,13 @@
 
 PRAGMA busy_timeout = 5000;
 
+PRAGMA page_size = 2048;
+
 PRAGMA journal_mode = WAL;
 
 PRAGMA synchronous = NORMAL;
+
+PRAGMA wal_autocheckpoint = 4000;
 
 PRAGMA foreign_keys = ON;
 
