@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from statecore import (
     OBLIGATION_KIND,
     Audit,
     FakeClock,
+    InvalidTransition,
     Ledger,
     Obligation,
     ObligationState,
@@ -225,3 +227,62 @@ def test_known_rows_are_bounded_and_settled_ones_forgotten(store: SQLiteStore) -
     assert compiled.known[last].state is S.ATTEMPTING
     ledger.mark_delivered(last)  # delivered: final
     assert last not in compiled.known
+
+
+def test_racing_writers_each_get_the_row_they_wrote(tmp_path: Path) -> None:
+    """Three threads on two stores (two kept-row memories) move the same rows back and forth:
+    every move that succeeds returns the row it wrote, so the successes of each row, in fence
+    order, are its audit history, and the last is what a read returns."""
+    path = tmp_path / "ledger.db"
+    ids = [f"ob-{i}" for i in range(4)]
+    with SQLiteStore(path) as one, SQLiteStore(path) as two:
+        ledger = Ledger(one, clock=FakeClock())
+        two.register(K)
+        for oid in ids:
+            record(ledger, oid)
+        wrote: list[tuple[str, int, ObligationState, float, int]] = []
+        failures: list[BaseException] = []
+        lock = threading.Lock()
+
+        def writer(store: SQLiteStore, start: float) -> None:
+            try:
+                write(store, start)
+            except BaseException as exc:  # handed to the test's thread below
+                failures.append(exc)
+
+        def write(store: SQLiteStore, start: float) -> None:
+            for n in range(150):
+                oid = ids[n % len(ids)]
+                at = start + n
+                event = "claim" if n % 3 else "fail"
+                with contextlib.suppress(InvalidTransition):
+                    row = store.transition(
+                        K,
+                        oid,
+                        event,
+                        audit=Audit(at, "test", n, None),
+                        changes={"updated_at": at, "attempts": n},
+                    )
+                    assert (row.values["updated_at"], row.values["attempts"]) == (at, n)
+                    with lock:
+                        wrote.append((oid, row.fence, row.state, at, n))
+
+        threads = [
+            threading.Thread(target=writer, args=(store, start))
+            for store, start in ((one, 1e9), (two, 2e9), (one, 3e9))
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not any(thread.is_alive() for thread in threads)
+        assert failures == []
+        for oid in ids:
+            mine = sorted(w for w in wrote if w[0] == oid)
+            moves = one.history(K, oid)[1:]  # after the record
+            assert [w[1] for w in mine] == list(range(1, len(moves) + 1))
+            assert [(w[2], w[3]) for w in mine] == [(h.to_state, h.at) for h in moves]
+            last = one.get(K, oid)
+            assert last is not None
+            _, fence, state, _, attempts = mine[-1]
+            assert (last.fence, last.state, last.values["attempts"]) == (fence, state, attempts)
