@@ -226,6 +226,12 @@ class FastUpdate:
     :func:`~stores._sqlite_sql.update_params` or, with ``bulk``, of a
     :func:`~stores._sqlite_sql.bulk_row` (``audit``: the audit columns' values).  It is
     generated straight-line per shape, like the row decoder: it runs for every transition.
+
+    For a row the store knows (:meth:`CompiledKind.remember`) whose state the event moves
+    (``moves``), ``proved_sql`` is the same ``UPDATE`` returning nothing and also comparing the
+    known row's state, fence and ``compared`` fields (every field the move leaves), bound after
+    ``values``; when it writes a row, that row is the known one moved: its state the move's
+    target, its fence one higher, its values ``apply(known.values, changes)``.
     """
 
     __slots__ = ("apply", "compared", "moves", "proved_sql", "sql", "values")
