@@ -10,10 +10,11 @@
   RETURNING``, compiled from the same plan the in-memory store evaluates; it also sets the
   row's audit columns, and the table's trigger copies them into the audit table inside the
   same statement (a creation likewise), so the audit entry is committed exactly with its write.
-  Every statement's text comes from one seam, ``stores._sqlite_sql`` (with the once-per-file
-  upgrades of older layouts in ``stores._sqlite_upgrade_sql``), pinned by golden files;
-  state lists are inlined as literals so the partial indexes declared by each kind are usable
-  by the planner.
+  Of a row the store wrote last, the ``UPDATE`` instead proves the row unchanged and returns
+  nothing (see :meth:`SQLiteStore.transition`).  Every statement's text comes from one seam,
+  ``stores._sqlite_sql`` (with the once-per-file upgrades of older layouts in
+  ``stores._sqlite_upgrade_sql``), pinned by golden files; state lists are inlined as literals
+  so the partial indexes declared by each kind are usable by the planner.
 * The speed shortcuts -- statement texts cached per kind and shape, transition shapes learned
   once and then bound directly, batches run as multi-row statements -- sit behind one seam,
   ``stores._sqlite_shortcuts``; each admits and writes exactly what the plain path would.
