@@ -535,18 +535,17 @@ class Ledger:
     ) -> Obligation:
         """One owner-guarded transition, fenced by the fence this ledger last wrote or,
         failing that, the fence of the row the changes were computed from."""
-        move = self._move(
-            obligation_id, event, changes, read=read, reason=reason, attempts=attempts
-        )
-        # move.apply(self.store, _K), spelled out: one call less on every mark.
+        fence, audit = self._guard(obligation_id, changes, read, reason, attempts)
+        # What _move builds, handed to the store without a Move: one object less on every mark.
         row = self.store.transition(
             _K,
             obligation_id,
             event,
-            audit=move.audit,
-            fence=move.fence,
-            expect=move.expect,
-            changes=move.changes,
+            audit=audit,
+            fence=fence,
+            # The token is random per incarnation: it alone identifies the owner.
+            expect={"owner_token": self.incarnation.token},
+            changes=changes,
         )
         self._remember(row)
         return Obligation.from_row(row)
@@ -555,17 +554,27 @@ class Ledger:
         self._remember(row)
         return Obligation.from_row(row)
 
-    def _move(
+    def _move(self, obligation_id: str, event: str) -> Move:
+        """A batched mark's guarded store write, as :meth:`_settle` makes it (raises for a bad
+        id, writing nothing)."""
+        changes: dict[str, Any] = {}
+        fence, audit = self._guard(obligation_id, changes, None, None, None)
+        token = self.incarnation.token
+        return Move(
+            obligation_id, event, audit, fence=fence, expect={"owner_token": token}, changes=changes
+        )
+
+    def _guard(
         self,
         obligation_id: str,
-        event: str,
         changes: dict[str, Any],
-        *,
-        read: Row[ObligationState] | None = None,
-        reason: str | None = None,
-        attempts: int | None = None,
-    ) -> Move:
-        """The guarded store write of :meth:`_settle` (raises for a bad id, writing nothing)."""
+        read: Row[ObligationState] | None,
+        reason: str | None,
+        attempts: int | None,
+    ) -> tuple[int | None, Audit]:
+        """The fence a mark of ``obligation_id`` is guarded by (the one this ledger last wrote
+        or, failing that, the one of the row the changes were computed from; None: ownership
+        alone) and its audit; sets ``changes["updated_at"]``.  Raises for a bad id."""
         require_text("obligation_id", obligation_id)
         now = self.clock.now()
         with self._fence_lock:
@@ -576,15 +585,7 @@ class Ledger:
         if attempts is None and known is not None:
             attempts = known[1]
         changes["updated_at"] = now
-        return Move(
-            obligation_id,
-            event,
-            Audit(now, self._owner_label, attempts, reason),
-            fence=fence,
-            # The token is random per incarnation: it alone identifies the owner.
-            expect={"owner_token": self.incarnation.token},
-            changes=changes,
-        )
+        return fence, Audit(now, self._owner_label, attempts, reason)
 
     def _settle_each(self, requests: Sequence[tuple[str, str]]) -> list[Obligation | Exception]:
         """``(obligation_id, event)`` settles without changes (attempt, deliver) in one store
@@ -604,7 +605,7 @@ class Ledger:
         def write() -> list[Obligation | Exception]:
             return batched(
                 requests,
-                lambda r: self._move(r[0], r[1], {}),
+                lambda r: self._move(r[0], r[1]),
                 lambda moves: transition_each(store, _K, moves),
                 self._settled,
             )

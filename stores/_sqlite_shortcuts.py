@@ -74,6 +74,7 @@ class CompiledKind:
         "known",
         "members",
         "select_cols",
+        "state_values",
         "states",
         "texts",
         "values",
@@ -84,6 +85,8 @@ class CompiledKind:
         self.columns = tuple(f.name for f in kind.fields)
         self.select_cols = sql.select_cols(kind)
         self.states: dict[str, Enum] = {s.value: s for s in kind.lifecycle.states}
+        # Each state's stored text (a dict lookup costs less than the Enum's value property).
+        self.state_values: dict[Enum, str] = {s: s.value for s in kind.lifecycle.states}
         self.final = frozenset(
             s for s in kind.lifecycle.states if not kind.lifecycle.allowed_events(s)
         )
@@ -132,7 +135,7 @@ class CompiledKind:
         in ``state`` with its ``checked`` values, audited as ``event``."""
         return [
             entity_id,
-            state.value,
+            self.state_values[state],
             0,
             *self.column_values(checked),
             *audit_values(event, audit),

@@ -369,7 +369,8 @@ class SQLiteStore(ClosesOnExit):
                     # The row this store last wrote, proved unchanged by the statement itself
                     # (state, fence and every field the move leaves): what it writes is then
                     # known without reading it back.  A stale row only fails the proof.
-                    proof = [*params, known.state.value, known.fence, *fast.compared(known.values)]
+                    state = c.state_values[known.state]
+                    proof = [*params, state, known.fence, *fast.compared(known.values)]
                     if conn.execute(fast.proved_sql, proof).rowcount == 1:
                         row = new_row(
                             entity_id,
