@@ -24,7 +24,6 @@ hot path builds no report at all.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -88,9 +87,10 @@ class Ledger:
         self.incarnation = incarnation or Incarnation.current()
         self._owner_label = self.incarnation.label
         # (fence, attempts) this ledger last wrote per owed row: its later writes are guarded
-        # by that fence, on top of the owner guard.  Forgotten when the row settles.
+        # by that fence, on top of the owner guard.  Forgotten when the row settles.  Threads
+        # share it without a lock: every access is one dict operation (a get, a set, a pop, a
+        # clear), which the interpreter runs whole, and each entry is a whole tuple.
         self._fences: dict[str, tuple[int, int]] = {}
-        self._fence_lock = threading.Lock()
         # Counts this ledger's writes and times its sends; None when nothing is reported.
         self._meter = (
             None
@@ -513,8 +513,7 @@ class Ledger:
     def forget_fences(self) -> None:
         """Drop the remembered fences (after a transaction this ledger wrote in was rolled
         back); later writes are then guarded by ownership alone."""
-        with self._fence_lock:
-            self._fences.clear()
+        self._fences.clear()
 
     def _row(self, obligation_id: str) -> Row[ObligationState]:
         require_text("obligation_id", obligation_id)
@@ -577,8 +576,7 @@ class Ledger:
         alone) and its audit; sets ``changes["updated_at"]``.  Raises for a bad id."""
         require_text("obligation_id", obligation_id)
         now = self.clock.now()
-        with self._fence_lock:
-            known = self._fences.get(obligation_id)
+        known = self._fences.get(obligation_id)
         if known is None and read is not None:
             known = (read.fence, read["attempts"])
         fence = None if known is None else known[0]
@@ -617,15 +615,13 @@ class Ledger:
         )
 
     def _remember(self, row: Row[ObligationState]) -> None:
-        with self._fence_lock:
-            if row.state in _SETTLED:
-                self._fences.pop(row.id, None)
-            else:
-                self._fences[row.id] = (row.fence, row.values["attempts"])
+        if row.state in _SETTLED:
+            self._fences.pop(row.id, None)
+        else:
+            self._fences[row.id] = (row.fence, row.values["attempts"])
 
     def _forget(self, obligation_id: str) -> None:
         """Drop the fence remembered for one row (it was abandoned)."""
-        with self._fence_lock:
-            self._fences.pop(obligation_id, None)
+        self._fences.pop(obligation_id, None)
         if self._meter is not None:
             self._meter.forget(obligation_id)
