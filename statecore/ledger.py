@@ -148,16 +148,8 @@ class Ledger:
             reply_to=reply_to,
             adapter_profile=adapter_profile,
         )
-        if self._meter is None:  # creation.apply(self.store, _K), spelled out (hot path)
-            return self._recorded(
-                self.store.insert(
-                    _K,
-                    creation.entity_id,
-                    creation.values,
-                    event=creation.event,
-                    audit=creation.audit,
-                )
-            )
+        if self._meter is None:
+            return self._recorded(creation.apply(self.store, _K))
         # Counted in _recorded when created: a repeated record writes nothing.
         return self._meter.write(
             "record", lambda: self._recorded(creation.apply(self.store, _K)), counted=True
@@ -534,20 +526,12 @@ class Ledger:
     ) -> Obligation:
         """One owner-guarded transition, fenced by the fence this ledger last wrote or,
         failing that, the fence of the row the changes were computed from."""
-        fence, audit = self._guard(obligation_id, changes, read, reason, attempts)
+        fence, audit, expect = self._guard(obligation_id, changes, read, reason, attempts)
         # What _move builds, handed to the store without a Move: one object less on every mark.
         row = self.store.transition(
-            _K,
-            obligation_id,
-            event,
-            audit=audit,
-            fence=fence,
-            # The token is random per incarnation: it alone identifies the owner.
-            expect={"owner_token": self.incarnation.token},
-            changes=changes,
+            _K, obligation_id, event, audit=audit, fence=fence, expect=expect, changes=changes
         )
-        self._remember(row)
-        return Obligation.from_row(row)
+        return self._settled(row)
 
     def _settled(self, row: Row[ObligationState]) -> Obligation:
         self._remember(row)
@@ -557,11 +541,8 @@ class Ledger:
         """A batched mark's guarded store write, as :meth:`_settle` makes it (raises for a bad
         id, writing nothing)."""
         changes: dict[str, Any] = {}
-        fence, audit = self._guard(obligation_id, changes, None, None, None)
-        token = self.incarnation.token
-        return Move(
-            obligation_id, event, audit, fence=fence, expect={"owner_token": token}, changes=changes
-        )
+        fence, audit, expect = self._guard(obligation_id, changes, None, None, None)
+        return Move(obligation_id, event, audit, fence=fence, expect=expect, changes=changes)
 
     def _guard(
         self,
@@ -570,10 +551,11 @@ class Ledger:
         read: Row[ObligationState] | None,
         reason: str | None,
         attempts: int | None,
-    ) -> tuple[int | None, Audit]:
-        """The fence a mark of ``obligation_id`` is guarded by (the one this ledger last wrote
-        or, failing that, the one of the row the changes were computed from; None: ownership
-        alone) and its audit; sets ``changes["updated_at"]``.  Raises for a bad id."""
+    ) -> tuple[int | None, Audit, dict[str, object]]:
+        """What a mark of ``obligation_id`` is guarded by: the fence this ledger last wrote or,
+        failing that, the one of the row the changes were computed from (None: ownership
+        alone), its audit, and the owner it expects; sets ``changes["updated_at"]``.  Raises
+        for a bad id."""
         require_text("obligation_id", obligation_id)
         now = self.clock.now()
         known = self._fences.get(obligation_id)
@@ -583,7 +565,9 @@ class Ledger:
         if attempts is None and known is not None:
             attempts = known[1]
         changes["updated_at"] = now
-        return fence, Audit(now, self._owner_label, attempts, reason)
+        # The token is random per incarnation: it alone identifies the owner.
+        expect: dict[str, object] = {"owner_token": self.incarnation.token}
+        return fence, Audit(now, self._owner_label, attempts, reason), expect
 
     def _settle_each(self, requests: Sequence[tuple[str, str]]) -> list[Obligation | Exception]:
         """``(obligation_id, event)`` settles without changes (attempt, deliver) in one store

@@ -320,7 +320,7 @@ class SQLiteStore(ClosesOnExit):
         state, checked = plan_creation(kind, entity_id, event, values)
         params = c.insert_params(entity_id, state, checked, event, audit)
         db = self._db
-        try:  # what Statement does, inline: this is the hot path of every creation
+        try:  # Statement's translation, inline: the context manager costs ~2 us per lifecycle
             conn = db.local.conn or db.conn()
             if conn.execute(c.insert_sql, params).rowcount == 0:  # the id exists: untouched
                 existing = self._current(conn, c, entity_id)
@@ -362,7 +362,7 @@ class SQLiteStore(ClosesOnExit):
         )
         if fast is not None and params is not None:
             db = self._db
-            try:  # what Statement does, inline: this is the hot path of every transition
+            try:  # Statement's translation, inline (as in insert)
                 conn = db.local.conn or db.conn()
                 known = c.known.get(entity_id)
                 if known is not None and known.state in fast.moves:
