@@ -164,37 +164,33 @@ def test_a_row_recorded_again_is_not_taken_for_the_known_one(tmp_path: Path) -> 
 
 
 def test_a_rolled_back_move_is_not_taken_for_the_row(store: SQLiteStore) -> None:
-    """A move rolled back with its transaction: the store's next move of that row returns the
-    row as the file has it."""
+    """A move rolled back with its transaction leaves the store keeping a row the file never
+    had; the next move of that row (a claim: its kept state is one the claim leaves from too)
+    fails the proof, and returns the row as the file has it."""
     ledger = Ledger(store, clock=FakeClock())
-    record(ledger, "ob-1")
-    audit = Audit(1_700_000_001.0, "test", 0, None)
-    token = ledger.incarnation.token
+    for oid in ("warm-up", "ob-1"):
+        record(ledger, oid)
+
+    def claim(oid: str, at: float) -> object:
+        audit = Audit(at, "test", 0, None)
+        return store.transition(K, oid, "claim", audit=audit, changes={"updated_at": at})
+
+    claim("warm-up", 1_700_000_001.0)  # the claim's shape is learned: later ones are proved
     with contextlib.suppress(RuntimeError), store.atomic():
-        store.transition(K, "ob-1", "attempt", audit=audit, fence=0, expect={"owner_token": token})
+        claim("ob-1", 1_700_000_002.0)
         raise RuntimeError("undo it")
-    assert store.get(K, "ob-1") is not None
-    moved = store.transition(
-        K,
-        "ob-1",
-        "attempt",
-        audit=audit,
-        fence=0,
-        expect={"owner_token": token},
-        changes={"updated_at": 1_700_000_002.0},
-    )
-    assert (moved.state, moved.fence) == (S.ATTEMPTING, 1)
+    before = store.get(K, "ob-1")
+    assert before is not None
+    assert (before.state, before.fence) == (S.PENDING, 0)
+    updates = Updates(store._conn())
+    moved = claim("ob-1", 1_700_000_003.0)
+    assert updates.take() == ["proved", "returning"]
     assert moved == store.get(K, "ob-1")
-    again = store.transition(
-        K,
-        "ob-1",
-        "deliver",
-        audit=audit,
-        fence=1,
-        expect={"owner_token": token},
-        changes={"updated_at": 1_700_000_003.0},
-    )
-    assert again == store.get(K, "ob-1")
+    assert (moved.state, moved.fence) == (S.ATTEMPTING, 1)
+    assert [h.at for h in store.history(K, "ob-1")] == [
+        pytest.approx(1_700_000_000.0),
+        1_700_000_003.0,
+    ]
 
 
 def test_a_refused_move_of_a_known_row_is_refused_as_before(store: SQLiteStore) -> None:
