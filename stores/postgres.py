@@ -18,7 +18,9 @@
   refused with ``StoreError``.
 * Claims and wake-ups (``statecore.claims``): :meth:`PostgresStore.claim_candidates` is a
   ``SELECT ... FOR UPDATE SKIP LOCKED`` on the block's connection, so concurrent sweepers get
-  disjoint rows and never wait for each other; :meth:`PostgresStore.notify` is ``pg_notify``
+  disjoint rows and never queue for each other's row locks (under heavy load the server may
+  still wait briefly, inside that ``SELECT``, for another sweeper's transaction that changed a
+  candidate row, while it re-checks the row); :meth:`PostgresStore.notify` is ``pg_notify``
   (in a block: sent on commit) and :meth:`PostgresStore.listen` a ``LISTEN`` on a dedicated
   connection with a thread of its own (``stores._postgres_listen``), stopped by its
   unsubscribe or by :meth:`PostgresStore.close`.
