@@ -9,3 +9,9 @@ dashboard of every lifecycle, served by one small web server (:mod:`relay.web.se
 * :class:`~relay.web.server.WebServer` -- serves both on one port: plain files (shipped with
   the package, no build step, nothing from the internet) and one WebSocket per page.
 """
+
+from relay.web.chat import WebChatPlatform
+from relay.web.dashboard import Dashboard
+from relay.web.server import WebServer
+
+__all__ = ["Dashboard", "WebChatPlatform", "WebServer"]
