@@ -83,14 +83,17 @@ def _written(page: Path) -> list[str]:
         found.extend(name.replace(":", ".") for name in _DOTTED.findall(code))
     for block in blocks:
         found.extend(_from_imports(block))
-    return [
-        name
-        for name in dict.fromkeys(found)
-        if name.rpartition(".")[2] not in _FILE_SUFFIXES and name not in ENTRY_POINT_GROUPS
-    ]
+    return [name for name in dict.fromkeys(found) if name.rpartition(".")[2] not in _FILE_SUFFIXES]
 
 
 def _resolve(dotted: str) -> str | None:
+    """None when ``dotted`` names a module or an object in one, or else an entry point group
+    the packages read (``statecore.stores``); otherwise why it does not."""
+    why = _lookup(dotted)
+    return None if why is not None and dotted in ENTRY_POINT_GROUPS else why
+
+
+def _lookup(dotted: str) -> str | None:
     """None when ``dotted`` names a module or an object in one, else why it does not."""
     parts = dotted.split(".")
     obj: object = importlib.import_module(parts[0])
@@ -135,6 +138,7 @@ def test_the_scanner_finds_names_and_skips_paths(tmp_path: Path) -> None:
         "statecore.gateway",
         "statecore.gateway.Gateway",
         "statecore.gateway.Turn",
+        "statecore.stores",
         "stores.SQLiteStore",
         "stores.open_store",
     ]
@@ -144,6 +148,7 @@ def test_the_resolver_refuses_what_does_not_exist() -> None:
     """A missing module, a missing name, a name outside a module's __all__ and a missing
     attribute are each reported; modules, public names and their attributes resolve."""
     assert _resolve("relay.web.chat") is None
+    assert _resolve("statecore.doctor") is None  # an entry point group
     assert _resolve("statecore.Ledger") is None
     assert _resolve("statecore.gateway.Turn") is None
     assert _resolve("relay.web.chat.WebChatPlatform.perform") is None
