@@ -18,6 +18,11 @@ import pytest
 import pytest_asyncio
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.expected_conditions import (
+    text_to_be_present_in_element,
+    visibility_of_element_located,
+)
+from selenium.webdriver.support.wait import WebDriverWait
 
 from relay.connector.server import Connector
 from relay.web.chat import WebChatPlatform
@@ -240,4 +245,207 @@ async def test_a_person_chats_and_a_killed_bot_redelivers_labelled(
     # Reopening the page keeps the conversation.
     await off_loop(browser.refresh)
     await wait_in_browser(browser, lambda b: labelled in bot_texts(b), "history after reload")
+    assert await off_loop(console_errors, browser) == []
+
+
+# -- the page's layout and forms ------------------------------------------------------------------
+
+LONG_WORD = "w" * 3000
+LONG_TEXT = " ".join(["a long message with spaces that wraps"] * 90)
+NARROW = (420, 800)
+WIDE = (1280, 900)
+SEND_SPY = (
+    "window.sentFrames = [];"
+    "const send = WebSocket.prototype.send;"
+    "WebSocket.prototype.send = function (data) {"
+    "  window.sentFrames.push(JSON.parse(data)); return send.call(this, data); };"
+)
+LAYOUT = """
+const doc = document.documentElement;
+const list = document.getElementById("messages");
+const button = document.getElementById("send");
+const b = button.getBoundingClientRect();
+const box = list.getBoundingClientRect();
+const shown = Array.from(list.querySelectorAll("li.message")).filter((li) => !li.hidden);
+return {
+  page: [doc.scrollWidth, doc.clientWidth, doc.scrollHeight, doc.clientHeight],
+  button: [b.left, b.top, b.right, b.bottom],
+  viewport: [doc.clientWidth, doc.clientHeight],
+  hit: document.elementFromPoint((b.left + b.right) / 2, (b.top + b.bottom) / 2) === button,
+  wrap: shown.map((li) => getComputedStyle(li).overflowWrap),
+  inside: shown.every((li) => {
+    const r = li.getBoundingClientRect();
+    return r.left >= box.left - 0.5 && r.right <= box.right + 0.5;
+  }),
+  list: [list.scrollWidth, list.clientWidth, list.scrollHeight, list.clientHeight],
+  overflowY: getComputedStyle(list).overflowY,
+};
+"""
+
+
+async def join(stack: Stack, browser: Any, name: str) -> None:
+    """Open the chat page with a fresh identity, pick ``name`` and wait for the app."""
+    wait = WebDriverWait(browser, WAIT_S)
+    await off_loop(browser.get, stack.web.url + "/chat/")
+    await off_loop(browser.execute_script, "localStorage.clear();")
+    await off_loop(browser.refresh)
+    await off_loop(wait.until, visibility_of_element_located((By.ID, "name")))
+    await off_loop(lambda: browser.find_element(By.ID, "name").send_keys(name, Keys.ENTER))
+    await off_loop(wait.until, text_to_be_present_in_element((By.ID, "who"), name))
+    await off_loop(wait.until, text_to_be_present_in_element((By.ID, "chat-title"), "# general"))
+
+
+def displayed(browser: Any, css: str) -> bool:
+    return bool(browser.find_element(By.CSS_SELECTOR, css).is_displayed())
+
+
+APP_PARTS = ("#app", "nav h2", "#new-chat-form", "#new-chat", ".who", "#composer", "#send")
+
+
+@pytest.mark.asyncio
+async def test_the_join_screen_shows_only_the_name_form(stack: Stack, browser: Any) -> None:
+    """Before a person joined, the app (chats, the new-chat form, "You are") is not displayed,
+    only the name form; after joining the app is, and the name form is gone."""
+    wait = WebDriverWait(browser, WAIT_S)
+    await off_loop(browser.get, stack.web.url + "/chat/")
+    await off_loop(browser.execute_script, "localStorage.clear();")
+    await off_loop(browser.refresh)
+    await off_loop(wait.until, visibility_of_element_located((By.ID, "name")))
+    await off_loop(screenshot, browser, "chat-join")
+    shown = {css: await off_loop(displayed, browser, css) for css in APP_PARTS}
+    assert shown == dict.fromkeys(APP_PARTS, False)
+
+    await off_loop(lambda: browser.find_element(By.ID, "name").send_keys("Grace", Keys.ENTER))
+    await off_loop(wait.until, text_to_be_present_in_element((By.ID, "who"), "Grace"))
+    shown = {css: await off_loop(displayed, browser, css) for css in APP_PARTS}
+    assert shown == dict.fromkeys(APP_PARTS, True)
+    assert not await off_loop(displayed, browser, "#join")
+    assert not await off_loop(displayed, browser, "#note")
+    assert not await off_loop(displayed, browser, "#typing")
+    assert await off_loop(console_errors, browser) == []
+
+
+@pytest.mark.asyncio
+async def test_long_messages_wrap_and_the_send_button_stays_in_view(
+    stack: Stack, browser: Any
+) -> None:
+    """A 3,000-character word and a long message with spaces, sent and echoed by the bot, wrap
+    inside the message list, which scrolls in its own box: the page never scrolls and the Send
+    button stays whole in the viewport and clickable, on a wide and on a narrow window."""
+    stack.start_bot()
+    await eventually(lambda: stack.connector.connected("bot"), "bot connected", timeout=WAIT_S)
+    wait = WebDriverWait(browser, WAIT_S)
+    try:
+        for width, height in (WIDE, NARROW):
+            await off_loop(browser.set_window_size, width, height)
+            await join(stack, browser, "Lin")
+            for text in (LONG_WORD, LONG_TEXT):
+                await off_loop(write, browser, text)
+                await off_loop(wait.until, lambda b, t=text: f"echo: {t}" in bot_texts(b))
+            await off_loop(screenshot, browser, f"chat-long-{width}")
+            layout = await off_loop(browser.execute_script, LAYOUT)
+            scroll_width, client_width, scroll_height, client_height = layout["page"]
+            assert scroll_width <= client_width, (width, layout)
+            assert scroll_height <= client_height, (width, layout)
+            left, top, right, bottom = layout["button"]
+            view_width, view_height = layout["viewport"]
+            assert 0 <= left < right <= view_width, (width, layout)
+            assert 0 <= top < bottom <= view_height, (width, layout)
+            assert layout["hit"], (width, layout)
+            assert layout["wrap"] == ["anywhere"] * 4, (width, layout)
+            assert layout["inside"], (width, layout)
+            list_scroll_width, list_client_width, list_scroll_height, list_client_height = layout[
+                "list"
+            ]
+            assert list_scroll_width <= list_client_width, (width, layout)
+            assert list_scroll_height > list_client_height, (width, layout)
+            assert layout["overflowY"] == "auto", (width, layout)
+
+            # The button is clicked where it is shown, and what it sends arrives.
+            box = await off_loop(browser.find_element, By.ID, "text")
+            await off_loop(box.send_keys, f"short at {width}")
+            await off_loop(lambda: browser.find_element(By.ID, "send").click())
+            await off_loop(wait.until, lambda b, w=width: f"echo: short at {w}" in bot_texts(b))
+    finally:
+        await off_loop(browser.set_window_size, *WIDE)
+    assert await off_loop(console_errors, browser) == []
+
+
+def new_chat_state(browser: Any) -> dict[str, Any]:
+    return dict(
+        browser.execute_script(
+            "const el = document.getElementById('new-chat');"
+            "return {invalid: el.matches(':invalid'), mismatch: el.validity.patternMismatch,"
+            " message: el.validationMessage,"
+            " opened: window.sentFrames.filter((f) => f.type === 'open').map((f) => f.chat),"
+            " note: document.getElementById('note').hidden ? null : "
+            "document.getElementById('note').textContent};"
+        )
+    )
+
+
+@pytest.mark.asyncio
+async def test_the_browser_checks_a_new_chat_name_before_sending_it(
+    stack: Stack, browser: Any
+) -> None:
+    """The new-chat name's pattern compiles (no console error): a name the server would refuse
+    makes the input invalid with the rule shown, and nothing is sent; a valid name opens the
+    chat."""
+    wait = WebDriverWait(browser, WAIT_S)
+    await join(stack, browser, "Kay")
+    await off_loop(browser.execute_script, SEND_SPY)
+    field = await off_loop(browser.find_element, By.ID, "new-chat")
+    for bad in ("Bad Name!", "-dash-first"):
+        await off_loop(field.clear)
+        await off_loop(field.send_keys, bad, Keys.ENTER)
+        state = await off_loop(new_chat_state, browser)
+        assert state["invalid"], state
+        assert state["mismatch"], state
+        assert "a-z, 0-9 and -" in state["message"], state
+        assert await off_loop(displayed, browser, "#new-chat-rule")
+        assert await off_loop(lambda: field.get_attribute("value")) == bad
+    await off_loop(screenshot, browser, "chat-bad-name")
+    assert await off_loop(console_errors, browser) == []
+
+    await off_loop(field.clear)
+    await off_loop(field.send_keys, "team-2", Keys.ENTER)
+    await off_loop(wait.until, text_to_be_present_in_element((By.ID, "chat-title"), "# team-2"))
+    state = await off_loop(new_chat_state, browser)
+    assert state["opened"] == ["team-2"], state  # the bad names never went out
+    assert state["note"] is None, state
+    assert not await off_loop(displayed, browser, "#new-chat-rule")  # the field is empty again
+    chats = await off_loop(
+        lambda: [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#chats li")]
+    )
+    assert chats == ["# general", "# team-2"]
+    assert await off_loop(console_errors, browser) == []
+
+
+@pytest.mark.asyncio
+async def test_a_refused_message_stays_in_the_input(stack: Stack, browser: Any) -> None:
+    """A message the server accepts empties the input once it is echoed; one it refuses (over
+    max_text) stays in the input, with the refusal shown."""
+    wait = WebDriverWait(browser, WAIT_S)
+    await join(stack, browser, "Noor")
+    await off_loop(write, browser, "accepted")
+    await off_loop(
+        wait.until,
+        lambda b: (
+            "accepted"
+            in [
+                li.text
+                for li in b.find_elements(By.CSS_SELECTOR, '#messages li[data-bot="false"] .text')
+            ]
+        ),
+    )
+    await off_loop(wait.until, lambda b: b.find_element(By.ID, "text").get_attribute("value") == "")
+
+    refused = "z" * (stack.chat.descriptor().max_message_length + 1)
+    await off_loop(write, browser, refused)
+    await off_loop(wait.until, text_to_be_present_in_element((By.ID, "note"), "too long"))
+    assert await off_loop(displayed, browser, "#note")
+    assert (
+        await off_loop(lambda: browser.find_element(By.ID, "text").get_attribute("value"))
+        == refused
+    )
     assert await off_loop(console_errors, browser) == []

@@ -7,7 +7,11 @@
   const CHAT_ITEM = "statecore.chat.current";
   const $ = (id) => document.getElementById(id);
 
-  const state = { ws: null, chats: [], current: null, maxText: 4000, backoff: 250, welcomed: false };
+  // pending: the message last sent, {chat, text, echoed}; it stays in the input until the server
+  // echoes it (accepted), and is put back there if the server refuses it.
+  const state = {
+    ws: null, chats: [], current: null, maxText: 4000, backoff: 250, welcomed: false, pending: null,
+  };
 
   function key() {
     let value = localStorage.getItem(KEY_ITEM);
@@ -69,6 +73,7 @@
     ws.addEventListener("close", () => {
       setStatus("offline: reconnecting…", "offline");
       state.welcomed = false;
+      state.pending = null;
       setTimeout(connect, state.backoff);
       state.backoff = Math.min(state.backoff * 2, 5000);
     });
@@ -84,6 +89,9 @@
         break;
       case "message":
         addMessage(message);
+        if (!message.bot) {
+          accepted(message);
+        }
         if (message.bot && message.chat === state.current) {
           $("typing").hidden = true;
         }
@@ -98,7 +106,7 @@
         }
         break;
       case "refused":
-        note("Not sent: " + message.reason);
+        refused(message);
         break;
       case "error":
         note("Error: " + message.reason);
@@ -106,6 +114,34 @@
       default:
         break;
     }
+  }
+
+  function setText(text) {
+    $("text").value = text;
+    $("count").textContent = String(text.length);
+  }
+
+  function accepted(message) {
+    // The person's own message came back: it was taken, the input can be emptied.
+    const pending = state.pending;
+    if (pending && !pending.echoed && pending.chat === message.chat && pending.text === message.text) {
+      pending.echoed = true;
+      if ($("text").value === pending.text) {
+        setText("");
+      }
+    }
+  }
+
+  function refused(message) {
+    // Not sent: what the person wrote stays (or comes back) in the input, to shorten or resend.
+    const pending = state.pending;
+    if (pending && message.chat === pending.chat) {
+      state.pending = null;
+      if ($("text").value === "" && pending.chat === state.current) {
+        setText(pending.text);
+      }
+    }
+    note("Not sent: " + message.reason);
   }
 
   function welcome(message) {
@@ -228,6 +264,14 @@
       localStorage.setItem(NAME_ITEM, name);
       send({ type: "hello", key: key(), name: name });
     });
+    const chatName = $("new-chat");
+    chatName.addEventListener("input", () => {
+      // The browser's own message for a name that does not match says the rule.
+      chatName.setCustomValidity("");
+      if (chatName.validity.patternMismatch) {
+        chatName.setCustomValidity(chatName.title);
+      }
+    });
     $("new-chat-form").addEventListener("submit", (event) => {
       event.preventDefault();
       const chat = $("new-chat").value.trim().toLowerCase();
@@ -250,8 +294,7 @@
         return;
       }
       if (send({ type: "send", chat: state.current, text: text })) {
-        $("text").value = "";
-        $("count").textContent = "0";
+        state.pending = { chat: state.current, text: text, echoed: false };
         note("");
       }
     });
