@@ -3,9 +3,9 @@ reply; markup stays text; an oversized message shows a refusal; the bot's proces
 in the middle of a reply and the labelled redelivery appears after its restart.  The page's
 layout and forms: the join screen shows only the name form, long messages wrap inside the
 message list, a bad chat name is refused by the browser itself, a refused message stays in the
-input.  The connector
-and the web server run in the test's event loop; the bot is ``statecore gateway`` in a real
-subprocess on a SQLite ledger; every browser call runs on a worker thread."""
+input.  The connector and the web server run in the test's event loop; the bot is
+``statecore gateway`` in a real subprocess on a SQLite ledger; every browser call runs on a
+worker thread."""
 
 from __future__ import annotations
 
