@@ -84,6 +84,8 @@ class LedgerPolicy:
         "unauthorized",
         "egress_declined",  # the connector's tenant guard: a definite, final refusal
         "egress declined",
+        "too long",  # a message over the platform's limit is refused again on every retry
+        "too_long",
     )
     rate_limit_markers: tuple[str, ...] = (
         "rate limit",

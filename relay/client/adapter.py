@@ -22,7 +22,7 @@ from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
 from relay.wire.errors import RelayBroken, RelayClosed
 from relay.wire.frames import EGRESS_DECLINED, InboundEvent
 from statecore.clock import Clock, Deadline, SystemClock
-from statecore.gateway.adapter import AdapterAbilities, SendResult
+from statecore.gateway.adapter import AdapterAbilities, MessageLimit, SendResult
 from statecore.policy import ErrorKind
 
 __all__ = [
@@ -34,7 +34,15 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_KIND_OF_CODE = {EGRESS_DECLINED: ErrorKind.PERMANENT, "rate_limited": ErrorKind.RATE_LIMITED}
+_KIND_OF_CODE = {
+    EGRESS_DECLINED: ErrorKind.PERMANENT,
+    "rate_limited": ErrorKind.RATE_LIMITED,
+    # The platform's refusals of the action itself: the same action is refused again.
+    "too_long": ErrorKind.PERMANENT,
+    "bad_action": ErrorKind.PERMANENT,
+    "unsupported_op": ErrorKind.PERMANENT,
+    "not_found": ErrorKind.PERMANENT,
+}
 """Result codes whose meaning for a retry is known (others: the error text is classified)."""
 
 SEND_PATH_DEGRADED = "send_path_degraded"
@@ -117,8 +125,12 @@ class RelayAdapter:
         announces_reconnects=True,
         primes_routes=True,
         keeps_house=True,
+        shows_typing=True,
+        edits=True,
+        limits_length=True,
     )
-    """Everything the runtime may ask of an adapter."""
+    """Everything the runtime may ask of an adapter (typing and edits are sent only where the
+    connector's descriptor lists the op; elsewhere they are refused without a request)."""
 
     def __init__(
         self,
@@ -142,6 +154,7 @@ class RelayAdapter:
             markdown_dialect="plain",
             len_unit="chars",
         )
+        self._descriptor_known = placeholder is not None
         self._clock: Clock = clock or SystemClock()
         self._routes: dict[str, ChatRoute] = {}
         self._handler: Callable[[InboundEvent], Awaitable[None]] | None = None
@@ -188,6 +201,7 @@ class RelayAdapter:
         try:
             await self.transport.connect()
             self.descriptor = await self.transport.handshake()
+            self._descriptor_known = True
         except (RelayBroken, RelayClosed, OSError) as exc:
             log.warning("relay adapter %s/%s: connect failed: %s", self.platform, self.profile, exc)
             return False
@@ -222,6 +236,15 @@ class RelayAdapter:
         """What is known about ``chat_id`` (empty when nothing is)."""
         return self._routes.get(chat_id, ChatRoute())
 
+    @property
+    def message_limit(self) -> MessageLimit | None:
+        """The longest message the connector's platform takes (its descriptor's
+        ``max_message_length`` in its ``len_unit``); None until a descriptor was adopted (or
+        a ``placeholder`` given)."""
+        if not self._descriptor_known:
+            return None
+        return MessageLimit(self.descriptor.max_message_length, self.descriptor.len_unit)
+
     # -- sending -------------------------------------------------------------------------------
 
     async def send(
@@ -246,7 +269,59 @@ class RelayAdapter:
             if meta.get(key) is not None:
                 action[key] = meta[key]
         action["metadata"] = {k: v for k, v in outbound_meta.items() if v is not None}
-        result = await self.transport.request(action, idempotency_key=meta.get("idempotency_key"))
+        return await self._perform(action, meta.get("idempotency_key"))
+
+    async def typing(
+        self, chat_id: str, status: str | None = None, metadata: Mapping[str, Any] | None = None
+    ) -> SendResult:
+        """Show the bot typing in ``chat_id`` (``status``: a text where the platform shows one;
+        ``""`` clears it), when the connector's descriptor lists ``typing``; else a
+        ``PERMANENT`` failure without a request.  Never raises for the network."""
+        if not self.descriptor.supports("typing"):
+            return SendResult.failed(
+                f"{self.platform} does not show typing", kind=ErrorKind.PERMANENT
+            )
+        action = self._action("typing", chat_id, metadata)
+        if status is not None:
+            action["content"] = status
+        return await self._perform(action, None)
+
+    async def edit(
+        self,
+        chat_id: str,
+        message_id: str,
+        content: str,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> SendResult:
+        """Replace the text of the bot's message ``message_id`` in ``chat_id``, when the
+        connector's descriptor lists ``edit``; else a ``PERMANENT`` failure without a request.
+        Never raises for the network."""
+        if not (self.descriptor.supports("edit") and self.descriptor.supports_edit):
+            return SendResult.failed(
+                f"{self.platform} does not edit messages", kind=ErrorKind.PERMANENT
+            )
+        action = self._action("edit", chat_id, metadata)
+        action["message_id"] = message_id
+        action["content"] = content
+        return await self._perform(action, None)
+
+    def _action(self, op: str, chat_id: str, metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+        """An action of ``op`` for ``chat_id`` with the chat's tenant discriminators."""
+        meta = dict(metadata or {})
+        route = self.route(chat_id)
+        action: dict[str, Any] = {"op": op, "chat_id": chat_id}
+        if meta.get("thread_id") is not None:
+            action["thread_id"] = meta["thread_id"]
+        outbound_meta = {
+            "scope_id": meta.get("scope_id") or route.scope_id,
+            "user_id": meta.get("user_id") or route.user_id,
+        }
+        action["metadata"] = {k: v for k, v in outbound_meta.items() if v is not None}
+        return action
+
+    async def _perform(self, action: Mapping[str, Any], idempotency_key: Any) -> SendResult:
+        """One request for ``action``, its outcome typed for the ledger."""
+        result = await self.transport.request(action, idempotency_key=idempotency_key)
         if result.outcome is RequestOutcome.OK:
             return SendResult.ok(result.message_id)
         if result.outcome is RequestOutcome.NOT_SENT:

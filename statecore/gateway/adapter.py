@@ -11,7 +11,7 @@ attribute can only send.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
@@ -22,14 +22,18 @@ __all__ = [
     "AdapterAbilities",
     "Connecting",
     "Disconnecting",
+    "Editing",
     "InboundDelivering",
     "InboundLike",
     "InboundSource",
     "KeepingHouse",
+    "LengthLimited",
+    "MessageLimit",
     "PlatformAdapter",
     "ReconnectAnnouncing",
     "RoutePriming",
     "SendResult",
+    "ShowingTyping",
     "abilities_of",
 ]
 
@@ -135,6 +139,13 @@ class AdapterAbilities:
     * ``keeps_house``: :class:`KeepingHouse` -- ``housekeeping(retention_s)``, asked once when
       the adapter is added, for the jobs that prune the settled rows the adapter keeps (the
       gateway runs them on its housekeeping timer, see :mod:`statecore.gateway.housekeeping`).
+    * ``shows_typing``: :class:`ShowingTyping` -- ``async typing(chat_id, status, metadata)``,
+      what :meth:`Turn.typing <statecore.gateway.Turn.typing>` calls.
+    * ``edits``: :class:`Editing` -- ``async edit(chat_id, message_id, content, metadata)``,
+      what :meth:`Turn.edit <statecore.gateway.Turn.edit>` calls.
+    * ``limits_length``: :class:`LengthLimited` -- a ``message_limit`` (a
+      :class:`MessageLimit` or None), read when a reply is recorded: a longer reply is split
+      into parts (or truncated) that each fit, instead of being refused by the platform.
     """
 
     connects: bool = attrs.field(default=False, kw_only=True)
@@ -143,6 +154,9 @@ class AdapterAbilities:
     announces_reconnects: bool = attrs.field(default=False, kw_only=True)
     primes_routes: bool = attrs.field(default=False, kw_only=True)
     keeps_house: bool = attrs.field(default=False, kw_only=True)
+    shows_typing: bool = attrs.field(default=False, kw_only=True)
+    edits: bool = attrs.field(default=False, kw_only=True)
+    limits_length: bool = attrs.field(default=False, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         for field in attrs.fields(type(self)):
@@ -221,4 +235,68 @@ class KeepingHouse(Protocol):
         """The jobs (name -> ``async job() -> int``) that delete the adapter's settled rows
         older than ``retention_s`` seconds, never an owed one; each returns how many it
         deleted.  Empty when the adapter keeps nothing."""
+        ...
+
+
+class ShowingTyping(Protocol):
+    """``AdapterAbilities.shows_typing``: the bot's typing status, shown in a chat."""
+
+    async def typing(
+        self, chat_id: str, status: str | None = None, metadata: Mapping[str, Any] | None = None
+    ) -> SendResult:
+        """Show that the bot is typing in ``chat_id`` (``status``: a short text such as
+        ``"thinking"`` where the platform shows one; ``""`` clears it).  The platform drops
+        the status by itself after a few seconds; never raise for a refusal (return it)."""
+        ...
+
+
+class Editing(Protocol):
+    """``AdapterAbilities.edits``: a message the bot sent, changed in place."""
+
+    async def edit(
+        self,
+        chat_id: str,
+        message_id: str,
+        content: str,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> SendResult:
+        """Replace the text of the bot's message ``message_id`` in ``chat_id``; never raise
+        for a refusal (return it, ``PERMANENT`` when the platform cannot edit at all)."""
+        ...
+
+
+LengthUnit = Literal["chars", "utf16"]
+"""How a platform counts a message's length: code points, or UTF-16 code units."""
+
+
+@attrs.frozen
+class MessageLimit:
+    """The longest message a platform takes: ``max_length`` in ``unit`` (``"chars"``: code
+    points, ``"utf16"``: UTF-16 code units, as JavaScript-based platforms count).  Raises
+    ``TypeError``/``ValueError`` for a length that is not a positive int or an unknown unit."""
+
+    max_length: int
+    unit: LengthUnit = "chars"
+
+    def __attrs_post_init__(self) -> None:
+        if isinstance(self.max_length, bool) or not isinstance(self.max_length, int):
+            raise TypeError(f"max_length must be an int, not {type(self.max_length).__name__}")
+        if self.max_length < 1:
+            raise ValueError(f"max_length must be positive, not {self.max_length}")
+        if self.unit not in ("chars", "utf16"):
+            raise ValueError(f"unit must be 'chars' or 'utf16', not {self.unit!r}")
+
+    def length(self, text: str) -> int:
+        """``text``'s length as the platform counts it."""
+        if self.unit == "chars":
+            return len(text)
+        return len(text) + sum(1 for ch in text if ord(ch) > 0xFFFF)
+
+
+class LengthLimited(Protocol):
+    """``AdapterAbilities.limits_length``: the platform's longest message, when known."""
+
+    @property
+    def message_limit(self) -> MessageLimit | None:
+        """The limit the platform announced (None: not known, nothing is split)."""
         ...

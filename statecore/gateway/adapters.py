@@ -19,14 +19,19 @@ from statecore.gateway.adapter import (
     AdapterAbilities,
     Connecting,
     Disconnecting,
+    Editing,
     InboundDelivering,
     InboundLike,
     KeepingHouse,
+    LengthLimited,
+    MessageLimit,
     ReconnectAnnouncing,
     RoutePriming,
     SendResult,
+    ShowingTyping,
     abilities_of,
 )
+from statecore.policy import ErrorKind
 
 __all__ = ["AdapterSet", "Sendable", "Target"]
 
@@ -120,6 +125,39 @@ class AdapterSet:
             return {}
         return dict(cast(KeepingHouse, self._adapters[target]).housekeeping(retention_s))
 
+    def message_limit(self, target: Target) -> MessageLimit | None:
+        """The longest message ``target``'s adapter announced, when it limits length (None:
+        unknown, or no such adapter).  A limit that is not a ``MessageLimit`` is ignored."""
+        if target not in self._adapters or not self._abilities[target].limits_length:
+            return None
+        limit = cast(LengthLimited, self._adapters[target]).message_limit
+        return limit if isinstance(limit, MessageLimit) else None
+
+    async def typing(
+        self, target: Target, chat_id: str, status: str | None, metadata: Mapping[str, Any]
+    ) -> SendResult:
+        """Show the bot typing in ``chat_id`` through ``target``'s adapter, when it shows
+        typing; a definite failure (``PERMANENT``) when it does not or there is none."""
+        if target not in self._adapters or not self._abilities[target].shows_typing:
+            return _cannot(target, "show typing")
+        adapter = cast(ShowingTyping, self._adapters[target])
+        return await _guarded(target, "typing", adapter.typing(chat_id, status, metadata))
+
+    async def edit(
+        self,
+        target: Target,
+        chat_id: str,
+        message_id: str,
+        content: str,
+        metadata: Mapping[str, Any],
+    ) -> SendResult:
+        """Edit the bot's message ``message_id`` through ``target``'s adapter, when it edits;
+        a definite failure (``PERMANENT``) when it does not or there is none."""
+        if target not in self._adapters or not self._abilities[target].edits:
+            return _cannot(target, "edit messages")
+        adapter = cast(Editing, self._adapters[target])
+        return await _guarded(target, "edit", adapter.edit(chat_id, message_id, content, metadata))
+
     async def disconnect_all(self, deadline: Deadline) -> None:
         """Disconnect every adapter that disconnects, each within what is left of ``deadline``
         (and no more: the wait is bounded in case one overruns).  Failures are ignored."""
@@ -131,3 +169,23 @@ class AdapterSet:
                 await asyncio.wait_for(
                     disconnecting.disconnect(deadline=deadline), max(0.01, deadline.remaining())
                 )
+
+
+def _cannot(target: Target, what: str) -> SendResult:
+    return SendResult.failed(
+        f"the adapter for {target[0]}/{target[1]} cannot {what}", kind=ErrorKind.PERMANENT
+    )
+
+
+async def _guarded(target: Target, what: str, call: Awaitable[SendResult]) -> SendResult:
+    """``await call``, an adapter's raise turned into an ambiguous failure (logged)."""
+    try:
+        result: object = await call
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.warning("adapter %s/%s: %s raised", *target, what, exc_info=True)
+        return SendResult.failed(f"{what} raised: {exc}", ambiguous=True)
+    if not isinstance(result, SendResult):
+        return SendResult.failed(f"{what} returned {type(result).__name__}, not a SendResult")
+    return result

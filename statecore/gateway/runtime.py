@@ -54,8 +54,10 @@ from statecore.gateway.adapters import AdapterSet, Sendable
 from statecore.gateway.completions import deliver_completions
 from statecore.gateway.delegations import Delegation, Delegations
 from statecore.gateway.housekeeping import Housekeeping, HousekeepingJob
+from statecore.gateway.long_replies import LongReplies, fit_reply, part_ref
 from statecore.gateway.recovery import (
     Cadences,
+    RepeatedWarning,
     clear_flags,
     cleared_or_released,
     log_recovery,
@@ -67,9 +69,9 @@ from statecore.gateway.sessions import Session, SessionStore
 from statecore.gateway.turn import Message, MessageHandler, Turn
 from statecore.lifecycles import ObligationState
 from statecore.metrics import NO_METRICS, Metrics
-from statecore.obligation import Claim
+from statecore.obligation import Claim, Obligation
 from statecore.ownership import Incarnation, ProcessProbe
-from statecore.policy import LedgerPolicy
+from statecore.policy import ErrorKind, LedgerPolicy
 from statecore.store import Store
 
 __all__ = ["Gateway", "SessionFlags"]
@@ -105,8 +107,11 @@ class Gateway:
     the adapters' settled rows; obligations keep ``policy.retention``.  ``recover_interval_s``
     is how often the timer claims dead owners' rows (0: at start and on reconnects only, see
     :meth:`recover_dead_owners`).  ``metrics`` gets what the ledger reports and the
-    housekeeping counts.  Intervals must be non-negative numbers, the retry interval, the stuck
-    grace and the retention positive (``ValueError`` otherwise).
+    housekeeping counts.  ``long_replies`` says what a reply longer than its adapter's announced
+    limit becomes: parts sent in order (``SPLIT``) or one message cut with a visible mark
+    (``TRUNCATE``), see :mod:`statecore.gateway.long_replies`.  Intervals must be non-negative
+    numbers, the retry interval, the stuck grace and the retention positive (``ValueError``
+    otherwise; ``TypeError`` for a ``long_replies`` that is not a ``LongReplies``).
 
     The send path's ledger writes (mark attempting, delivered, failed; release) that raise
     ``StoreError`` are tried again after each delay of ``settle_retry_delays_s`` (default
@@ -145,6 +150,7 @@ class Gateway:
         recover_interval_s: float = 30.0,
         metrics: Metrics = NO_METRICS,
         store_threads: bool = True,
+        long_replies: LongReplies = LongReplies.SPLIT,
     ) -> None:
         for name, value in (
             ("recover_interval_s", recover_interval_s),
@@ -161,6 +167,11 @@ class Gateway:
             raise ValueError(f"stuck_after_s must be positive and finite, not {stuck_after_s!r}")
         if not retention_s:
             raise ValueError("retention_s must be positive")
+        if not isinstance(long_replies, LongReplies):
+            raise TypeError(f"long_replies must be a LongReplies, not {long_replies!r}")
+        self.long_replies = long_replies
+        """What :meth:`send_final` does with a reply longer than its adapter's announced limit
+        (:mod:`statecore.gateway.long_replies`)."""
         self.store = store
         self.clock: Clock = clock or SystemClock()
         self._teardown_clock: Clock = teardown_clock or SystemClock()
@@ -196,6 +207,8 @@ class Gateway:
         # The send path after the record: held ids (the stuck sweep never touches them),
         # flights, settling writes, redelivery.
         self._path = SendPath(self.ledger, self.clock)
+        # One warning per cause, not one per round, when clearing resume flags keeps failing.
+        self._clearing = RepeatedWarning("clearing resume_pending")
         self._housekeeping = self._own_housekeeping()
         self._adapters = AdapterSet()
         self._handler: MessageHandler | None = None
@@ -331,28 +344,88 @@ class Gateway:
         """Send a bot's final reply durably: record, mark attempting, send, settle.
 
         The same reply to the same message (same session key, message and text) is recorded
-        once: a repeat returns the first one's outcome instead of sending twice.  No adapter for
-        ``(platform, profile)`` → the reply is kept owed (released with ``send_path_degraded``)
-        and sent when that adapter connects.  A ledger write after the record that keeps
-        failing with ``StoreError`` (see ``settle_retry_delays_s``) is logged and the reply kept
-        owed: a failed result is returned when the send never began, the platform's result when
-        it did, and the retry timer re-sends the row once it is stuck (:meth:`redeliver_stuck`).
+        once: a repeat returns the first one's outcome instead of sending twice.  A reply longer
+        than the adapter's announced limit is fitted to it first (``long_replies``): split, its
+        parts are recorded together and sent in order, each an obligation of its own; the
+        result is the last part's, or the first that did not go out (the parts after it stay
+        owed and are sent by the ledger's recovery, so they may then arrive after it).  No
+        adapter for ``(platform, profile)`` → the reply is kept owed (released with
+        ``send_path_degraded``) and sent when that adapter connects.  A ledger write after the
+        record that keeps failing with ``StoreError`` (see ``settle_retry_delays_s``) is logged
+        and the reply kept owed: a failed result is returned when the send never began, the
+        platform's result when it did, and the retry timer re-sends the row once it is stuck
+        (:meth:`redeliver_stuck`).
         Once the send began, cancelling the caller does not cut it short: the send and the write
         recording its outcome finish (and :meth:`stop` waits for them).  Raises
         ``TypeError``/``ValueError`` for bad input (nothing is recorded then) and
         ``StoreError`` when the ledger cannot record it (nothing is owed then: retry the call).
         """
-        obligation = await self.ledger.record(
-            session_key=session_key,
-            platform=platform,
-            chat_id=chat_id,
-            content=content,
-            message_ref=message_ref,
-            thread_id=thread_id,
-            reply_to=reply_to,
-            adapter_profile=profile,
+        parts = fit_reply(
+            content, self._adapters.message_limit((platform, profile)), self.long_replies
         )
+        if len(parts) == 1:
+            return await self._send_recorded(
+                await self.ledger.record(
+                    session_key=session_key,
+                    platform=platform,
+                    chat_id=chat_id,
+                    content=parts[0],
+                    message_ref=message_ref,
+                    thread_id=thread_id,
+                    reply_to=reply_to,
+                    adapter_profile=profile,
+                ),
+                chat_id=chat_id,
+                thread_id=thread_id,
+                reply_to=reply_to,
+            )
+        # Every part is recorded before the first is sent (a crash in between replays the turn,
+        # which records the same parts under the same ids); all are held, so the stuck sweep
+        # never sends a later part while an earlier one is on its way.
+        recorded = []
+        for number, part in enumerate(parts, 1):
+            recorded.append(
+                await self.ledger.record(
+                    session_key=session_key,
+                    platform=platform,
+                    chat_id=chat_id,
+                    content=part,
+                    message_ref=part_ref(message_ref, number, len(parts)),
+                    thread_id=thread_id,
+                    reply_to=reply_to if number == 1 else None,
+                    adapter_profile=profile,
+                )
+            )
+        ids = [ob.obligation_id for ob in recorded]
+        self._path.hold(ids)
+        try:
+            result = SendResult.ok()
+            for number, obligation in enumerate(recorded, 1):
+                result = await self._send_recorded(
+                    obligation,
+                    chat_id=chat_id,
+                    thread_id=thread_id,
+                    reply_to=reply_to if number == 1 else None,
+                )
+                if not result.success:
+                    # The parts after it stay owed (pending): the ledger's recovery sends them.
+                    return result
+            return result
+        finally:
+            for oid in ids:
+                self._path.let_go(oid)
+
+    async def _send_recorded(
+        self,
+        obligation: Obligation,
+        *,
+        chat_id: str,
+        thread_id: str | None,
+        reply_to: str | None,
+    ) -> SendResult:
+        """Mark attempting, send and settle one recorded reply (or part) of this process."""
         oid = obligation.obligation_id
+        platform, profile = obligation.platform, obligation.adapter_profile
         mine = obligation.owner.token == self.ledger.incarnation.token
         if obligation.state is not ObligationState.PENDING or not mine:
             # Recorded before (a replayed turn): its ledger row, not this call, owns the send.
@@ -377,7 +450,7 @@ class Gateway:
             result, _ = await self._path.send_and_settle(
                 adapter,
                 chat_id,
-                content=content,
+                content=obligation.content,
                 thread_id=thread_id,
                 reply_to=reply_to,
                 obligation_id=oid,
@@ -385,6 +458,56 @@ class Gateway:
             return result
         finally:
             self._path.let_go(oid)
+
+    async def typing(
+        self,
+        *,
+        platform: str,
+        chat_id: str,
+        status: str | None = None,
+        thread_id: str | None = None,
+        profile: str = "default",
+    ) -> SendResult:
+        """Show the bot typing in ``chat_id`` (``status``: a short text where the platform
+        shows one; ``""`` clears it) through the adapter of ``(platform, profile)``, once, not
+        ledgered.  Returns the platform's answer; a ``PERMANENT`` failure, nothing sent, when
+        that adapter does not declare ``shows_typing`` or there is none.  Never raises for the
+        platform; ``TypeError`` for a ``status`` that is neither a str nor None."""
+        if status is not None and not isinstance(status, str):
+            raise TypeError(f"status must be a str or None, not {type(status).__name__}")
+        metadata = {} if thread_id is None else {"thread_id": thread_id}
+        return await self._adapters.typing((platform, profile), chat_id, status, metadata)
+
+    async def edit(
+        self,
+        *,
+        platform: str,
+        chat_id: str,
+        message_id: str,
+        content: str,
+        thread_id: str | None = None,
+        profile: str = "default",
+    ) -> SendResult:
+        """Replace the text of the bot's message ``message_id`` in ``chat_id`` through the
+        adapter of ``(platform, profile)``, once, not ledgered (an edit is not an obligation:
+        put a final answer in a reply).  Returns the platform's answer; a ``PERMANENT``
+        failure, nothing sent, when that adapter does not declare ``edits`` (or there is none)
+        or ``content`` is longer than its announced limit.  Raises ``TypeError``/``ValueError``
+        for an empty or non-text id or content."""
+        for name, value in (("message_id", message_id), ("content", content)):
+            if not isinstance(value, str):
+                raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+            if not value:
+                raise ValueError(f"{name} must not be empty")
+        target = (platform, profile)
+        limit = self._adapters.message_limit(target)
+        if limit is not None and limit.length(content) > limit.max_length:
+            return SendResult.failed(
+                f"too long to edit: {limit.length(content)} > {limit.max_length} {limit.unit}",
+                kind=ErrorKind.PERMANENT,
+            )
+        metadata = {} if thread_id is None else {"thread_id": thread_id}
+        return await self._adapters.edit(target, chat_id, message_id, content, metadata)
 
     def in_flight(self) -> frozenset[str]:
         """Ids of the obligations this process is sending now (or holds claims of, about to
@@ -489,7 +612,7 @@ class Gateway:
         claims = await self.ledger.sweep_recoverable(deliverable_targets=deliverable)
         self._path.hold(claim.obligation_id for claim in claims)
         # Before any send: a turn whose reply is owed must never also be resumed.
-        await clear_flags(claims, self.sessions.clear_resume_pending)
+        await clear_flags(claims, self.sessions.clear_resume_pending, self._clearing)
         return claims
 
     async def redeliver_failed(self, platform: str, *, profile: str | None = None) -> int:
@@ -527,7 +650,9 @@ class Gateway:
     async def _cleared_at_runtime(self, claims: list[Claim]) -> list[Claim]:
         """The claims ready to send (still held); one whose ``resume_pending`` could not be
         cleared is released (refunded) and let go, never sent."""
-        return await cleared_or_released(claims, self.sessions.clear_resume_pending, self._path)
+        return await cleared_or_released(
+            claims, self.sessions.clear_resume_pending, self._path, self._clearing
+        )
 
     async def _redeliver(self, claims: list[Claim]) -> Redelivered:
         """Send the held claims (see :meth:`SendPath.redeliver`)."""

@@ -3,14 +3,22 @@ handler replies through; session keys are derived here."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 import attrs
 
+from statecore.clock import Clock
 from statecore.gateway.adapter import InboundLike, SendResult
+from statecore.policy import ErrorKind
 
-__all__ = ["Message", "MessageHandler", "Replier", "Turn", "session_key_for"]
+__all__ = ["TYPING_REFRESH_S", "Message", "MessageHandler", "Replier", "Turn", "session_key_for"]
+
+TYPING_REFRESH_S = 4.0
+"""How often :meth:`Turn.keep_typing` shows typing again: platforms drop the status by
+themselves after about five seconds."""
 
 
 def session_key_for(
@@ -81,15 +89,131 @@ class Replier(Protocol):
         ...
 
 
-class Turn:
-    """One message being handled: reply with :meth:`reply` (each reply is ledgered)."""
+class TurnHost(Replier, Protocol):
+    """What a turn works through besides its replies: the live, unledgered actions (the
+    :class:`~statecore.gateway.Gateway` is one)."""
 
-    def __init__(self, gateway: Replier, message: Message) -> None:
+    @property
+    def clock(self) -> Clock:
+        """The clock :meth:`Turn.keep_typing` waits on."""
+        ...
+
+    async def typing(
+        self,
+        *,
+        platform: str,
+        chat_id: str,
+        status: str | None = None,
+        thread_id: str | None = None,
+        profile: str = "default",
+    ) -> SendResult:
+        """Show the bot typing in a chat."""
+        ...
+
+    async def edit(
+        self,
+        *,
+        platform: str,
+        chat_id: str,
+        message_id: str,
+        content: str,
+        thread_id: str | None = None,
+        profile: str = "default",
+    ) -> SendResult:
+        """Edit a message the bot sent."""
+        ...
+
+
+class Turn:
+    """One message being handled: reply with :meth:`reply` (each reply is ledgered); show
+    typing with :meth:`typing` or :meth:`keep_typing`, change a sent reply with :meth:`edit`.
+
+    Typing and edits are live actions, not obligations: they are sent once, never recorded or
+    resent, and an adapter that does not declare the ability (``AdapterAbilities.shows_typing``
+    / ``edits``) makes them a no-op whose result says so.  A final answer belongs in a reply.
+    """
+
+    def __init__(self, gateway: TurnHost, message: Message) -> None:
         self.gateway = gateway
         self.message = message
 
+    async def typing(self, status: str | None = None) -> SendResult:
+        """Show the bot typing in the message's chat (thread) now; ``status`` is a short text
+        where the platform shows one (``""`` clears it).  The platform drops it after a few
+        seconds, and a reply ends it: for a longer wait use :meth:`keep_typing`.  Returns the
+        platform's answer (a ``PERMANENT`` failure, nothing sent, when the adapter cannot show
+        typing); never raises for the platform."""
+        m = self.message
+        return await self.gateway.typing(
+            platform=m.platform,
+            chat_id=m.chat_id,
+            status=status,
+            thread_id=m.thread_id,
+            profile=m.profile,
+        )
+
+    @contextlib.asynccontextmanager
+    async def keep_typing(
+        self, status: str | None = None, *, every_s: float = TYPING_REFRESH_S
+    ) -> AsyncIterator[None]:
+        """``async with turn.keep_typing():`` shows typing while the block runs (again every
+        ``every_s`` seconds on the gateway's clock) and clears it when the block ends, however
+        it ends.  Raises ``ValueError`` for an ``every_s`` that is not a positive number."""
+        if isinstance(every_s, bool) or not isinstance(every_s, int | float) or not every_s > 0:
+            raise ValueError(f"every_s must be a positive number of seconds, not {every_s!r}")
+        first = await self.typing(status)
+        if not first.success and first.kind is ErrorKind.PERMANENT:
+            yield  # the adapter cannot show typing: nothing to keep up or clear
+            return
+
+        async def refresh() -> None:
+            while True:
+                await self.gateway.clock.sleep(every_s)
+                await self.typing(status)
+
+        refreshing = asyncio.ensure_future(refresh())
+        try:
+            yield
+        finally:
+            refreshing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refreshing
+            await asyncio.shield(self.typing(""))
+
+    async def edit(self, sent: SendResult | str, text: str) -> SendResult:
+        """Replace the text of a message the bot sent in this chat: ``sent`` is what
+        :meth:`reply` returned (its ``message_id``) or a message id.  Returns the platform's
+        answer; a definite failure, nothing sent, when the adapter cannot edit, when ``sent``
+        carries no message id (a reply that failed, or one recorded by an earlier run of this
+        turn), or when ``text`` is longer than the platform takes.  Raises ``TypeError`` for a
+        ``sent`` or ``text`` of another type."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, not {type(text).__name__}")
+        if isinstance(sent, SendResult):
+            message_id = sent.message_id
+        elif isinstance(sent, str):
+            message_id = sent or None
+        else:
+            raise TypeError(f"sent must be a SendResult or a message id, not {type(sent).__name__}")
+        if message_id is None:
+            return SendResult.failed(
+                "no message id to edit (the reply was not sent by this call)",
+                kind=ErrorKind.PERMANENT,
+            )
+        m = self.message
+        return await self.gateway.edit(
+            platform=m.platform,
+            chat_id=m.chat_id,
+            message_id=message_id,
+            content=text,
+            thread_id=m.thread_id,
+            profile=m.profile,
+        )
+
     async def reply(self, text: str) -> SendResult:
-        """Send a final reply to the message's chat (thread), durably: see ``send_final``."""
+        """Send a final reply to the message's chat (thread), durably: see ``send_final``
+        (a reply longer than the platform takes is split or truncated there).  The result's
+        ``message_id`` (the last part's) is what :meth:`edit` changes."""
         m = self.message
         return await self.gateway.send_final(
             session_key=m.session_key,

@@ -308,6 +308,8 @@ async def test_inbound_message_reaches_the_handler_as_a_turn_and_its_reply_reach
         thread_id="t1",
     )
     await eventually(lambda: relay.platform.texts("c1") == ["echo: hello"], "the echo")
+    # The platform shows the reply before the ledger's mark returns to the handler.
+    await eventually(lambda: len(results) == 1, "the reply's result")
 
     assert len(turns) == 1
     assert turns[0].message == Message(
