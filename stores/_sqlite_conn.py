@@ -10,6 +10,7 @@ translated to :class:`~statecore.errors.StoreError` naming the file.
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -29,8 +30,6 @@ __all__ = [
     "check_page_size",
     "default_checkpoint_pages",
 ]
-
-_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 DEFAULT_PAGE_SIZE = 2048
 """The page size of a file the store creates.  Every commit writes each page it changed to the
@@ -76,19 +75,42 @@ def check_checkpoint_pages(pages: object) -> None:
 
 def check_header(path: str) -> None:
     """Refuse a file that exists, is non-empty and is not a SQLite database, or a path whose
-    directory does not exist (``StoreError`` naming the path)."""
+    directory does not exist (``StoreError`` naming the path).
+
+    The file is read through SQLite, never through a file descriptor of our own: closing any
+    descriptor of a database file drops every POSIX lock this process holds on it, including
+    those of the connections other stores of this process have open to the same file.  Without
+    those locks, another process closing its connection believes it is the last one, checkpoints
+    and deletes the WAL under our open connections, and the commits they make afterwards are
+    seen by nobody else and lost on a crash.  SQLite keeps the descriptors of a file that the
+    process still holds locks on open until the last of them is released.
+    """
+    target = Path(path)
     try:
-        with open(path, "rb") as fh:
-            header = fh.read(len(_SQLITE_MAGIC))
-    except FileNotFoundError:
-        parent = Path(path).parent
-        if not parent.is_dir():
-            raise StoreError(f"{path}: directory {parent} does not exist") from None
-        return
+        if not target.exists():
+            if not target.parent.is_dir():
+                raise StoreError(f"{path}: directory {target.parent} does not exist")
+            return
+        if target.is_dir():
+            raise StoreError(f"{path}: cannot read: it is a directory")
+        if not os.access(target, os.R_OK):
+            raise StoreError(f"{path}: cannot read: permission denied")
+        if target.stat().st_size == 0:
+            return
     except OSError as exc:
         raise StoreError(f"{path}: cannot read: {exc}") from exc
-    if header and header != _SQLITE_MAGIC:
-        raise StoreError(f"{path}: not a SQLite database")
+    try:
+        probe = sqlite3.connect(path, timeout=0, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise StoreError(f"{path}: cannot read: {exc}") from exc
+    try:
+        probe.execute(pragmas.SCHEMA_VERSION).fetchone()
+    except sqlite3.DatabaseError as exc:
+        if "not a database" in str(exc) or "malformed" in str(exc):
+            raise StoreError(f"{path}: not a SQLite database") from exc
+        # Anything else (a lock held elsewhere) is for the store's own connection to report.
+    finally:
+        probe.close()
 
 
 class _Local(threading.local):

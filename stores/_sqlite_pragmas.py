@@ -10,6 +10,7 @@ __all__ = [
     "FOREIGN_KEYS_ON",
     "JOURNAL_WAL",
     "ROLLBACK",
+    "SCHEMA_VERSION",
     "USER_VERSION",
     "autocheckpoint_sql",
     "busy_timeout_sql",
@@ -25,6 +26,8 @@ JOURNAL_WAL = "PRAGMA journal_mode = WAL"
 """Switches the file to WAL journaling; returns the mode now in force."""
 
 FOREIGN_KEYS_ON = "PRAGMA foreign_keys = ON"
+SCHEMA_VERSION = "PRAGMA schema_version"
+"""Reads the file's header (fails with "file is not a database" for any other file)."""
 USER_VERSION = "PRAGMA user_version"
 """Reads the schema version a file was written with."""
 

@@ -44,7 +44,14 @@ from statecore.obligation import Claim
 from statecore.store import Store
 from statecore.wakeups import listen_for_work
 
-__all__ = ["Cadences", "clear_flags", "cleared_or_released", "log_recovery", "run_timer"]
+__all__ = [
+    "Cadences",
+    "RepeatedWarning",
+    "clear_flags",
+    "cleared_or_released",
+    "log_recovery",
+    "run_timer",
+]
 
 log = logging.getLogger("statecore.gateway.runtime")
 
@@ -253,37 +260,81 @@ async def log_recovery(
         )
 
 
-async def clear_flags(claims: list[Claim], clear: Callable[[str], Awaitable[object]]) -> None:
+class RepeatedWarning:
+    """A warning that would otherwise repeat on every round of the timer: the first failure of
+    each cause is logged at WARNING with that cause, later ones of the same cause at DEBUG (with
+    their count), and the next success once at INFO, so that the log says what is wrong and
+    when it stopped, not the same line every few seconds."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._cause: str | None = None
+        self._count = 0
+
+    def failed(self, exc: BaseException, consequence: str) -> None:
+        """Report one failure of ``what`` with ``exc``; ``consequence`` says what was done."""
+        cause = f"{type(exc).__name__}: {exc}"
+        if cause != self._cause:
+            self._cause, self._count = cause, 1
+            log.warning(
+                "%s failed: %s; %s (further failures with this cause are logged at DEBUG)",
+                self.what,
+                cause,
+                consequence,
+                exc_info=exc,
+                extra={"cause": cause},
+            )
+            return
+        self._count += 1
+        log.debug("%s failed again (%d times): %s; %s", self.what, self._count, cause, consequence)
+
+    def succeeded(self) -> None:
+        """Report a success: logged once when it ends a run of failures."""
+        if self._cause is not None:
+            log.info("%s works again after %d failures (%s)", self.what, self._count, self._cause)
+            self._cause, self._count = None, 0
+
+
+async def clear_flags(
+    claims: list[Claim],
+    clear: Callable[[str], Awaitable[object]],
+    warning: RepeatedWarning | None = None,
+) -> None:
     """Clear each claim's session ``resume_pending`` (``clear(session_key)``) before it is
-    sent, as a recovery at start does: a clear that fails is logged and the claim still sent."""
+    sent, as a recovery at start does: a clear that fails is reported to ``warning`` (its
+    cause) and the claim still sent."""
+    warning = warning or RepeatedWarning("clearing resume_pending")
     for claim in claims:
         try:
             await clear(claim.obligation.session_key)
-        except Exception:
-            log.warning(
-                "could not clear resume_pending for %s; sending anyway",
-                claim.obligation.session_key,
-                exc_info=True,
-            )
+        except Exception as exc:
+            warning.failed(exc, f"sending {claim.obligation_id} anyway")
+        else:
+            warning.succeeded()
 
 
 async def cleared_or_released(
-    claims: list[Claim], clear: Callable[[str], Awaitable[object]], path: SendPath
+    claims: list[Claim],
+    clear: Callable[[str], Awaitable[object]],
+    path: SendPath,
+    warning: RepeatedWarning | None = None,
 ) -> list[Claim]:
     """Clear each claim's ``resume_pending`` as a runtime recovery does: a claim whose clear
-    failed sends nothing -- it is released (refunded) through ``path`` and let go.  Returns
-    the claims ready to send (still held)."""
+    failed sends nothing -- it is released (refunded) through ``path`` and let go, the failure
+    reported to ``warning`` with its cause.  Returns the claims ready to send (still held)."""
+    warning = warning or RepeatedWarning("clearing resume_pending")
     ready: list[Claim] = []
     for claim in claims:
         oid = claim.obligation_id
         try:
             await clear(claim.obligation.session_key)
-        except Exception:
-            log.warning("could not clear resume_pending; releasing %s", oid)
+        except Exception as exc:
+            warning.failed(exc, f"releasing {oid} unsent, to be retried")
             try:
                 await path.release(oid)
             finally:
                 path.let_go(oid)
             continue
+        warning.succeeded()
         ready.append(claim)
     return ready
