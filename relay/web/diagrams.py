@@ -4,7 +4,11 @@
 dot, then the states in columns by their distance (in moves) from the initial state, then, when
 the lifecycle declares removals, an end mark.  Every declared transition is an arrow labelled
 with its event names (several events between the same two states share one arrow); a move from
-a state to itself is a loop over its box; terminal states have a double border.  The drawing uses
+a state to itself is a loop over its box; terminal states have a double border; a lifecycle
+without a creation event starts with an unlabelled arrow to its initial state.  Each label is
+placed on its arrow (or just beside it) where it covers no other label, no state and neither
+dot; when one finds no such place, the layout is spread wider and tried again, and at the widest
+a label that still does not fit goes to the nearest free place.  The drawing uses
 presentation attributes only (no ``<style>``, no script, no external reference), so it shows the
 same as an ``<img>`` under a strict content security policy, and the same declaration always
 gives the same text.
@@ -36,6 +40,11 @@ _STROKE = "#44546a"
 _TERMINAL_FILL = "#eef6ee"
 _STATE_FILL = "#f4f7fb"
 
+_LABEL_H = 15.0  # a label's box: the 11px text and a little room
+_LABEL_ROOM = 2.0  # the least room between a label and anything else it must not cover
+_SPREADS = (1.0, 1.3, 1.7, 2.2)  # the spacings tried, until every label fits by its arrow
+_ALONG = (0.5, 0.4, 0.6, 0.3, 0.7, 0.22, 0.78)  # where on an arrow its label may go, best first
+
 _START = "[start]"
 _END = "[removed]"
 
@@ -58,28 +67,33 @@ def lifecycle_svg(lifecycle: Lifecycle[Any]) -> str:
     declaration (the :class:`Lifecycle` constructor has already refused an invalid one).
     """
     layers = _layers(lifecycle)
-    nodes = _place(lifecycle, layers)
+    edges = _edges(lifecycle)
+    # Wider spacing until every label finds a free place next to its arrow; the widest
+    # spacing searches further out for the labels that still do not fit.
+    for spread in _SPREADS:
+        nodes = _place(lifecycle, layers, edges, spread)
+        routes = _routes(lifecycle, edges, nodes)
+        placed = _fit_labels(routes, nodes, search=spread == _SPREADS[-1])
+        if placed is not None:
+            break
+    assert placed is not None  # the last spread always places every label
     marker = "arrow-" + re.sub(r"[^A-Za-z0-9_-]", "_", lifecycle.name)  # an XML id, always
     drawn: list[str] = []
     labels: list[str] = []
     xs = [n.x - n.half_w for n in nodes.values()] + [n.x + n.half_w for n in nodes.values()]
     ys = [n.y - n.half_h for n in nodes.values()] + [n.y + n.half_h for n in nodes.values()]
-    edges = _edges(lifecycle)
-    for (source, target), events in edges.items():
-        text = ", ".join(events)
-        if source == target:
-            path, (lx, ly), bulge = _loop(nodes[source])
-        else:
-            bend = _bend(nodes[source], nodes[target], (target, source) in edges, nodes)
-            path, (lx, ly), bulge = _arrow(nodes[source], nodes[target], bend)
+    for route, box in zip(routes, placed, strict=True):
+        css = "transition" if route.text else "initial"
         drawn.append(
-            f'<path class="transition" data-events={quoteattr(text)} d="{path}" fill="none" '
-            f'stroke="{_STROKE}" stroke-width="1.3" marker-end="url(#{marker})"/>'
+            f'<path class="{css}" data-events={quoteattr(route.text)} d="{route.path}" '
+            f'fill="none" stroke="{_STROKE}" stroke-width="1.3" marker-end="url(#{marker})"/>'
         )
-        labels.append(_label(lx, ly, text))
-        half = (len(text) * _CHAR_W + 8) / 2
-        xs += [lx - half, lx + half, bulge[0]]
-        ys += [ly - 12, ly + 4, bulge[1]]
+        xs += [x for x, _ in route.extent]
+        ys += [y for _, y in route.extent]
+        if box is not None:
+            labels.append(_label(box, route.text))
+            xs += [box.x0, box.x1]
+            ys += [box.y0, box.y1]
     for state in lifecycle.states:
         drawn.append(_state(nodes[_key(state)], state, lifecycle))
     drawn.append(_dot(nodes[_START], filled=True))
@@ -137,23 +151,30 @@ def _box_w(text: str) -> float:
     return max(84.0, len(text) * _CHAR_W + 26.0)
 
 
-def _place(lifecycle: Lifecycle[Any], layers: list[list[Enum]]) -> dict[str, _Node]:
-    """Every node's centre: columns left to right, each column centred vertically."""
-    longest = max((len(", ".join(e)) for e in _edges(lifecycle).values()), default=0)
-    gap_x = max(90.0, longest * _CHAR_W + 34.0)
+def _place(
+    lifecycle: Lifecycle[Any],
+    layers: list[list[Enum]],
+    edges: dict[tuple[str, str], list[str]],
+    spread: float,
+) -> dict[str, _Node]:
+    """Every node's centre: columns left to right, each column centred vertically, the gaps
+    between columns and between the boxes of a column widened by ``spread``."""
+    longest = max((len(", ".join(e)) for e in edges.values()), default=0)
+    gap_x = max(90.0, longest * _CHAR_W + 34.0) * spread
+    gap_y = _GAP_Y * spread
     tallest = max(len(layer) for layer in layers)
-    body_h = tallest * _BOX_H + (tallest - 1) * _GAP_Y
+    body_h = tallest * _BOX_H + (tallest - 1) * gap_y
     middle = _TOP + body_h / 2
     nodes = {_START: _Node(_START, _MARGIN + _DOT_R, middle, _DOT_R, _DOT_R, True)}
     x = _MARGIN + 2 * _DOT_R + gap_x
     for layer in layers:
         col_w = max(_box_w(_key(s)) for s in layer)
-        column_h = len(layer) * _BOX_H + (len(layer) - 1) * _GAP_Y
+        column_h = len(layer) * _BOX_H + (len(layer) - 1) * gap_y
         y = middle - column_h / 2 + _BOX_H / 2
         for state in layer:
             half = _box_w(_key(state)) / 2
             nodes[_key(state)] = _Node(_key(state), x + col_w / 2, y, half, _BOX_H / 2, False)
-            y += _BOX_H + _GAP_Y
+            y += _BOX_H + gap_y
         x += col_w + gap_x
     if any(lifecycle.removes(e) for e in lifecycle.events):
         nodes[_END] = _Node(_END, x + _DOT_R + 2, middle, _DOT_R + 2, _DOT_R + 2, True)
@@ -171,6 +192,117 @@ def _edges(lifecycle: Lifecycle[Any]) -> dict[tuple[str, str], list[str]]:
             if t.event not in edges.setdefault(pair, []):
                 edges[pair].append(t.event)
     return edges
+
+
+@attrs.frozen
+class _Box:
+    """An axis-aligned rectangle: a label's background, or the room a node takes."""
+
+    x0: float
+    y0: float
+    x1: float
+    y1: float
+
+    @classmethod
+    def around(cls, x: float, y: float, text: str) -> _Box:
+        """The box of ``text``'s label centred on (x, y)."""
+        half_w, half_h = _label_w(text) / 2, _LABEL_H / 2
+        return cls(x - half_w, y - half_h, x + half_w, y + half_h)
+
+    @classmethod
+    def of(cls, node: _Node) -> _Box:
+        return cls(
+            node.x - node.half_w, node.y - node.half_h, node.x + node.half_w, node.y + node.half_h
+        )
+
+    def hits(self, other: _Box, room: float) -> bool:
+        """Whether the two overlap, or come closer than ``room``."""
+        return (
+            self.x0 < other.x1 + room
+            and other.x0 < self.x1 + room
+            and self.y0 < other.y1 + room
+            and other.y0 < self.y1 + room
+        )
+
+
+@attrs.frozen
+class _Route:
+    """One arrow: its event names (empty for the unlabelled arrow from the start dot of a
+    lifecycle without creations), its path, the points it reaches (for the canvas size) and
+    where its label may go, best first."""
+
+    text: str
+    path: str
+    extent: tuple[tuple[float, float], ...]
+    anchors: tuple[tuple[float, float], ...]
+
+
+def _routes(
+    lifecycle: Lifecycle[Any], edges: dict[tuple[str, str], list[str]], nodes: dict[str, _Node]
+) -> list[_Route]:
+    """Every arrow, self-loops first (their labels have the fewest places to go); a lifecycle
+    without creations gets an unlabelled arrow from the start dot to its initial state."""
+    pairs = sorted(edges, key=lambda pair: pair[0] != pair[1])  # stable: declaration order
+    routes = []
+    for source, target in pairs:
+        text = ", ".join(edges[(source, target)])
+        if source == target:
+            routes.append(_loop(nodes[source], text))
+        else:
+            bend = _bend(nodes[source], nodes[target], (target, source) in edges, nodes)
+            routes.append(_arrow(nodes[source], nodes[target], bend, text))
+    if not any(lifecycle.creates(e) for e in lifecycle.events):
+        routes.append(_arrow(nodes[_START], nodes[_key(lifecycle.initial)], 0.0, ""))
+    return routes
+
+
+def _fit_labels(
+    routes: list[_Route], nodes: dict[str, _Node], *, search: bool
+) -> list[_Box | None] | None:
+    """Each route's label box (None for an unlabelled arrow), at the first of its anchors that
+    overlaps no node and no label placed before it.  When a label fits at none: with
+    ``search``, the nearest free place around its first anchor; else None (widen the layout)."""
+    taken = [_Box.of(node) for node in nodes.values()]
+    placed: list[_Box | None] = []
+    for route in routes:
+        if not route.text:
+            placed.append(None)
+            continue
+        box = next(
+            (
+                candidate
+                for x, y in route.anchors
+                if not _blocked(candidate := _Box.around(x, y, route.text), taken)
+            ),
+            None,
+        )
+        if box is None:
+            if not search:
+                return None
+            box = _search(route, taken)
+        taken.append(box)
+        placed.append(box)
+    return placed
+
+
+def _blocked(box: _Box, taken: list[_Box]) -> bool:
+    return any(box.hits(other, _LABEL_ROOM) for other in taken)
+
+
+def _search(route: _Route, taken: list[_Box]) -> _Box:
+    """The free place nearest to ``route``'s first anchor, on rings ever further out (there is
+    always one: past every box drawn, nothing is in the way)."""
+    x, y = route.anchors[0]
+    radius = 0.0
+    while True:
+        radius += 6.0
+        for step in range(24):
+            angle = step * math.pi / 12
+            box = _Box.around(
+                x + radius * math.cos(angle), y + radius * math.sin(angle), route.text
+            )
+            if not _blocked(box, taken):
+                return box
 
 
 def _bend(a: _Node, b: _Node, opposed: bool, nodes: dict[str, _Node]) -> float:
@@ -195,32 +327,47 @@ def _curve(a: _Node, b: _Node, bend: float) -> tuple[float, float]:
     return mx - dy / length * bend, my + dx / length * bend
 
 
+def _on_curve(
+    start: tuple[float, float], control: tuple[float, float], end: tuple[float, float], t: float
+) -> tuple[float, float]:
+    """The point at ``t`` (0..1) of the quadratic curve."""
+    return (
+        (1 - t) ** 2 * start[0] + 2 * (1 - t) * t * control[0] + t * t * end[0],
+        (1 - t) ** 2 * start[1] + 2 * (1 - t) * t * control[1] + t * t * end[1],
+    )
+
+
 def _crosses(a: _Node, b: _Node, bend: float, box: _Node) -> bool:
     """Whether the curve from ``a`` to ``b`` runs through ``box`` (with a little room)."""
-    cx, cy = _curve(a, b, bend)
+    control = _curve(a, b, bend)
     for i in range(1, 40):
-        t = i / 40
-        x = (1 - t) ** 2 * a.x + 2 * (1 - t) * t * cx + t * t * b.x
-        y = (1 - t) ** 2 * a.y + 2 * (1 - t) * t * cy + t * t * b.y
+        x, y = _on_curve((a.x, a.y), control, (b.x, b.y), i / 40)
         if abs(x - box.x) <= box.half_w + 6 and abs(y - box.y) <= box.half_h + 6:
             return True
     return False
 
 
-def _arrow(a: _Node, b: _Node, bend: float) -> tuple[str, tuple[float, float], tuple[float, float]]:
+def _arrow(a: _Node, b: _Node, bend: float, text: str) -> _Route:
     """A quadratic curve from ``a``'s edge to ``b``'s, bowed ``bend`` to the left of its
-    direction (so two opposite arrows part); where its label goes; its farthest point."""
-    cx, cy = _curve(a, b, bend)
-    start = _clip(a, cx, cy)
-    end = _clip(b, cx, cy)
-    # The label sits a third of the way along, not in the middle, where crossing arrows meet.
-    t = 0.36
-    label = (
-        (1 - t) ** 2 * start[0] + 2 * (1 - t) * t * cx + t * t * end[0],
-        (1 - t) ** 2 * start[1] + 2 * (1 - t) * t * cy + t * t * end[1] - 6,
+    direction (so two opposite arrows part).  Its label goes on the curve, nearest the middle
+    first, else just beside it."""
+    control = _curve(a, b, bend)
+    start = _clip(a, *control)
+    end = _clip(b, *control)
+    path = (
+        f"M{_n(start[0])},{_n(start[1])} Q{_n(control[0])},{_n(control[1])} "
+        f"{_n(end[0])},{_n(end[1])}"
     )
-    path = f"M{_n(start[0])},{_n(start[1])} Q{_n(cx)},{_n(cy)} {_n(end[0])},{_n(end[1])}"
-    return path, label, (label[0], label[1] + 6)
+    points = [_on_curve(start, control, end, t) for t in _ALONG]
+    side = _label_w(text) / 2 + 4
+    anchors = [
+        (x + ox, y + oy)
+        for offsets in (((0.0, 0.0),), ((0.0, -11.0), (0.0, 11.0)), ((side, 0.0), (-side, 0.0)))
+        for x, y in points
+        for ox, oy in offsets
+    ]
+    extent = (start, end, *(_on_curve(start, control, end, i / 8) for i in range(1, 8)))
+    return _Route(text, path, extent, tuple(anchors))
 
 
 def _clip(node: _Node, toward_x: float, toward_y: float) -> tuple[float, float]:
@@ -238,24 +385,38 @@ def _clip(node: _Node, toward_x: float, toward_y: float) -> tuple[float, float]:
     return node.x + dx * scale, node.y + dy * scale
 
 
-def _loop(node: _Node) -> tuple[str, tuple[float, float], tuple[float, float]]:
-    """A loop over the top of a state's box, where its label goes, and its top."""
+def _loop(node: _Node, text: str) -> _Route:
+    """A loop over the top of a state's box; its label goes above it, else beside it."""
     top = node.y - node.half_h
     x0, x1 = node.x - 12, node.x + 12
     path = (
         f"M{_n(x0)},{_n(top)} C{_n(x0 - 22)},{_n(top - 34)} "
         f"{_n(x1 + 22)},{_n(top - 34)} {_n(x1)},{_n(top)}"
     )
-    return path, (node.x, top - 32), (node.x, top - 26)
+    side = _label_w(text) / 2 + 24
+    above = top - 26 - _LABEL_H / 2 - 2
+    anchors = (
+        (node.x, above),
+        (node.x - side, top - 18),
+        (node.x + side, top - 18),
+        (node.x, above - _LABEL_H - 4),
+    )
+    return _Route(text, path, ((x0 - 12, top - 26), (x1 + 12, top - 26)), anchors)
 
 
-def _label(x: float, y: float, text: str) -> str:
-    width = len(text) * _CHAR_W + 8
+def _label_w(text: str) -> float:
+    return len(text) * _CHAR_W + 8
+
+
+def _label(box: _Box, text: str) -> str:
+    """A label: its text on a white background box (``box``)."""
+    middle = (box.x0 + box.x1) / 2
     return (
-        f'<g class="event"><rect x="{_n(x - width / 2)}" y="{_n(y - 11)}" width="{_n(width)}" '
-        f'height="15" rx="3" fill="#ffffff" fill-opacity="0.85"/>'
-        f'<text x="{_n(x)}" y="{_n(y)}" text-anchor="middle" font-family="{_FONT}" '
-        f'font-size="11" fill="#5a3e8a">{escape(text)}</text></g>'
+        f'<g class="event"><rect x="{_n(box.x0)}" y="{_n(box.y0)}" '
+        f'width="{_n(box.x1 - box.x0)}" height="{_n(box.y1 - box.y0)}" rx="3" fill="#ffffff" '
+        f'fill-opacity="0.85"/><text x="{_n(middle)}" y="{_n(box.y1 - 4)}" '
+        f'text-anchor="middle" font-family="{_FONT}" font-size="11" '
+        f'fill="#5a3e8a">{escape(text)}</text></g>'
     )
 
 

@@ -9,19 +9,52 @@ from typing import Any
 
 import pytest
 
-from relay.connector.buffer import BUFFER
 from relay.web.diagrams import lifecycle_svg
+from statecore.cli.lifecycles import all_lifecycles
 from statecore.gateway.delegations import DELEGATION
-from statecore.gateway.sessions import SESSION
 from statecore.lifecycle import Lifecycle, Transition
-from statecore.lifecycles import OBLIGATION
 
 SVG = "{http://www.w3.org/2000/svg}"
-LIFECYCLES = [OBLIGATION, BUFFER, SESSION, DELEGATION]
+LIFECYCLES = list(all_lifecycles())
+"""Every lifecycle the entry points declare: what the dashboard draws."""
 
 
 def _classes(element: ET.Element) -> set[str]:
     return set(element.get("class", "").split())
+
+
+Box = tuple[float, float, float, float]  # x0, y0, x1, y1
+
+
+def _rect(element: ET.Element) -> Box:
+    x, y = float(element.get("x", "0")), float(element.get("y", "0"))
+    return (x, y, x + float(element.get("width", "0")), y + float(element.get("height", "0")))
+
+
+def _disc(element: ET.Element) -> Box:
+    x, y, r = (float(element.get(a, "0")) for a in ("cx", "cy", "r"))
+    return (x - r, y - r, x + r, y + r)
+
+
+def _overlap(a: Box, b: Box) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _layout(svg: str) -> tuple[list[tuple[str, Box]], list[tuple[str, Box]]]:
+    """The label boxes (each ``g.event``'s background rect, which holds its text) and the
+    boxes of the states, the start dot and the end mark, as drawn (one shared transform)."""
+    root = ET.fromstring(svg)
+    labels: list[tuple[str, Box]] = []
+    nodes: list[tuple[str, Box]] = []
+    for group in root.iter(f"{SVG}g"):
+        rect = group.find(f"{SVG}rect")
+        if "event" in _classes(group) and rect is not None:
+            labels.append((group.findtext(f"{SVG}text") or "", _rect(rect)))
+        elif "state" in _classes(group) and rect is not None:
+            nodes.append((group.get("data-state", ""), _rect(rect)))
+    for circle in root.iter(f"{SVG}circle"):
+        nodes.append(("[dot]", _disc(circle)))
+    return labels, nodes
 
 
 @pytest.mark.parametrize("lifecycle", LIFECYCLES, ids=lambda lc: lc.name)
@@ -46,6 +79,17 @@ def test_every_state_and_event_is_drawn(lifecycle: Lifecycle[Any]) -> None:
     labels = {t.text for t in root.iter(f"{SVG}text")}
     for event in lifecycle.events:
         assert any(event in (text or "").split(", ") for text in labels), event
+
+
+def test_a_lifecycle_without_creations_starts_with_an_unlabelled_arrow() -> None:
+    """A lifecycle whose entities are made in their initial state (no creation event) gets
+    one arrow from the start dot, without a label and not counted as a transition."""
+    without = next(lc for lc in LIFECYCLES if not any(lc.creates(e) for e in lc.events))
+    root = ET.fromstring(lifecycle_svg(without))
+    initial = [p for p in root.iter(f"{SVG}path") if "initial" in _classes(p)]
+    assert [p.get("data-events") for p in initial] == [""]
+    with_creation = ET.fromstring(lifecycle_svg(DELEGATION))
+    assert not [p for p in with_creation.iter(f"{SVG}path") if "initial" in _classes(p)]
 
 
 def test_self_loops_creations_and_removals_are_drawn() -> None:
@@ -100,3 +144,21 @@ def test_names_are_escaped() -> None:
     root = ET.fromstring(text)
     assert root.get("data-lifecycle") == 'odd<b>&"x"'
     assert root.findtext(f"{SVG}title") == 'lifecycle odd<b>&"x"'
+
+
+@pytest.mark.parametrize("lifecycle", LIFECYCLES, ids=lambda lc: lc.name)
+def test_no_label_overlaps_another_label_or_a_state(lifecycle: Lifecycle[Any]) -> None:
+    """In every lifecycle the dashboard draws, no two event labels' boxes intersect, and no
+    label's box intersects a state's box, the start dot or the end mark."""
+    svg = lifecycle_svg(lifecycle)
+    labels, nodes = _layout(svg)
+    arrows = [p for p in ET.fromstring(svg).iter(f"{SVG}path") if "transition" in _classes(p)]
+    assert [text for text, _ in labels] == [p.get("data-events") for p in arrows]
+    clashes = [
+        (first, second)
+        for i, (first, a) in enumerate(labels)
+        for second, b in labels[i + 1 :]
+        if _overlap(a, b)
+    ]
+    clashes += [(label, node) for label, a in labels for node, b in nodes if _overlap(a, b)]
+    assert clashes == []
