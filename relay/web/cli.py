@@ -14,8 +14,10 @@ is minted with ``relay.wire.auth.mint_token(operator, secret)``, or printed by
 ``statecore dashboard --mint-token OPERATOR`` (valid for an hour, signed with that operator's
 newest secret from the environment).
 
-It prints ``statecore dashboard on http://HOST:PORT/dashboard/`` once it serves, and stops
-gracefully on SIGINT or SIGTERM (exit 0).  A store URL that cannot be opened, a bad port or
+It prints ``statecore dashboard on http://HOST:PORT/dashboard/`` once it serves (the only
+line naming the URL; its log lines go to standard error, without the ``websockets`` library's
+INFO lines about each listen and connection), and stops gracefully on SIGINT or SIGTERM
+(exit 0).  A store URL that cannot be opened, a bad port or
 malformed secrets are refused with exit status 2, naming the setting (a store URL is shown
 without its password).
 """
@@ -151,10 +153,10 @@ async def serve(
     try:
         await server.start(host, port)
         url = f"{server.url}{dashboard.prefix}/"
-        print(f"{_NAME} on {url}", flush=True)
+        print(f"{_NAME} on {url}", flush=True)  # the one line naming the URL
         log.info(
-            "dashboard on %s (%s)",
-            url,
+            "dashboard serving %s (%s)",
+            label,
             "operators: " + ", ".join(sorted(secrets)) if secrets else "read-only",
             extra={"url": url},
         )
@@ -200,6 +202,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except (_Refused, ValueError) as exc:
         print(f"{_NAME}: {exc}", file=sys.stderr)
         return 2
+    # The websockets library logs every listen and connection at INFO: only its warnings
+    # belong in this command's output.
+    logging.getLogger("websockets").setLevel(logging.WARNING)
     try:
         serve_until_signalled(
             lambda stop: serve(

@@ -144,3 +144,38 @@ def test_mint_token_prints_a_token_for_an_operator_with_a_secret() -> None:
     )
     assert refused.returncode == 2
     assert SECRET not in refused.stderr
+
+
+def test_the_url_is_printed_once_and_websockets_chatter_stays_out(
+    tmp_path: Path, processes: list[subprocess.Popen[str]]
+) -> None:
+    """Serving a page and a WebSocket, then stopping, the command's whole output (standard
+    output and error) names its URL on one line only, and holds no line of the ``websockets``
+    library's own INFO logging (listening, connection open or closed)."""
+    db = tmp_path / "bot.db"
+    SQLiteStore(db).close()
+    proc = subprocess.Popen(
+        [console_script(), "dashboard", "--store", f"sqlite:///{db}", "--port", "0"],
+        cwd=ROOT,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    processes.append(proc)
+    first = line_with(proc, "statecore dashboard on ")
+    url = first.removeprefix("statecore dashboard on ")
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.status == 200
+    with connect(url.replace("http", "ws") + "ws", open_timeout=BOUND_S) as ws:
+        assert json.loads(ws.recv(timeout=BOUND_S))["type"] == "hello"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=BOUND_S) == 0
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    lines = [first, *proc.stdout.read().splitlines(), *proc.stderr.read().splitlines()]
+    host_port = url.removeprefix("http://").split("/")[0]
+    assert [line for line in lines if host_port in line] == [first]
+    chatter = [line for line in lines if " websockets" in line or "connection open" in line]
+    assert chatter == []
+    assert any("dashboard stopping" in line for line in lines)  # its own INFO lines remain
