@@ -3,8 +3,9 @@
 One process runs the whole stack on one SQLite file (``--data``, default ``chat-data/``):
 
 * the reference connector, fronting the **web chat** platform (:class:`relay.web.WebChatPlatform`);
-* a gateway with a small bot: it answers every message (``/slow`` makes it think for a few
-  seconds first, ``/edit`` shows an edit), its replies ledgered like any other;
+* a gateway with a small bot: it answers every message (``/slow`` makes it type for a few
+  seconds first, ``/edit`` sends a draft and edits it into the answer, an answer longer than
+  the page takes arrives in parts), its replies ledgered like any other;
 * one web server with the chat page (``/chat/``) and the **dashboard** (``/dashboard/``): counts
   per state, a live stream of transitions, each reply's history, the lifecycle diagrams, and
   the operator's actions -- with the operator token printed below (a credential for this local
@@ -42,13 +43,22 @@ GATEWAY_ID = "chat-bot"
 
 
 async def answer(turn: Turn) -> None:
-    """The bot: answers every message; ``/slow`` thinks first, so a reply can be watched
-    pending in the dashboard."""
+    """The bot: answers every message (an answer longer than the page takes arrives in parts).
+
+    ``/slow`` shows the bot typing for a few seconds before it answers; ``/edit`` sends a
+    draft, then edits it into the answer."""
     text = turn.message.text.strip()
-    if text.startswith("/slow"):
-        await asyncio.sleep(3.0)
     words = len(text.split())
-    await turn.reply(f"You said: {text}\n({words} word{'s' if words != 1 else ''})")
+    answer_text = f"You said: {text}\n({words} word{'s' if words != 1 else ''})"
+    if text.startswith("/slow"):
+        async with turn.keep_typing():
+            await asyncio.sleep(3.0)
+    if text.startswith("/edit"):
+        draft = await turn.reply("Thinking\u2026")
+        await asyncio.sleep(1.0)
+        await turn.edit(draft, answer_text)
+        return
+    await turn.reply(answer_text)
 
 
 async def serve(data: Path, host: str, port: int, stop: asyncio.Event) -> None:

@@ -8,7 +8,11 @@ what the user saw) and answers the buffered message; the bot going dormant; a me
 sleeps; the wake.  Every chat message and every obligation, transport and buffer transition is
 printed as it happens; the summary counts what was sent, redelivered and lost (must be 0).
 
-Run: ``python examples/demo.py`` (``make demo``) (``--data DIR`` to keep the databases elsewhere).
+At the end, run in a terminal, it serves the dashboard of the bot's ledger (each reply's
+history) until Ctrl-C; run otherwise (a pipe, CI), it says how to open it later and exits.
+
+Run: ``python examples/demo.py`` (``make demo``) (``--data DIR`` to keep the databases elsewhere;
+``--no-dashboard`` never waits).
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ from relay.client.transport import WebSocketRelayTransport
 from relay.connector.buffer import BUFFER_KIND
 from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
-from relay.web.chat import WebChatPlatform
 from relay.web.dashboard import Dashboard
 from relay.web.server import WebServer
 from statecore.cli import main as statecore_cli
@@ -271,9 +274,7 @@ class Demo:
 
     def __init__(self, data: Path) -> None:
         self.data = data
-        # The web chat is a loopback platform a person can also use from a browser: the story's
-        # users are scripted, and anyone may talk to the same bot at the chat URL meanwhile.
-        self.platform = WebChatPlatform(PLATFORM)
+        self.platform = LoopbackPlatform(PLATFORM)
         self.store = NarratedStore(SQLiteStore(data / "connector.db"), [BUFFER_KIND], "buffer")
         self.connector = Connector(
             self.store, secrets={GATEWAY_ID: [SECRET]}, drivers={PLATFORM: self.platform}
@@ -347,13 +348,6 @@ class Demo:
         """Play the script; returns the exit status (0: nothing lost)."""
         await self.connector.start()
         _say("connector", f"listening on {self.connector.url} (loopback chat platform)")
-        # The bot's ledger as the dashboard shows it, and the chat: both live while it runs.
-        ledger = SQLiteStore(self.data / "gateway.db")
-        dashboard = Dashboard(ledger, show_content=True)  # a local demo: every chat is yours
-        web = WebServer([self.platform, dashboard])
-        await web.start()
-        _say("web", f"talk to the bot yourself: {web.url}/chat/")
-        _say("web", f"watch its replies move:   {web.url}/dashboard/")
         try:
             await self.crash_mid_reply()
             bot = await self.restart()
@@ -368,11 +362,37 @@ class Demo:
                 if child.proc.returncode is None:
                     child.proc.kill()
                     await child.proc.wait()
-            await web.stop()
-            await dashboard.close()
-            ledger.close()
             await self.connector.stop()
             self.store.close()
+
+
+async def serve_dashboard(db: Path, stop: asyncio.Event) -> None:
+    """Serve the dashboard of the ledger in ``db`` (read-only, replies shown: a local demo) until
+    ``stop`` is set, saying where."""
+    ledger = SQLiteStore(db)
+    dashboard = Dashboard(ledger, show_content=True)
+    web = WebServer([dashboard])
+    await web.start()
+    try:
+        print(f"\nthe bot's ledger, each reply's history on click: {web.url}/dashboard/")
+        print("Ctrl-C stops it.", flush=True)
+        await stop.wait()
+    finally:
+        await web.stop()
+        await dashboard.close()
+        ledger.close()
+
+
+def statecore_command() -> str:
+    """How to run the ``statecore`` command from here: its name when the shell finds this
+    environment's one on PATH, else its path (``.venv/bin/statecore`` after ``make demo``)."""
+    here = Path(sys.executable).parent / "statecore"
+    found = shutil.which("statecore")
+    if found is not None and Path(found).resolve() == here.resolve():
+        return "statecore"
+    with contextlib.suppress(ValueError):
+        return str(here.relative_to(Path.cwd()))
+    return str(here)
 
 
 async def run_demo(data: Path) -> int:
@@ -406,6 +426,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run the demo (or, with ``--gateway URL``, the bot's gateway process)."""
     parser = argparse.ArgumentParser(description="statecore demo: no reply lost")
     parser.add_argument("--data", default="demo-data", help="directory for the databases")
+    parser.add_argument(
+        "--no-dashboard",
+        action="store_true",
+        help="exit after the summary, even in a terminal (default: serve the dashboard there)",
+    )
     parser.add_argument("--gateway", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--db", help=argparse.SUPPRESS)
     parser.add_argument("--restarted", action="store_true", help=argparse.SUPPRESS)
@@ -415,9 +440,26 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     status = asyncio.run(run_demo(Path(args.data)))
     # What an operator would run next: the gateway's ledger, counted by state.
-    store_url = f"sqlite:///{Path(args.data).resolve() / 'gateway.db'}"
-    print(f"\n$ statecore ledger stats --store {store_url}")
+    db = Path(args.data).resolve() / "gateway.db"
+    store_url = f"sqlite:///{db}"
+    command = statecore_command()
+    print(f"\n$ {command} ledger stats --store {store_url}")
     statecore_cli(["ledger", "stats", "--store", store_url])
+    if command != "statecore":
+        print(f"\n(`statecore` is {command}; or first: source {Path(command).parent}/activate)")
+    print("\nto talk to a bot yourself, in a browser: make chat")
+    if args.no_dashboard or not (sys.stdin.isatty() and sys.stdout.isatty()):
+        print(f"to browse this run's ledger: {command} dashboard --store {store_url}")
+        return status
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await serve_dashboard(db, stop)
+
+    asyncio.run(serve())
     return status
 
 

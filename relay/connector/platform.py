@@ -60,7 +60,8 @@ class SentAction:
     op: str
     chat_id: str
     content: str | None
-    """The action's ``content`` (the message body; a typing status, or None to clear it)."""
+    """The action's ``content``: the message body; for ``typing`` its status text, None when it
+    had none (plain typing) and ``""`` when it clears the status."""
     message_id: str | None
     thread_id: str | None = None
     reply_to: str | None = None
@@ -196,7 +197,7 @@ class LoopbackPlatform:
             return OutboundOutcome(False, None, "chat_id is required", "bad_action")
         content = action.get("content")
         if op == "typing":
-            status = content if isinstance(content, str) and content else None
+            status = content if isinstance(content, str) else None
             self.sent.append(SentAction("typing", chat_id, status, None, metadata=meta))
             return OutboundOutcome(True)
         if not isinstance(content, str) or not content:

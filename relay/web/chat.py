@@ -128,8 +128,9 @@ class WebChatPlatform(LoopbackPlatform):
             return outcome
         op = action.get("op")
         if op == "typing":
+            # The contract: no content shows plain typing, "" clears it, a text is a status.
             content = action.get("content")
-            status = content if isinstance(content, str) and content else None
+            status = (content or None) if isinstance(content, str) else "typing"
             self._push(chat_id, {"type": "typing", "status": status})
         elif op == "edit":
             message = self._find(chat_id, outcome.message_id)

@@ -270,3 +270,16 @@ async def test_chats_in_all_are_bounded() -> None:
         finally:
             for ws in stack.clients:
                 await ws.close()
+
+
+@pytest.mark.asyncio
+async def test_plain_typing_shows_and_an_empty_status_clears_it(stack: Stack) -> None:
+    """A typing action without content (what ``Turn.typing()`` sends) shows the bot typing;
+    ``""`` clears it, as the contract says."""
+    ws, welcome = await stack.browser("t" * 32)
+    await ws.send(json.dumps({"type": "open", "chat": "general"}))
+    chat_id = f"{welcome['user']}.general"
+    assert (await stack.chat.perform({"op": "typing", "chat_id": chat_id})).success
+    assert (await expect(ws, "typing"))["status"] == "typing"
+    assert (await stack.chat.perform({"op": "typing", "chat_id": chat_id, "content": ""})).success
+    assert (await expect(ws, "typing"))["status"] is None
