@@ -1,5 +1,6 @@
 """What the dashboard reads from a store: the watched kinds, their counts per state and oldest
-owed row, and the JSON shapes of their rows and audit entries.
+owed row, the latest changed obligations, the repairs each obligation state allows, and the
+JSON shapes of their rows and audit entries.
 
 Every function here is a plain blocking read, to be called on the dashboard's one store thread
 (never on the event loop); none writes, apart from registering a kind (idempotent).  What a
@@ -20,17 +21,24 @@ from relay.connector.buffer import BUFFER_KIND
 from statecore.entity import EntityKind
 from statecore.gateway.delegations import DELEGATION_KIND
 from statecore.gateway.sessions import SESSION_KIND
+from statecore.lifecycle import Lifecycle
+from statecore.lifecycles import OBLIGATION
 from statecore.obligation import OBLIGATION_KIND
-from statecore.store import Row, Store, TransitionRecord
+from statecore.store import Row, Store, TransitionRecord, ge
 from statecore.survey import OWED_STATES, ledger_stats
 
 __all__ = [
     "CONTENT_CHARS",
+    "LATEST_LISTED",
     "OWED_LISTED",
+    "REPAIRS",
     "WATCHED",
     "Watched",
     "count_kind",
+    "entry_json",
+    "latest_obligations",
     "owed_obligations",
+    "repair_states",
     "row_json",
 ]
 
@@ -38,6 +46,10 @@ CONTENT_CHARS = 500
 """An obligation's content is cut to this many characters in anything sent to a browser."""
 OWED_LISTED = 50
 """Owed obligations a new browser is sent, oldest first."""
+LATEST_LISTED = 50
+"""Latest changed obligations (any state) a new browser is sent, newest first."""
+REPAIRS = ("abandon", "retry")
+"""The operator's repairs of an obligation, as the page names them."""
 
 
 @attrs.frozen
@@ -134,6 +146,103 @@ def _obligation_fields(values: Mapping[str, Any], show_content: bool) -> dict[st
         # What users were told is theirs: shown only where the deployer chose to show it.
         "content_hidden": not show_content,
     }
+
+
+def entry_json(
+    watched: Watched, row: Row[Any], record: TransitionRecord, *, show_content: bool
+) -> dict[str, Any]:
+    """One audit entry ``record`` of ``row`` as the stream shows it: the row's fields (as
+    :func:`row_json`), with the entry's time, event, the state it came from and the state it led
+    to (and, of an obligation, the attempts it counted when it says)."""
+    out = row_json(watched, row, record.at, record, show_content=show_content)
+    out["state"] = record.to_state.value
+    if "attempts" in out and record.attempts is not None:
+        out["attempts"] = record.attempts
+    return out
+
+
+def repair_states(lifecycle: Lifecycle[Any] = OBLIGATION) -> dict[str, tuple[Enum, ...]]:
+    """The states each of :data:`REPAIRS` may start from, in declaration order, read from the
+    declared ``lifecycle``: ``abandon`` from every state whose moves include ``abandon``;
+    ``retry`` (which records a new obligation, :func:`statecore.repair.retry_abandoned`) from
+    every state ``abandon`` leads to.  Never raises for a lifecycle without ``abandon`` (both
+    are then empty)."""
+    states = lifecycle.states
+    abandon_from = tuple(s for s in states if lifecycle.can(s, "abandon"))
+    led_to = {lifecycle.target(s, "abandon") for s in abandon_from}
+    return {"abandon": abandon_from, "retry": tuple(s for s in states if s in led_to)}
+
+
+def latest_obligations(
+    store: Store, *, now: float, show_content: bool, limit: int = LATEST_LISTED
+) -> list[dict[str, Any]]:
+    """The ``limit`` obligations changed last, whatever their state (delivered and abandoned
+    ones too), newest change first, as the stream shows rows (without an event).
+
+    The store orders ascending only, so the window of the newest changes is found by counting:
+    widened back from ``now`` until it holds ``limit`` rows, then narrowed while it holds more
+    than twice as many; only that window's rows are read.  Raises ``TypeError`` for a
+    ``limit`` that is not an int, ``ValueError`` for one below 1, ``StoreError`` when the store
+    cannot be read."""
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        raise TypeError(f"limit must be an int, not {type(limit).__name__}")
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, not {limit}")
+    kind = OBLIGATION_KIND
+    store.register(kind)
+    first = store.select(kind, order_by="updated_at", limit=1)
+    if not first:
+        return []
+    rows = _newest_rows(store, float(first[0]["updated_at"]), now, limit)
+    rows.sort(key=lambda r: (r["updated_at"], r.id), reverse=True)
+    watched = WATCHED[0]
+    return [
+        row_json(watched, row, row["updated_at"], None, show_content=show_content)
+        for row in rows[:limit]
+    ]
+
+
+def _newest_rows(store: Store, oldest: float, now: float, limit: int) -> list[Row[Any]]:
+    """At least the ``limit`` obligations changed last (all of them when there are fewer), and
+    not many more (see :func:`latest_obligations`)."""
+    kind = OBLIGATION_KIND
+
+    def since(at: float) -> int:
+        return store.count(kind, where={"updated_at": ge(at)})
+
+    # Widen: [lo, ...) holds at least `limit` rows (or every row); [hi, ...) fewer.
+    hi: float | None = None
+    width = 1.0
+    while True:
+        lo = now - width
+        if lo <= oldest:
+            lo, held = oldest, since(oldest)
+            break
+        held = since(lo)
+        if held >= limit:
+            break
+        hi, width = lo, width * 4
+    if hi is None and held > 2 * limit and since(now + 1.0) < limit:
+        hi = now + 1.0  # a busy last second: what is newer still (a writer's clock ahead)
+    # Narrow while the window holds more than twice what is asked, down to a millisecond.
+    while held > 2 * limit and hi is not None and hi - lo > 1e-3:
+        middle = (lo + hi) / 2
+        count = since(middle)
+        if count >= limit:
+            lo, held = middle, count
+        else:
+            hi = middle
+    if held <= 2 * limit:
+        return store.select(kind, where={"updated_at": ge(lo)}, order_by="updated_at")
+    if hi is None:  # more than `limit` rows stamped ahead of this clock: the oldest of those
+        return store.select(
+            kind, where={"updated_at": ge(now + 1.0)}, order_by="updated_at", limit=limit
+        )
+    # Many rows share the window's first millisecond: every row after it (fewer than
+    # `limit`), and the rest from the shared ones.
+    newer = store.select(kind, where={"updated_at": ge(hi)})
+    shared = store.select(kind, where={"updated_at": ge(lo)}, order_by="updated_at", limit=limit)
+    return list({row.id: row for row in (*shared, *newer)}.values())
 
 
 def owed_obligations(store: Store, *, show_content: bool) -> list[dict[str, Any]]:

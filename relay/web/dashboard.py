@@ -7,18 +7,24 @@ may send):
 
 * ``hello`` -- the store's label, whether actions are possible, per kind (obligations, buffer
   entries, sessions, delegations) its counts per state, how many are owed and the oldest owed
-  row, the owed obligations, the latest transitions and the lifecycle diagrams (SVG text drawn
-  by :func:`~relay.web.diagrams.lifecycle_svg`);
-* ``changes`` -- rows that changed, as each poll of the store finds them, and ``counts``
-  after every poll that found a change (and every few seconds, for rows pruned meanwhile);
+  row, the owed obligations (``obligations``), the latest changed ones whatever their state
+  (``latest``), the repairs each obligation state allows (``actions``, read from the declared
+  lifecycle), the latest transitions and a diagram of every lifecycle the
+  ``statecore.lifecycles`` entry points declare (SVG text drawn by
+  :func:`~relay.web.diagrams.lifecycle_svg`, with the kind it counts, if any);
+* ``changes`` -- one per audit entry (a move: its event, the state it came from and the one it
+  led to), as each poll of the store finds them, and ``counts`` after every poll that found a
+  change (and every few seconds, for rows pruned meanwhile);
 * ``history`` -- one obligation's audit entries, on request;
 * ``auth`` -- who a token names; ``done`` / ``refused`` -- the outcome of an operator's
   action; ``error`` -- a message that was not understood (the session stays open).
 
 Operator actions (retry an abandoned obligation, abandon an owed one) are exactly the CLI's
 (:mod:`statecore.repair`), audited as ``dashboard:<operator>``, and need a token minted with
-:func:`relay.wire.auth.mint_token` from one of the operator secrets the dashboard was given;
-without secrets the dashboard is read-only, and without a valid token every action is refused.
+:func:`relay.wire.auth.mint_token` from one of the operator secrets the dashboard was given,
+living no longer than ``max_token_ttl_s``; without secrets the dashboard is read-only, and
+without a valid token every action is refused.  An action on a row in a state the obligation
+lifecycle does not start it from is refused too, naming the states it does.
 
 Every store call runs on the dashboard's one worker thread, never on the event loop; the store
 is polled only while a browser is connected.  Nothing sent to a browser holds a secret, a token
@@ -32,9 +38,11 @@ import contextlib
 import functools
 import json
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from enum import Enum
 from typing import Any, TypeVar
 
 from websockets.asyncio.server import ServerConnection
@@ -42,19 +50,24 @@ from websockets.exceptions import ConnectionClosed
 
 from relay.web._dashboard_feed import ChangeFeed
 from relay.web._dashboard_reads import (
+    REPAIRS,
     WATCHED,
     count_kind,
+    latest_obligations,
     owed_obligations,
+    repair_states,
     row_json,
 )
 from relay.web._dashboard_requests import BadRequest, Request, parse
 from relay.web.diagrams import lifecycle_svg
 from relay.web.server import static_files
-from relay.wire.auth import verify_token
+from relay.wire.auth import DEFAULT_MAX_TTL_S, verify_token
 from relay.wire.errors import AuthError
 from statecore.cli.ledger import history_json  # the CLI's own shape of an entry
+from statecore.cli.lifecycles import all_lifecycles
 from statecore.clock import Clock, SystemClock
 from statecore.errors import InvalidTransition, StaleState, StatecoreError, UnknownEntity
+from statecore.lifecycle import Lifecycle
 from statecore.obligation import OBLIGATION_KIND
 from statecore.repair import abandon, retry_abandoned
 from statecore.store import Store
@@ -73,6 +86,7 @@ BACKLOG = 1000
 disconnected (1013) and reconnects to a fresh snapshot."""
 MAX_BROWSERS = 64
 """Browsers served at once; more are refused (1013)."""
+_CAP_NAMED = "this dashboard accepts (max_token_ttl_s)"
 
 
 class _Browser:
@@ -97,15 +111,20 @@ class Dashboard:
     """The dashboard app (see the module docs).
 
     ``Dashboard(store, *, secrets=None, clock=None, poll_s=0.5, store_label=None,
-    show_content=False)``:
+    show_content=False, max_token_ttl_s=3600)``:
     ``secrets`` maps each operator id to its secrets, newest first (the format of the relay's
     gateway secrets); ``store_label`` is what the page calls the store (give a URL without its
     password; default: the store's class name); ``show_content`` sends replies' text to the
     page -- what the bot told each user, visible to anyone who can open the page, so only where
     every viewer may read every chat (a local demo); without it the page shows that it is
-    hidden.  The caller owns ``store``; call :meth:`close`
-    when the server is stopped, before closing the store.  Raises ``FileNotFoundError`` when
-    the package's page files are missing, ``ValueError`` for a ``poll_s`` that is not positive.
+    hidden.  ``max_token_ttl_s`` is the longest lifetime of an operator token it accepts
+    (seconds; default :data:`~relay.wire.auth.DEFAULT_MAX_TTL_S`, an hour): a token expiring
+    further ahead is refused, saying so, so that a captured one cannot be used for long; a
+    local run that mints its operator's token for its own lifetime passes that lifetime.  The
+    caller owns ``store``; call :meth:`close` when the server is stopped, before closing the
+    store.  Raises ``FileNotFoundError`` when the package's page files are missing,
+    ``ValueError`` for a ``poll_s`` that is not positive or a ``max_token_ttl_s`` that is not
+    positive and finite, ``TypeError`` for a ``max_token_ttl_s`` that is not a number.
     """
 
     prefix = "/dashboard"
@@ -120,19 +139,23 @@ class Dashboard:
         poll_s: float = 0.5,
         store_label: str | None = None,
         show_content: bool = False,
+        max_token_ttl_s: float = DEFAULT_MAX_TTL_S,
     ) -> None:
         if not poll_s > 0:
             raise ValueError(f"poll_s must be positive, not {poll_s}")
+        self._max_token_ttl_s = _token_ttl(max_token_ttl_s)
         self._store = store
         self._secrets = {op: tuple(s) for op, s in (secrets or {}).items() if s}
         self._clock = clock or SystemClock()
         self._poll_s = poll_s
         self._label = store_label or type(store).__name__
         self._files = static_files("dashboard")
+        counted = {w.kind.lifecycle.name: w.kind.name for w in WATCHED}
         self._diagrams = [
-            {"lifecycle": w.kind.lifecycle.name, "svg": lifecycle_svg(w.kind.lifecycle)}
-            for w in WATCHED
+            {"lifecycle": name, "kind": counted.get(name), "svg": svg} for name, svg in _drawn()
         ]
+        self._repairs = repair_states()
+        self._actions = _actions(self._repairs)
         # The one thread every store call runs on; the feed and _counted_at are touched only
         # there, so they need no lock.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dashboard-store")
@@ -240,9 +263,15 @@ class Dashboard:
         if not token:
             return None, "read-only: no token"
         try:
-            return verify_token(token, self._secrets, now=self._clock.now()), None
+            operator = verify_token(
+                token, self._secrets, now=self._clock.now(), max_ttl_s=self._max_token_ttl_s
+            )
         except AuthError as exc:
-            return None, f"refused: the token is {exc.reason}"
+            if exc.reason == "malformed" and exc.timing:  # genuine, but living too long
+                cap = _duration(self._max_token_ttl_s)
+                return None, f"the token's lifetime exceeds the {cap} {_CAP_NAMED}"
+            return None, f"the token is {exc.reason}"
+        return operator, None
 
     async def _act(self, request: Request) -> dict[str, Any]:
         """An operator's action, done on the store thread when the token is good; a refusal
@@ -290,6 +319,8 @@ class Dashboard:
             ],
             "counts": [count_kind(self._store, w, now) for w in WATCHED],
             "obligations": owed_obligations(self._store, show_content=self._show_content),
+            "latest": latest_obligations(self._store, now=now, show_content=self._show_content),
+            "actions": self._actions,
             "recent": self._feed.recent,
             "diagrams": self._diagrams,
         }
@@ -331,6 +362,7 @@ class Dashboard:
     def _repair(self, request: Request, operator: str) -> dict[str, Any]:
         assert request.id is not None
         assert request.reason is not None
+        _check_allowed(self._store, self._repairs[request.type], request.type, request.id)
         common: dict[str, Any] = {"by": operator, "reason": request.reason, "via": "dashboard"}
         if request.type == "abandon":
             done = abandon(self._store, request.id, clock=self._clock, **common)
@@ -369,6 +401,67 @@ class Dashboard:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._poll_s)
             self._wake.clear()
+
+
+class _NotAllowed(ValueError):
+    """A repair the obligation lifecycle does not allow from the row's state."""
+
+
+def _actions(repairs: Mapping[str, tuple[Enum, ...]]) -> dict[str, list[str]]:
+    """Each obligation state (its value) -> the repairs ``repairs`` allows from it."""
+    return {
+        str(state.value): [a for a in REPAIRS if state in repairs[a]]
+        for state in OBLIGATION_KIND.lifecycle.states
+    }
+
+
+def _token_ttl(value: object) -> float:
+    """``max_token_ttl_s`` checked: a positive, finite number of seconds."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise TypeError(f"max_token_ttl_s must be a number of seconds, not {type(value).__name__}")
+    if not 0 < value < math.inf:  # also refuses NaN
+        raise ValueError(
+            f"max_token_ttl_s must be a positive, finite number of seconds, not {value}"
+        )
+    return float(value)
+
+
+def _check_allowed(
+    store: Store, allowed: tuple[Enum, ...], action: str, obligation_id: str
+) -> None:
+    """Raise :class:`_NotAllowed` when the obligation is in none of the states ``allowed``
+    (those the lifecycle starts ``action`` from); an unknown id is left to the repair, which
+    names it.  On the store thread."""
+    store.register(OBLIGATION_KIND)
+    row = store.get(OBLIGATION_KIND, obligation_id)
+    if row is not None and row.state not in allowed:
+        state = str(row.state.value)
+        article = "an" if state[:1] in "aeiou" else "a"
+        where = ", ".join(str(s.value) for s in allowed) or "no state"
+        raise _NotAllowed(
+            f"{action} is not allowed for {article} {state} obligation (only from {where})"
+        )
+
+
+@functools.cache
+def _drawn() -> tuple[tuple[str, str], ...]:
+    """(name, SVG) of every lifecycle the ``statecore.lifecycles`` entry points declare
+    (statecore's own first, as ``statecore lifecycles`` lists them), then of any watched
+    kind's not among them; drawn once per process (the declarations do not change)."""
+    drawn: list[Lifecycle[Any]] = list(all_lifecycles())
+    names = {lc.name for lc in drawn}
+    drawn += [w.kind.lifecycle for w in WATCHED if w.kind.lifecycle.name not in names]
+    return tuple((lc.name, lifecycle_svg(lc)) for lc in drawn)
+
+
+def _duration(seconds: float) -> str:
+    """``3600`` -> ``"1 h"``, ``5400`` -> ``"1.5 h"``, ``600`` -> ``"10 min"``, ``45`` ->
+    ``"45 s"``."""
+    if seconds >= 3600:
+        return f"{round(seconds / 3600, 2):g} h"
+    if seconds >= 60:
+        return f"{round(seconds / 60, 2):g} min"
+    return f"{round(seconds, 2):g} s"
 
 
 def _dump(message: Mapping[str, Any]) -> str:

@@ -17,14 +17,21 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from relay.web._dashboard_reads import latest_obligations
 from relay.web.dashboard import Dashboard
 from relay.web.server import WebServer
 from relay.wire.auth import mint_token
 from statecore import Ledger
+from statecore.cli.lifecycles import all_lifecycles
+from statecore.clock import FakeClock
+from statecore.gateway import Gateway
+from statecore.ids import compute_obligation_id
 from statecore.lifecycles import ObligationState
 from statecore.obligation import OBLIGATION_KIND
 from statecore.repair import retry_id
 from stores import SQLiteStore
+from stores.memory import InMemoryStore
+from tests.statecore.gateway.gateway_rig import PROBE, FakeAdapter, FakeSessions, live_incarnation
 
 BOUND_S = 10.0
 SECRET = "s3cret-for-alice"
@@ -93,7 +100,9 @@ def counts_of(message: dict[str, Any], kind: str = "obligation") -> dict[str, An
 @pytest.mark.asyncio
 async def test_a_new_browser_gets_counts_of_every_kind_and_the_diagrams(tmp_path: Path) -> None:
     """The snapshot: every watched kind with every declared state (zeros for empty tables), the
-    owed obligations, the oldest owed age, and four SVG diagrams; no secret anywhere."""
+    owed obligations, the oldest owed age, and an SVG diagram of every lifecycle the
+    ``statecore.lifecycles`` entry points declare, those of the counted kinds naming their
+    kind; no secret anywhere."""
     async with running(tmp_path, secrets=SECRETS, store_label="sqlite:///x.db") as stack:
         first = stack.record("one")
         stack.record("two")
@@ -122,12 +131,16 @@ async def test_a_new_browser_gets_counts_of_every_kind_and_the_diagrams(tmp_path
         empty = counts_of(hello, kind)
         assert set(empty["states"].values()) == {0}, kind
         assert (empty["owed"], empty["oldest_owed_at"]) == (0, None)
-    assert [d["lifecycle"] for d in hello["diagrams"]] == [
-        "obligation",
-        "buffer",
-        "session",
-        "delegation",
-    ]
+    declared = [lc.name for lc in all_lifecycles()]
+    assert len(declared) >= 12
+    assert [d["lifecycle"] for d in hello["diagrams"]] == declared
+    counted = {d["lifecycle"]: d["kind"] for d in hello["diagrams"] if d["kind"] is not None}
+    assert counted == {
+        "obligation": "obligation",
+        "buffer": "buffer_entry",
+        "session": "session",
+        "delegation": "delegation",
+    }
     assert all(d["svg"].startswith("<svg") for d in hello["diagrams"])
     assert {o["content"] for o in hello["obligations"]} == {"one", "two"}
     assert SECRET not in json.dumps(hello)
@@ -365,5 +378,230 @@ def test_poll_interval_must_be_positive(tmp_path: Path) -> None:
     try:
         with pytest.raises(ValueError, match="poll_s"):
             Dashboard(store, poll_s=0)
+    finally:
+        store.close()
+
+
+@pytest.mark.asyncio
+async def test_a_gateway_reply_streams_its_record_attempt_and_deliver(tmp_path: Path) -> None:
+    """A real gateway's reply on SQLite (record, mark attempting, send, settle; faster than a
+    poll) reaches the stream as its three transitions, in order, each with the state it came
+    from: record (-> pending), attempt (pending -> attempting), deliver (attempting ->
+    delivered)."""
+    async with running(tmp_path) as stack, connect(stack.url) as ws:
+        await receive(ws, "hello")
+        gateway = Gateway(
+            SQLiteStore(tmp_path / "x.db"),  # the bot's own connection to the same file
+            sessions=FakeSessions(),
+            incarnation=live_incarnation(),
+            probe=PROBE,
+            retry_interval_s=3600.0,
+        )
+        try:
+            gateway.add_adapter("web", FakeAdapter())
+            result = await gateway.send_final(
+                session_key="web:s1", platform="web", chat_id="c1", content="hi", message_ref="m1"
+            )
+            assert result.success
+            oid = compute_obligation_id("web:s1", "m1", "hi")
+            seen: list[tuple[str | None, str | None, str]] = []
+            while not seen or seen[-1][2] != "delivered":
+                changes = await receive(ws, "changes")
+                seen += [
+                    (c["event"], c["from"], c["state"])
+                    for c in changes["changes"]
+                    if c["id"] == oid
+                ]
+        finally:
+            await asyncio.wait_for(gateway.stop(budget_s=1.0), BOUND_S)
+    assert seen == [
+        ("record", None, "pending"),
+        ("attempt", "pending", "attempting"),
+        ("deliver", "attempting", "delivered"),
+    ]
+
+
+@pytest.mark.asyncio
+async def test_each_audit_entry_is_streamed_once_across_polls(tmp_path: Path) -> None:
+    """A row moved between polls has only its new audit entries streamed: an entry already
+    sent is never sent again, however often the row is read."""
+    async with running(tmp_path) as stack, connect(stack.url) as ws:
+        await receive(ws, "hello")
+        oid = stack.record("twice")
+        first = await receive(ws, "changes")
+        stack.deliver(oid)
+        second = await receive(
+            ws, "changes", lambda m: any(c["state"] == "delivered" for c in m["changes"])
+        )
+        other = stack.record("later")
+        third = await receive(ws, "changes", lambda m: any(c["id"] == other for c in m["changes"]))
+    events = [c["event"] for m in (first, second, third) for c in m["changes"] if c["id"] == oid]
+    assert events == ["record", "attempt", "deliver"]
+
+
+@pytest.mark.asyncio
+async def test_settled_rows_are_listed_newest_change_first(tmp_path: Path) -> None:
+    """A new browser gets the latest changed obligations whatever their state (the delivered
+    and abandoned ones too, which the owed list leaves out), newest change first, each one's
+    history a click away."""
+    async with running(tmp_path, secrets=SECRETS) as stack:
+        first, second, owed = stack.record("a"), stack.record("b"), stack.record("c")
+        stack.deliver(first)
+        stack.deliver(second)
+        async with connect(stack.url) as ws:
+            hello = await receive(ws, "hello")
+            history = await ask(ws, {"type": "history", "id": first}, "history")
+    latest = [(row["id"], row["state"]) for row in hello["latest"]]
+    assert latest == [(second, "delivered"), (first, "delivered"), (owed, "pending")]
+    assert [row["id"] for row in hello["obligations"]] == [owed]
+    assert history["found"] is True
+    assert [r["event"] for r in history["records"]] == ["record", "attempt", "deliver"]
+
+
+def test_the_latest_obligations_are_the_newest_changes_at_most_the_limit() -> None:
+    """``latest_obligations`` returns the ``limit`` most recently changed rows (any state),
+    newest first, also when many rows share one change time and when older rows abound."""
+    clock = FakeClock()
+    store = InMemoryStore()
+    ledger = Ledger(store, clock=clock)
+    made = []
+    for n in range(40):
+        made.append(
+            ledger.record(
+                session_key=f"k{n}", platform="web", chat_id="c", content=f"r{n}"
+            ).obligation_id
+        )
+        clock.advance(0.0 if 10 <= n < 30 else 3600.0 * n)  # rows 10-30 share one time
+    ledger.mark_attempting(made[3])
+    ledger.mark_delivered(made[3])  # changed last, though made early
+    latest = latest_obligations(store, now=clock.now(), show_content=False, limit=5)
+    assert [row["id"] for row in latest] == [made[3], *reversed(made[-4:])]
+    assert latest[0]["state"] == "delivered"
+    tied = latest_obligations(store, now=clock.now(), show_content=False, limit=25)
+    assert [row["id"] for row in tied][:10] == [made[3], *reversed(made[31:])]
+    assert {row["id"] for row in tied[10:]} <= set(made[10:31])  # 15 of the 21 that share a time
+    assert len(tied) == 25
+    assert latest_obligations(InMemoryStore(), now=clock.now(), show_content=False) == []
+    with pytest.raises(ValueError, match="limit"):
+        latest_obligations(store, now=clock.now(), show_content=False, limit=0)
+
+
+@pytest.mark.asyncio
+async def test_the_actions_each_state_allows_come_from_the_lifecycle(tmp_path: Path) -> None:
+    """The snapshot says which repair each obligation state allows, from the declared
+    lifecycle: abandon where the lifecycle lets ``abandon`` leave the state, retry on the state
+    ``abandon`` leads to; a delivered row allows neither."""
+    async with running(tmp_path, secrets=SECRETS) as stack, connect(stack.url) as ws:
+        hello = await receive(ws, "hello")
+    assert hello["actions"] == {
+        "pending": ["abandon"],
+        "attempting": ["abandon"],
+        "delivered": [],
+        "failed": ["abandon"],
+        "abandoned": ["retry"],
+    }
+
+
+@pytest.mark.asyncio
+async def test_a_repair_the_lifecycle_does_not_allow_is_refused_saying_so(tmp_path: Path) -> None:
+    """Abandon of a delivered or abandoned row and retry of a delivered or owed one are refused
+    by the server whatever the page offers, naming the row's state and where the lifecycle
+    allows the repair; nothing is written."""
+    async with running(tmp_path, secrets=SECRETS) as stack:
+        delivered, owed, dropped = stack.record("a"), stack.record("b"), stack.record("c")
+        stack.deliver(delivered)
+        token = mint_token("alice", SECRET)
+        async with connect(stack.url) as ws:
+            await receive(ws, "hello")
+            await ask(ws, {"type": "abandon", "id": dropped, "reason": "r", "token": token}, "done")
+            before = {oid: stack.store.history(OBLIGATION_KIND, oid) for oid in (delivered, owed)}
+            reasons = {}
+            for action, oid in [
+                ("abandon", delivered),
+                ("abandon", dropped),
+                ("retry", delivered),
+                ("retry", owed),
+            ]:
+                message = {"type": action, "id": oid, "reason": "r", "token": token}
+                reasons[(action, oid)] = (await ask(ws, message, "refused"))["reason"]
+        after = {oid: stack.store.history(OBLIGATION_KIND, oid) for oid in before}
+        retried = stack.store.get(OBLIGATION_KIND, retry_id(delivered))
+    only_owed = "only from pending, attempting, failed"
+    assert reasons == {
+        ("abandon", delivered): f"abandon is not allowed for a delivered obligation ({only_owed})",
+        ("abandon", dropped): f"abandon is not allowed for an abandoned obligation ({only_owed})",
+        (
+            "retry",
+            delivered,
+        ): "retry is not allowed for a delivered obligation (only from abandoned)",
+        ("retry", owed): "retry is not allowed for a pending obligation (only from abandoned)",
+    }
+    assert after == before
+    assert retried is None
+
+
+@pytest.mark.asyncio
+async def test_a_token_living_past_the_cap_is_refused_naming_its_lifetime(tmp_path: Path) -> None:
+    """A genuine token minted for 12 h is refused by a dashboard with the default 1 h cap,
+    saying its lifetime exceeds the cap (not that it is malformed, and with no doubled
+    "refused"); nothing is written."""
+    async with running(tmp_path, secrets=SECRETS) as stack:
+        oid = stack.record("owed")
+        token = mint_token("alice", SECRET, ttl_s=12 * 3600)
+        async with connect(stack.url) as ws:
+            await receive(ws, "hello")
+            auth = await ask(ws, {"type": "auth", "token": token}, "auth")
+            message = {"type": "abandon", "id": oid, "reason": "r", "token": token}
+            refused = await ask(ws, message, "refused")
+        assert stack.store.get(OBLIGATION_KIND, oid).state is ObligationState.PENDING  # type: ignore[union-attr]
+    expected = "the token's lifetime exceeds the 1 h this dashboard accepts (max_token_ttl_s)"
+    assert (auth["operator"], auth["reason"]) == (None, expected)
+    assert refused["reason"] == expected
+
+
+@pytest.mark.asyncio
+async def test_a_dashboard_accepts_tokens_as_long_lived_as_its_option_allows(
+    tmp_path: Path,
+) -> None:
+    """With ``max_token_ttl_s`` set to the run's lifetime, the 12 h token a local run mints is
+    accepted, and a token living longer still is refused naming that cap."""
+    options = {"secrets": SECRETS, "max_token_ttl_s": 12 * 3600}
+    async with running(tmp_path, **options) as stack:
+        oid = stack.record("owed")
+        token = mint_token("alice", SECRET, ttl_s=12 * 3600)
+        longer = mint_token("alice", SECRET, ttl_s=13 * 3600)
+        async with connect(stack.url) as ws:
+            await receive(ws, "hello")
+            assert (await ask(ws, {"type": "auth", "token": token}, "auth"))["operator"] == "alice"
+            message = {"type": "abandon", "id": oid, "reason": "r", "token": token}
+            assert (await ask(ws, message, "done"))["state"] == "abandoned"
+            refused = await ask(ws, {"type": "auth", "token": longer}, "auth")
+    assert refused["reason"] == (
+        "the token's lifetime exceeds the 12 h this dashboard accepts (max_token_ttl_s)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (0, ValueError),
+        (-1.0, ValueError),
+        (float("inf"), ValueError),
+        (float("nan"), ValueError),
+        ("3600", TypeError),
+        (True, TypeError),
+        (None, TypeError),
+    ],
+    ids=["zero", "negative", "inf", "nan", "text", "bool", "none"],
+)
+def test_a_token_lifetime_cap_that_cannot_work_is_refused(
+    tmp_path: Path, value: object, error: type[Exception]
+) -> None:
+    """``max_token_ttl_s`` must be a positive, finite number of seconds: anything else is
+    refused with a typed error naming the option when the dashboard is made."""
+    store = SQLiteStore(tmp_path / "x.db")
+    try:
+        with pytest.raises(error, match="max_token_ttl_s must be"):
+            Dashboard(store, max_token_ttl_s=value)  # type: ignore[arg-type]
     finally:
         store.close()

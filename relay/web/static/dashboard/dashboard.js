@@ -10,9 +10,16 @@ function shownContent(row) {
   return row.content + (row.content_cut ? "…" : "");
 }
 
+// A chat id cut for the table (the whole id is the cell's title).
+function shortened(text, most) {
+  const value = String(text === undefined || text === null ? "" : text);
+  return value.length > most ? `${value.slice(0, most - 1)}…` : value;
+}
+
 (function () {
   const STREAM_ROWS = 200;
   const OBLIGATION_ROWS = 300;
+  const CHAT_CHARS = 20;
   const $ = (id) => document.getElementById(id);
 
   let socket = null;
@@ -20,6 +27,8 @@ function shownContent(row) {
   let clockSkew = 0; // server time - browser time, seconds
   let counts = [];
   let selected = null; // the obligation id whose history is shown
+  let writable = false; // whether this dashboard has operator secrets
+  let actions = {}; // obligation state -> the repairs its lifecycle allows (from the server)
 
   function cell(tag, text, attrs) {
     const node = document.createElement(tag);
@@ -53,7 +62,30 @@ function shownContent(row) {
 
   // -- counts -----------------------------------------------------------------------------------
 
+  // The counts of each counted kind under its lifecycle's diagram.
+  function renderDiagramCounts() {
+    for (const k of counts) {
+      const figure = document.querySelector(`#diagrams figure[data-kind="${CSS.escape(k.kind)}"]`);
+      if (!figure) continue;
+      const table = cell("table", null, { class: "counts" });
+      const head = document.createElement("tr");
+      const body = document.createElement("tr");
+      for (const [state, n] of Object.entries(k.states)) {
+        head.append(cell("th", state));
+        body.append(cell("td", n, { class: n ? "count" : "count zero", "data-kind": k.kind, "data-state": state }));
+      }
+      table.append(head, body);
+      let caption = figure.querySelector("figcaption");
+      if (!caption) {
+        caption = document.createElement("figcaption");
+        figure.append(caption);
+      }
+      caption.replaceChildren(table);
+    }
+  }
+
   function renderCounts() {
+    renderDiagramCounts();
     const holder = $("counts");
     holder.replaceChildren();
     const now = Date.now() / 1000 + clockSkew;
@@ -99,12 +131,15 @@ function shownContent(row) {
     tr.replaceChildren(
       cell("td", row.id, { class: "id" }),
       cell("td", row.state, { class: "state", "data-state": row.state }),
-      cell("td", row.platform),
-      cell("td", row.chat_id),
+      cell("td", row.platform, { class: "platform" }),
+      cell("td", shortened(row.chat_id, CHAT_CHARS), { class: "chat", title: row.chat_id }),
       cell("td", shownContent(row), { class: row.content_hidden ? "content hidden" : "content" }),
-      cell("td", time(row.at)),
+      cell("td", time(row.at), { class: "at" }),
     );
-    if (row.id === selected) $("detail-state").textContent = row.state;
+    if (row.id === selected) {
+      $("detail-state").textContent = row.state;
+      offerRepairs(row.state);
+    }
   }
 
   function streamRow(change) {
@@ -112,7 +147,7 @@ function shownContent(row) {
     const tr = cell("tr", null, { "data-kind": change.kind, "data-id": change.id, "data-state": change.state });
     if (change.kind === "obligation") tr.classList.add("obligation");
     tr.append(
-      cell("td", time(change.at)),
+      cell("td", time(change.at), { class: "at" }),
       cell("td", change.kind),
       cell("td", change.id, { class: "id" }),
       cell("td", change.event || ""),
@@ -126,7 +161,17 @@ function shownContent(row) {
   function change(c) {
     streamRow(c);
     if (c.kind === "obligation") obligationRow(c);
-    if (c.kind === "obligation" && c.id === selected) ask({ type: "history", id: selected });
+  }
+
+  // Only the repairs the obligation lifecycle allows from `state` (none on a read-only
+  // dashboard, or for an unknown row); the server refuses any other anyway.
+  function offerRepairs(state) {
+    const allowed = (writable && state && actions[state]) || [];
+    for (const button of document.querySelectorAll("#actions button[data-action]")) {
+      button.hidden = !allowed.includes(button.dataset.action);
+    }
+    $("reason").hidden = allowed.length === 0;
+    $("actions").hidden = !writable;
   }
 
   // -- one obligation -----------------------------------------------------------------------------
@@ -140,11 +185,14 @@ function shownContent(row) {
     tbody.replaceChildren();
     if (!msg.found) {
       $("detail-state").textContent = "unknown";
+      $("detail-state").dataset.state = "";
       $("detail-content").textContent = "no such obligation (pruned, or never recorded)";
+      offerRepairs(null);
       return;
     }
     $("detail-state").textContent = msg.row.state;
     $("detail-state").dataset.state = msg.row.state;
+    offerRepairs(msg.row.state);
     $("detail-content").textContent = shownContent(msg.row);
     for (const r of msg.records) {
       const tr = cell("tr", null, { "data-event": r.event });
@@ -187,26 +235,42 @@ function shownContent(row) {
     hello(msg) {
       clockSkew = msg.now - Date.now() / 1000;
       $("store").textContent = msg.store;
-      if (!msg.writable) setMode(null, "read-only: no operator secrets");
-      counts = msg.counts;
-      renderCounts();
-      $("obligations").tBodies[0].replaceChildren();
-      $("stream").tBodies[0].replaceChildren();
-      for (const row of msg.obligations) obligationRow(row);
-      for (const c of msg.recent) change(c);
+      writable = Boolean(msg.writable);
+      actions = msg.actions || {};
+      // No token can do anything here: no token box, no repairs.
+      $("token-box").hidden = !writable;
+      $("actions").hidden = !writable;
+      if (!writable) setMode(null, "read-only: no operator secrets");
       const diagrams = $("diagrams");
       diagrams.replaceChildren();
       for (const d of msg.diagrams) {
         const figure = cell("figure", null, { "data-lifecycle": d.lifecycle });
+        if (d.kind) figure.dataset.kind = d.kind;
         const img = cell("img", null, { alt: `lifecycle ${d.lifecycle}` });
         img.src = `data:image/svg+xml;charset=utf-8,${encodeURIComponent(d.svg)}`;
         figure.append(img);
         diagrams.append(figure);
       }
+      counts = msg.counts;
+      renderCounts();
+      $("obligations").tBodies[0].replaceChildren();
+      $("stream").tBodies[0].replaceChildren();
+      for (const c of msg.recent) streamRow(c);
+      // Each obligation once, as it is now (the owed and latest rows are read as they are;
+      // the recent changes may be older), the latest change on top.
+      const rows = new Map();
+      for (const c of msg.recent) if (c.kind === "obligation") rows.set(c.id, c);
+      for (const row of [...msg.obligations, ...(msg.latest || [])]) rows.set(row.id, row);
+      const ordered = [...rows.values()].sort((a, b) => a.at - b.at);
+      for (const row of ordered) obligationRow(row);
       if (selected) select(selected);
+      else offerRepairs(null);
     },
     changes(msg) {
       for (const c of msg.changes) change(c);
+      if (selected && msg.changes.some((c) => c.kind === "obligation" && c.id === selected)) {
+        ask({ type: "history", id: selected });
+      }
     },
     counts(msg) {
       clockSkew = msg.now - Date.now() / 1000;
@@ -284,6 +348,12 @@ function shownContent(row) {
     $("auth").addEventListener("submit", (event) => {
       event.preventDefault();
       ask({ type: "auth", token: $("token").value.trim() });
+    });
+    $("lookup").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const id = $("lookup-id").value.trim();
+      if (id) select(id);
+      else note("find by id: type an obligation id first", "refused");
     });
     $("actions").addEventListener("submit", (event) => event.preventDefault());
     for (const button of document.querySelectorAll("#actions button[data-action]")) {
