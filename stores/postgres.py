@@ -18,12 +18,12 @@
   refused with ``StoreError``.
 * Claims and wake-ups (``statecore.claims``): :meth:`PostgresStore.claim_candidates` is a
   ``SELECT ... FOR UPDATE SKIP LOCKED`` on the block's connection, so concurrent sweepers get
-  disjoint rows and never queue for each other's row locks (under heavy load the server may
-  still wait briefly, inside that ``SELECT``, for another sweeper's transaction that changed a
-  candidate row, while it re-checks the row); :meth:`PostgresStore.notify` is ``pg_notify``
-  (in a block: sent on commit) and :meth:`PostgresStore.listen` a ``LISTEN`` on a dedicated
-  connection with a thread of its own (``stores._postgres_listen``), stopped by its
-  unsubscribe or by :meth:`PostgresStore.close`.
+  disjoint rows and never queue for each other's row locks (the server may still wait, inside
+  that ``SELECT``, when a row it reaches was just moved and committed by another sweeper: it
+  follows the row to its new version, and waits for a claim that holds that version);
+  :meth:`PostgresStore.notify` is ``pg_notify`` (in a block: sent on commit) and
+  :meth:`PostgresStore.listen` a ``LISTEN`` on a dedicated connection with a thread of its own
+  (``stores._postgres_listen``), stopped by its unsubscribe or by :meth:`PostgresStore.close`.
 * Faults: an unreachable server raises ``StoreError`` naming host, port and database within
   ``connect_timeout_s``; serialization failures and deadlocks are retried with a bound; a
   connection lost mid-transaction leaves nothing half-written and raises ``StoreError``.  The
