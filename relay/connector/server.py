@@ -98,7 +98,7 @@ class Connector:
     wake_hook=None, wake_interval_s=30.0, retention_s=86400.0, max_frame_bytes=1 MiB,
     liveness_probe_s=5.0, max_token_ttl_s=3600, clock=None, buffer_retention_s=86400.0,
     prune_interval_s=3600.0, metrics=NO_METRICS, http_metrics=None, cluster=False,
-    cluster_sweep_s=5.0, store_threads=True)``:
+    cluster_sweep_s=5.0, store_threads=True, buffer_origin=None)``:
 
     * ``secrets``: gateway id → its secrets, newest first (rotation);
     * ``descriptors``: platform → descriptor (default: each driver's own); the connector adds
@@ -123,7 +123,16 @@ class Connector:
       notifications: PostgreSQL), usually started with ``reuse_port`` behind one URL; an event
       any node accepts reaches the gateway whose socket another node holds, and every node
       re-checks the shared tables every ``cluster_sweep_s`` (:mod:`relay.connector._cluster`);
-    * ``store_threads=False``: store work in turns of the event loop (:mod:`relay.sim.loop`).
+    * ``store_threads=False``: store work in turns of the event loop (:mod:`relay.sim.loop`);
+    * ``buffer_origin``: the prefix of the bufferIds this connector hands out
+      (:attr:`~relay.connector.buffer.InboundBuffer.origin`), 1 to 32 ASCII letters and digits;
+      ``None`` (the default): random per connector, which is what nodes of a cluster need (each
+      tells its own entries by it, so no two may share one).  Give a fixed one only where runs
+      must repeat exactly (a seeded simulation).
+
+    Raises ``ValueError`` for an option out of its range and ``TypeError`` for one of the wrong
+    kind (``buffer_origin`` not a str, ``cluster`` without a notifying store), before anything
+    is built or registered in ``store``.
 
     ``async with Connector(...) as connector:`` starts it (any free port on 127.0.0.1, unless
     it was started already) and stops it.
@@ -152,6 +161,7 @@ class Connector:
         cluster: bool = False,
         cluster_sweep_s: float = 5.0,
         store_threads: bool = True,
+        buffer_origin: str | None = None,
     ) -> None:
         _check_options(
             liveness_probe_s=liveness_probe_s,
@@ -160,6 +170,7 @@ class Connector:
             cluster_sweep_s=cluster_sweep_s,
             http_metrics=http_metrics,
             store_threads=store_threads,
+            buffer_origin=buffer_origin,
         )
         if cluster and not isinstance(store, NotifyingStore):
             raise TypeError(
@@ -194,7 +205,9 @@ class Connector:
         self.wake_interval_s = wake_interval_s
         self.max_frame_bytes = max_frame_bytes
         self.clock: Clock = clock or SystemClock()
-        self.buffer = InboundBuffer(store, retention_s=retention_s, clock=self.clock)
+        self.buffer = InboundBuffer(
+            store, retention_s=retention_s, clock=self.clock, origin=buffer_origin
+        )
         self.subscriptions = Subscriptions(store, clock=self.clock)
         self.provenance = Provenance(store, clock=self.clock)
         self._server: Server | None = None
@@ -393,6 +406,10 @@ class Connector:
         await self._reader.read(instance)
 
 
+_MAX_ORIGIN = 32
+"""The longest ``buffer_origin`` a connector accepts."""
+
+
 def _check_options(
     *,
     liveness_probe_s: float,
@@ -401,6 +418,7 @@ def _check_options(
     cluster_sweep_s: float,
     http_metrics: MetricsText | None,
     store_threads: bool,
+    buffer_origin: str | None,
 ) -> None:
     """Refuse a connector option out of its range (``ValueError``) or of the wrong kind
     (``TypeError``), before anything is built."""
@@ -416,3 +434,17 @@ def _check_options(
         raise TypeError("http_metrics must be a callable returning the metrics text")
     if not isinstance(store_threads, bool):
         raise TypeError(f"store_threads must be a bool, not {store_threads!r}")
+    if buffer_origin is not None:
+        if not isinstance(buffer_origin, str):
+            raise TypeError(f"buffer_origin must be a str or None, not {buffer_origin!r}")
+        # The origin and a seq in hex make each bufferId; 32 characters keep every id well
+        # inside what the plain-ack fast path reads (relay.wire.codec.plain_acks).
+        if not (
+            0 < len(buffer_origin) <= _MAX_ORIGIN
+            and buffer_origin.isascii()
+            and buffer_origin.isalnum()
+        ):
+            raise ValueError(
+                f"buffer_origin must be 1 to {_MAX_ORIGIN} ASCII letters and digits, "
+                f"not {buffer_origin[:40]!r}"
+            )

@@ -8,7 +8,13 @@ plays what is around it -- the chat platform (:class:`~relay.sim.driver.SimDrive
 (each process a :class:`~relay.sim.loop.Life` that a crash kills with no cleanup), the network
 (latency, spikes, partitions, resets, half-open sockets), the disks (stores that outlive their
 processes, failing writes on demand), the hosts' clocks (jumping wall clocks) and the operator
-(rotating secrets, restarting what crashed).  The checks are the model worlds' own
+(rotating secrets, restarting what crashed) -- and the entropy: while a world runs, every draw
+the runtime and ``websockets`` make from the process (``secrets``, ``uuid.uuid4``, the
+``random`` module's own generator, ``time.time``) comes from the seed instead
+(:func:`_seeded_process`), and each life of the connector is given a bufferId origin derived
+from the seed, so that a seed replays byte for byte in any process, whatever its
+``PYTHONHASHSEED``.  Never run a world in a process that does real work meanwhile: its tokens
+and ids would be the world's.  The checks are the model worlds' own
 (:func:`relay.sim.invariants.check_world`), plus: no gateway handled a message of another
 tenant, no buffered entry was acked before its handler returned, and the loop saw no
 unexpected error in a living process.  Which gateway asked for each send is what its
@@ -22,10 +28,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import random
+import secrets
+import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from relay.client.adapter import RelayAdapter
@@ -43,6 +54,7 @@ from relay.sim.lives import PROCESS, Life
 from relay.sim.loop import LoopClock, SimLoop, collect_quietly
 from relay.sim.platform import PLATFORM, gateway_tenants
 from relay.sim.run import QUIET_LIMIT_S, WRITING_S, Outcome, disks, quiet, store_kind
+from relay.sim.world import EPOCH
 from relay.wire.codec import decode_event
 from statecore.entity import EntityKind
 from statecore.gateway import Gateway, Turn
@@ -85,9 +97,12 @@ class _World:
         rng: random.Random,
         stores: dict[str, Any],
         logged: _TraceHandler,
+        *,
+        seed: int,
     ) -> None:
         self.loop = loop
         self.rng = rng
+        self.seed = seed
         self.logged = logged
         self.trace = logged.lines
         self.gateway_ids = gateway_tenants()
@@ -184,6 +199,8 @@ class _World:
             self.connector = None
 
     async def _connector_main(self) -> None:
+        life = self.lives["connector"]
+        assert life is not None  # set by start() before this life was spawned
         connector = Connector(
             self.store("connector"),
             secrets=self.secrets,
@@ -192,6 +209,7 @@ class _World:
             clock=self.clocks["connector"],
             liveness_probe_s=5.0,
             store_threads=False,
+            buffer_origin=_buffer_origin(self.seed, life.n),
         )
         await connector.start(CONNECTOR_HOST, PORT)
         self.connector = connector
@@ -363,7 +381,7 @@ def run_real_seed(
         kinds=REAL_KINDS,
     )
     chosen = list(drawn if faults is None else faults)
-    verdict, lines, steps, quiet_after = _simulate(rng, kind, chosen)
+    verdict, lines, steps, quiet_after = _simulate(seed, rng, kind, chosen)
     collect_quietly()  # the world is unreferenced now: every coroutine of it goes here
     return Outcome(
         seed,
@@ -376,15 +394,26 @@ def run_real_seed(
     )
 
 
+def _buffer_origin(seed: int, life: int) -> str:
+    """The bufferId origin of the connector's life number ``life`` in the world of ``seed``:
+    six hex digits, as long as a random one (so that every frame keeps its size), and another
+    for every life (a restarted connector hands out ids of its own).  Raises nothing."""
+    return hashlib.sha256(f"real world {seed}, connector life {life}".encode()).hexdigest()[:6]
+
+
 def _simulate(
-    rng: random.Random, kind: str, faults: list[Fault]
+    seed: int, rng: random.Random, kind: str, faults: list[Fault]
 ) -> tuple[Verdict, list[str], int, float]:
     """Build the world on its own loop, play it, check it: (verdict, trace, loop turns, quiet
     after).  Nothing of the world outlives this call but what it returns."""
     loop = SimLoop(random.Random(rng.random()))
     try:
-        with disks(kind) as found, _logs_into(loop) as logged:
-            world = _World(loop, rng, found, logged)
+        with (
+            disks(kind) as found,
+            _logs_into(loop) as logged,
+            _seeded_process(random.Random(f"real world {seed}: entropy"), loop),
+        ):
+            world = _World(loop, rng, found, logged, seed=seed)
             verdict, lines, quiet_after = _run(world, faults)
     finally:
         loop.bury()
@@ -409,6 +438,44 @@ class _TraceHandler(logging.Handler):
         self.lines.append(
             f"{self.loop.time():10.4f} [{life or 'world'}] {record.name}: {record.getMessage()}"
         )
+
+
+@contextlib.contextmanager
+def _seeded_process(entropy: random.Random, loop: SimLoop) -> Iterator[None]:
+    """While the world runs, what the process would draw from the operating system or the
+    real time comes from ``entropy`` and the loop instead: ``secrets.token_bytes`` (and so
+    ``token_hex``: the transports' request ids, the gateways' owner records, ``websockets``'
+    masks and handshake keys), ``uuid.uuid4`` (session ids, ``websockets``' connection ids),
+    the ``random`` module's shared generator (``websockets``' ping payloads) and ``time.time``
+    (the virtual wall clock: ``websockets``' ``Date`` header).  Each draw keeps its size, so a
+    frame is as long as it would be.  Everything is put back afterwards, however the world
+    ends."""
+
+    def token_bytes(nbytes: int | None = None) -> bytes:
+        return entropy.randbytes(32 if nbytes is None else nbytes)
+
+    def uuid4() -> uuid.UUID:
+        return uuid.UUID(bytes=entropy.randbytes(16), version=4)
+
+    def wall_time() -> float:
+        return EPOCH + loop.time()
+
+    shared = random.getstate()
+    replaced: list[tuple[ModuleType, str, object]] = [
+        (secrets, "token_bytes", token_bytes),
+        (uuid, "uuid4", uuid4),
+        (time, "time", wall_time),
+    ]
+    originals = [(module, name, getattr(module, name)) for module, name, _ in replaced]
+    random.seed(entropy.random())
+    for module, name, substitute in replaced:
+        setattr(module, name, substitute)
+    try:
+        yield
+    finally:
+        for module, name, original in originals:
+            setattr(module, name, original)
+        random.setstate(shared)
 
 
 @contextlib.contextmanager
