@@ -40,6 +40,8 @@ from stores import SQLiteStore
 
 PLATFORM = "webchat"
 GATEWAY_ID = "chat-bot"
+TOKEN_TTL_S = 12 * 3600
+"""How long the operator token printed at start works (a local run's whole session)."""
 
 
 async def answer(turn: Turn) -> None:
@@ -70,7 +72,12 @@ async def serve(data: Path, host: str, port: int, stop: asyncio.Event) -> None:
     connector_store, gateway_store, dashboard_store = (SQLiteStore(db) for _ in range(3))
     connector = Connector(connector_store, secrets={GATEWAY_ID: [secret]}, drivers={PLATFORM: chat})
     # show_content: this local page is yours alone; a shared dashboard keeps replies hidden.
-    dashboard = Dashboard(dashboard_store, secrets={"operator": [secret]}, show_content=True)
+    dashboard = Dashboard(
+        dashboard_store,
+        secrets={"operator": [secret]},
+        show_content=True,
+        max_token_ttl_s=TOKEN_TTL_S,  # the token below lasts the run; the default cap is 1 h
+    )
     web = WebServer([chat, dashboard])
     gateway = Gateway(gateway_store)
     gateway.on_message(answer)
@@ -94,7 +101,7 @@ async def serve(data: Path, host: str, port: int, stop: asyncio.Event) -> None:
         stack.push_async_callback(web.stop)
         await gateway.start()
         stack.push_async_callback(gateway.stop)
-        token = mint_token("operator", secret, ttl_s=12 * 3600)
+        token = mint_token("operator", secret, ttl_s=TOKEN_TTL_S)
         print(f"chat:       {web.url}/chat/")
         print(f"dashboard:  {web.url}/dashboard/")
         print(f"operator token (this run only, for the dashboard's actions):\n  {token}")

@@ -14,18 +14,22 @@ from enum import StrEnum
 import attrs
 
 from statecore.checks import require_positive
+from statecore.failures import stored_kind
 from statecore.leases import OWNER_KIND, OwnerLeases
 from statecore.lifecycles import OBLIGATION, ObligationState
 from statecore.obligation import OBLIGATION_KIND, Obligation, Owner
 from statecore.ownership import LivenessCache, ProcessProbe, PsutilProbe, host_identity
+from statecore.policy import ErrorKind, LedgerPolicy
 from statecore.store import Store, lt
 
 __all__ = [
     "OWED_STATES",
     "SETTLED_STATES",
+    "FailingRow",
     "LedgerStats",
     "OwnerStatus",
     "StuckRow",
+    "failing_rows",
     "ledger_stats",
     "list_obligations",
     "owner_status",
@@ -193,3 +197,49 @@ def stuck_rows(
         )
         found.append(StuckRow(obligation, max(0.0, now - obligation.updated_at), status))
     return found
+
+
+@attrs.frozen
+class FailingRow:
+    """An owed obligation whose send failed, with what happens to it next."""
+
+    obligation: Obligation
+    kind: ErrorKind
+    """What the failure says about retrying (stored with it, else read from its text)."""
+    retry_at: float | None
+    """When the running gateway retries it (None: not by a timer, see :attr:`waits_for`)."""
+
+    @property
+    def keeps_failing(self) -> bool:
+        """True when no retry of the running gateway will deliver it: the refusal is
+        permanent, it failed again after a retry, or its in-process retries are spent."""
+        if self.kind is ErrorKind.PERMANENT or self.obligation.attempts > 0:
+            return True
+        return self.kind is not ErrorKind.RECONNECT and self.retry_at is None
+
+    @property
+    def waits_for(self) -> str:
+        """What it waits for, in words."""
+        if self.kind is ErrorKind.PERMANENT:
+            return "an operator: refused for good, never retried in-process (retry or abandon it)"
+        if self.kind is ErrorKind.RECONNECT:
+            return "the platform's connection: resent when the gateway reconnects"
+        if self.retry_at is None:
+            return "a restart: in-process retries are spent"
+        return "a retry by the running gateway"
+
+
+def failing_rows(
+    store: Store, *, policy: LedgerPolicy | None = None, limit: int | None = None
+) -> list[FailingRow]:
+    """The obligations in ``failed`` (owed, their last send refused or lost), oldest first, at
+    most ``limit``, each with its kind under ``policy`` (default :class:`LedgerPolicy`) and its
+    next timed retry.  Raises ``StoreError`` when the store cannot be read, ``ValueError`` for
+    a negative limit."""
+    store.register(_K)
+    rules = policy or LedgerPolicy()
+    rows = store.select(_K, states=(_S.FAILED,), order_by="created_at", limit=limit)
+    return [
+        FailingRow(Obligation.from_row(row), stored_kind(rules, row), row["next_attempt_at"])
+        for row in rows
+    ]

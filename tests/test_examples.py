@@ -198,6 +198,12 @@ async def test_chat_example_serves_a_bot_to_talk_to_until_ctrl_c(tmp_path: Path)
         assert dashboard_url.endswith("/dashboard/")
         page = await asyncio.to_thread(_get, dashboard_url)
         assert b"dashboard.js" in page
+        token = printed[printed.index(next(p for p in printed if p.startswith("operator"))) + 1]
+        async with connect(dashboard_url.replace("http", "ws") + "ws", open_timeout=10) as ws:
+            await _next(ws, "hello")
+            await ws.send(json.dumps({"type": "auth", "token": token}))
+            auth = await _next(ws, "auth")
+        assert (auth["operator"], auth["reason"]) == ("operator", None)  # its own token works
         async with connect(chat_url.replace("http", "ws") + "ws", open_timeout=10) as ws:
             await ws.send(json.dumps({"type": "hello", "key": "x" * 32, "name": "Ada"}))
             await ws.send(json.dumps({"type": "open", "chat": "general"}))

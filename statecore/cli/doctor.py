@@ -25,7 +25,8 @@ from statecore.cli.plugin import (
 )
 from statecore.errors import StoreError
 from statecore.ownership import PsutilProbe
-from statecore.survey import OwnerStatus, ledger_stats, stuck_rows
+from statecore.store import Store
+from statecore.survey import OwnerStatus, failing_rows, ledger_stats, stuck_rows
 
 __all__ = ["DEFAULT_STUCK_AFTER_S", "DOCTOR_COMMAND", "ledger_checks"]
 
@@ -93,6 +94,7 @@ def ledger_checks(
                 {"threshold_s": stuck_after_s, "owners": {}, "rows": []},
             )
         )
+    checks.append(_failing_check(store, now))
     oldest = stats.oldest_owed
     age_s = stats.oldest_owed_age_s
     too_old = max_owed_age_s is not None and age_s is not None and age_s > max_owed_age_s
@@ -114,6 +116,51 @@ def ledger_checks(
         )
     )
     return checks
+
+
+def _failing_check(store: Store, now: float) -> Check:
+    """Owed replies whose sends failed: a problem when one keeps failing (a permanent
+    refusal, a retry that failed again, retries spent); else shown with the retry they wait
+    for."""
+    failing = failing_rows(store)
+    stuck = [row for row in failing if row.keeps_failing]
+    notes = tuple(
+        f"{row.obligation.obligation_id}  {row.kind.value:<12} attempts {row.obligation.attempts}"
+        f"  {shorten(row.obligation.last_error or '', 60)!r}  waits for {row.waits_for}"
+        + ("" if row.retry_at is None else f" (in {duration(max(0.0, row.retry_at - now))})")
+        for row in failing[:_SHOWN_STUCK]
+    )
+    if len(failing) > _SHOWN_STUCK:
+        notes += (
+            f"... and {len(failing) - _SHOWN_STUCK} more (statecore ledger ls --state failed)",
+        )
+    if not failing:
+        summary = "no owed reply has failed"
+    elif stuck:
+        summary = f"{len(stuck)} owed repl{'y keeps' if len(stuck) == 1 else 'ies keep'} failing"
+    else:
+        summary = f"{len(failing)} failed, each waiting for a retry"
+    return Check(
+        "failing replies",
+        CheckStatus.PROBLEM if stuck else (CheckStatus.INFO if failing else CheckStatus.OK),
+        summary,
+        {
+            "failed": len(failing),
+            "keep_failing": len(stuck),
+            "rows": [
+                {
+                    "obligation_id": row.obligation.obligation_id,
+                    "kind": row.kind.value,
+                    "attempts": row.obligation.attempts,
+                    "last_error": row.obligation.last_error,
+                    "retry_at": row.retry_at,
+                    "keeps_failing": row.keeps_failing,
+                }
+                for row in failing
+            ],
+        },
+        notes,
+    )
 
 
 def _run(args: argparse.Namespace, ctx: Context) -> int:

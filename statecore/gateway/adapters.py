@@ -152,9 +152,16 @@ class AdapterSet:
         metadata: Mapping[str, Any],
     ) -> SendResult:
         """Edit the bot's message ``message_id`` through ``target``'s adapter, when it edits;
-        a definite failure (``PERMANENT``) when it does not or there is none."""
+        a definite failure (``PERMANENT``) when it does not, there is none, or ``content`` is
+        longer than its announced limit (an edit cannot be split)."""
         if target not in self._adapters or not self._abilities[target].edits:
             return _cannot(target, "edit messages")
+        limit = self.message_limit(target)
+        if limit is not None and limit.length(content) > limit.max_length:
+            return SendResult.failed(
+                f"too long to edit: {limit.length(content)} > {limit.max_length} {limit.unit}",
+                kind=ErrorKind.PERMANENT,
+            )
         adapter = cast(Editing, self._adapters[target])
         return await _guarded(target, "edit", adapter.edit(chat_id, message_id, content, metadata))
 

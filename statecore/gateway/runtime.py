@@ -48,13 +48,14 @@ from typing import Any, Protocol
 
 from statecore.async_ledger import AsyncLedger
 from statecore.clock import Clock, Deadline, SystemClock
-from statecore.errors import InvalidTransition, StaleState
 from statecore.gateway.adapter import InboundLike, SendResult
 from statecore.gateway.adapters import AdapterSet, Sendable
 from statecore.gateway.completions import deliver_completions
 from statecore.gateway.delegations import Delegation, Delegations
+from statecore.gateway.finals import Finals
 from statecore.gateway.housekeeping import Housekeeping, HousekeepingJob
-from statecore.gateway.long_replies import LongReplies, fit_reply, part_ref
+from statecore.gateway.live import LiveActions
+from statecore.gateway.long_replies import LongReplies
 from statecore.gateway.recovery import (
     Cadences,
     RepeatedWarning,
@@ -67,11 +68,10 @@ from statecore.gateway.routing import Route
 from statecore.gateway.sending import Redelivered, SendPath
 from statecore.gateway.sessions import Session, SessionStore
 from statecore.gateway.turn import Message, MessageHandler, Turn
-from statecore.lifecycles import ObligationState
 from statecore.metrics import NO_METRICS, Metrics
-from statecore.obligation import Claim, Obligation
+from statecore.obligation import Claim
 from statecore.ownership import Incarnation, ProcessProbe
-from statecore.policy import ErrorKind, LedgerPolicy
+from statecore.policy import LedgerPolicy
 from statecore.store import Store
 
 __all__ = ["Gateway", "SessionFlags"]
@@ -169,9 +169,6 @@ class Gateway:
             raise ValueError("retention_s must be positive")
         if not isinstance(long_replies, LongReplies):
             raise TypeError(f"long_replies must be a LongReplies, not {long_replies!r}")
-        self.long_replies = long_replies
-        """What :meth:`send_final` does with a reply longer than its adapter's announced limit
-        (:mod:`statecore.gateway.long_replies`)."""
         self.store = store
         self.clock: Clock = clock or SystemClock()
         self._teardown_clock: Clock = teardown_clock or SystemClock()
@@ -211,6 +208,10 @@ class Gateway:
         self._clearing = RepeatedWarning("clearing resume_pending")
         self._housekeeping = self._own_housekeeping()
         self._adapters = AdapterSet()
+        self._finals = Finals(self.ledger, self._path, self._adapters, long_replies)
+        self.live = LiveActions(self._adapters)
+        """Typing and edits, sent once through the adapters that declare them (what a
+        :class:`Turn`'s ``typing``, ``keep_typing`` and ``edit`` use)."""
         self._handler: MessageHandler | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._retry_loop: asyncio.Task[None] | None = None
@@ -360,154 +361,22 @@ class Gateway:
         ``TypeError``/``ValueError`` for bad input (nothing is recorded then) and
         ``StoreError`` when the ledger cannot record it (nothing is owed then: retry the call).
         """
-        parts = fit_reply(
-            content, self._adapters.message_limit((platform, profile)), self.long_replies
+        return await self._finals.send(
+            session_key=session_key,
+            platform=platform,
+            chat_id=chat_id,
+            content=content,
+            message_ref=message_ref,
+            thread_id=thread_id,
+            reply_to=reply_to,
+            profile=profile,
         )
-        if len(parts) == 1:
-            return await self._send_recorded(
-                await self.ledger.record(
-                    session_key=session_key,
-                    platform=platform,
-                    chat_id=chat_id,
-                    content=parts[0],
-                    message_ref=message_ref,
-                    thread_id=thread_id,
-                    reply_to=reply_to,
-                    adapter_profile=profile,
-                ),
-                chat_id=chat_id,
-                thread_id=thread_id,
-                reply_to=reply_to,
-            )
-        # Every part is recorded before the first is sent (a crash in between replays the turn,
-        # which records the same parts under the same ids); all are held, so the stuck sweep
-        # never sends a later part while an earlier one is on its way.
-        recorded = []
-        for number, part in enumerate(parts, 1):
-            recorded.append(
-                await self.ledger.record(
-                    session_key=session_key,
-                    platform=platform,
-                    chat_id=chat_id,
-                    content=part,
-                    message_ref=part_ref(message_ref, number, len(parts)),
-                    thread_id=thread_id,
-                    reply_to=reply_to if number == 1 else None,
-                    adapter_profile=profile,
-                )
-            )
-        ids = [ob.obligation_id for ob in recorded]
-        self._path.hold(ids)
-        try:
-            result = SendResult.ok()
-            for number, obligation in enumerate(recorded, 1):
-                result = await self._send_recorded(
-                    obligation,
-                    chat_id=chat_id,
-                    thread_id=thread_id,
-                    reply_to=reply_to if number == 1 else None,
-                )
-                if not result.success:
-                    # The parts after it stay owed (pending): the ledger's recovery sends them.
-                    return result
-            return result
-        finally:
-            for oid in ids:
-                self._path.let_go(oid)
 
-    async def _send_recorded(
-        self,
-        obligation: Obligation,
-        *,
-        chat_id: str,
-        thread_id: str | None,
-        reply_to: str | None,
-    ) -> SendResult:
-        """Mark attempting, send and settle one recorded reply (or part) of this process."""
-        oid = obligation.obligation_id
-        platform, profile = obligation.platform, obligation.adapter_profile
-        mine = obligation.owner.token == self.ledger.incarnation.token
-        if obligation.state is not ObligationState.PENDING or not mine:
-            # Recorded before (a replayed turn): its ledger row, not this call, owns the send.
-            if obligation.state is ObligationState.DELIVERED:
-                return SendResult.ok()
-            return SendResult.failed("already owed; the ledger will deliver it")
-        self._path.hold((oid,))
-        try:
-            try:
-                marked = await self._path.write(
-                    "mark_attempting", oid, lambda: self.ledger.mark_attempting(oid)
-                )
-            except (InvalidTransition, StaleState):
-                return SendResult.failed("already being sent")
-            if marked is None:
-                return SendResult.failed("the ledger is unavailable; kept owed, sent later")
-            adapter = self.adapter(platform, profile)
-            if adapter is None:
-                # The policy's reconnect error: resent when that adapter connects.
-                await self._path.release(oid)
-                return SendResult.failed(f"no adapter for {platform}/{profile}; kept owed")
-            result, _ = await self._path.send_and_settle(
-                adapter,
-                chat_id,
-                content=obligation.content,
-                thread_id=thread_id,
-                reply_to=reply_to,
-                obligation_id=oid,
-            )
-            return result
-        finally:
-            self._path.let_go(oid)
-
-    async def typing(
-        self,
-        *,
-        platform: str,
-        chat_id: str,
-        status: str | None = None,
-        thread_id: str | None = None,
-        profile: str = "default",
-    ) -> SendResult:
-        """Show the bot typing in ``chat_id`` (``status``: a short text where the platform
-        shows one; ``""`` clears it) through the adapter of ``(platform, profile)``, once, not
-        ledgered.  Returns the platform's answer; a ``PERMANENT`` failure, nothing sent, when
-        that adapter does not declare ``shows_typing`` or there is none.  Never raises for the
-        platform; ``TypeError`` for a ``status`` that is neither a str nor None."""
-        if status is not None and not isinstance(status, str):
-            raise TypeError(f"status must be a str or None, not {type(status).__name__}")
-        metadata = {} if thread_id is None else {"thread_id": thread_id}
-        return await self._adapters.typing((platform, profile), chat_id, status, metadata)
-
-    async def edit(
-        self,
-        *,
-        platform: str,
-        chat_id: str,
-        message_id: str,
-        content: str,
-        thread_id: str | None = None,
-        profile: str = "default",
-    ) -> SendResult:
-        """Replace the text of the bot's message ``message_id`` in ``chat_id`` through the
-        adapter of ``(platform, profile)``, once, not ledgered (an edit is not an obligation:
-        put a final answer in a reply).  Returns the platform's answer; a ``PERMANENT``
-        failure, nothing sent, when that adapter does not declare ``edits`` (or there is none)
-        or ``content`` is longer than its announced limit.  Raises ``TypeError``/``ValueError``
-        for an empty or non-text id or content."""
-        for name, value in (("message_id", message_id), ("content", content)):
-            if not isinstance(value, str):
-                raise TypeError(f"{name} must be a str, not {type(value).__name__}")
-            if not value:
-                raise ValueError(f"{name} must not be empty")
-        target = (platform, profile)
-        limit = self._adapters.message_limit(target)
-        if limit is not None and limit.length(content) > limit.max_length:
-            return SendResult.failed(
-                f"too long to edit: {limit.length(content)} > {limit.max_length} {limit.unit}",
-                kind=ErrorKind.PERMANENT,
-            )
-        metadata = {} if thread_id is None else {"thread_id": thread_id}
-        return await self._adapters.edit(target, chat_id, message_id, content, metadata)
+    @property
+    def long_replies(self) -> LongReplies:
+        """What :meth:`send_final` does with a reply longer than its adapter's announced limit
+        (:mod:`statecore.gateway.long_replies`)."""
+        return self._finals.long_replies
 
     def in_flight(self) -> frozenset[str]:
         """Ids of the obligations this process is sending now (or holds claims of, about to

@@ -12,6 +12,7 @@ import attrs
 
 from statecore.clock import Clock
 from statecore.gateway.adapter import InboundLike, SendResult
+from statecore.gateway.live import LiveActions
 from statecore.policy import ErrorKind
 
 __all__ = ["TYPING_REFRESH_S", "Message", "MessageHandler", "Replier", "Turn", "session_key_for"]
@@ -90,37 +91,17 @@ class Replier(Protocol):
 
 
 class TurnHost(Replier, Protocol):
-    """What a turn works through besides its replies: the live, unledgered actions (the
-    :class:`~statecore.gateway.Gateway` is one)."""
+    """What a turn works through besides its replies (the :class:`~statecore.gateway.Gateway`
+    is one): its clock and its live actions."""
 
     @property
     def clock(self) -> Clock:
         """The clock :meth:`Turn.keep_typing` waits on."""
         ...
 
-    async def typing(
-        self,
-        *,
-        platform: str,
-        chat_id: str,
-        status: str | None = None,
-        thread_id: str | None = None,
-        profile: str = "default",
-    ) -> SendResult:
-        """Show the bot typing in a chat."""
-        ...
-
-    async def edit(
-        self,
-        *,
-        platform: str,
-        chat_id: str,
-        message_id: str,
-        content: str,
-        thread_id: str | None = None,
-        profile: str = "default",
-    ) -> SendResult:
-        """Edit a message the bot sent."""
+    @property
+    def live(self) -> LiveActions:
+        """Typing and edits (:mod:`statecore.gateway.live`)."""
         ...
 
 
@@ -144,7 +125,7 @@ class Turn:
         platform's answer (a ``PERMANENT`` failure, nothing sent, when the adapter cannot show
         typing); never raises for the platform."""
         m = self.message
-        return await self.gateway.typing(
+        return await self.gateway.live.typing(
             platform=m.platform,
             chat_id=m.chat_id,
             status=status,
@@ -201,7 +182,7 @@ class Turn:
                 kind=ErrorKind.PERMANENT,
             )
         m = self.message
-        return await self.gateway.edit(
+        return await self.gateway.live.edit(
             platform=m.platform,
             chat_id=m.chat_id,
             message_id=message_id,

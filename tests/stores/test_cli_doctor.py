@@ -83,6 +83,7 @@ def test_a_healthy_file_passes_and_is_not_changed(tmp_path: Path) -> None:
         "integrity",
         "file size",
         "stuck rows",
+        "failing replies",
         "oldest owed",
     ]
     assert checks["integrity"]["details"] == {"check": "quick_check"}
@@ -117,6 +118,43 @@ def test_stuck_rows_are_a_problem_with_their_owners_liveness(tmp_path: Path) -> 
     too_old = run("doctor", "--stuck-after", "2h", "--max-owed-age", "30m", store=url(path))
     assert too_old.returncode == 1
     assert "PROBLEM  oldest owed" in too_old.stdout
+
+
+def test_owed_replies_that_keep_failing_are_a_problem(tmp_path: Path) -> None:
+    """A reply refused for good ("message too long") and one that failed again after a retry
+    make doctor exit 1, each listed with its error and what it waits for; a single transient
+    failure with a retry due is shown, not a problem."""
+    path = tmp_path / "bot.db"
+    store = SQLiteStore(path)
+    ledger = Ledger(store)
+    ids = {}
+    for name, error in (("refused", "message too long"), ("flaky", "upstream timeout")):
+        oid = ledger.record(session_key=name, platform="p", chat_id="c", content=name)
+        ledger.mark_attempting(oid.obligation_id)
+        ledger.mark_failed(oid.obligation_id, error)
+        ids[name] = oid.obligation_id
+    store.close()
+    result = run("doctor", store=url(path))
+    assert result.returncode == 1, result.stdout
+    assert "PROBLEM  failing replies  1 owed reply keeps failing" in result.stdout
+    assert f"{ids['refused']}  permanent" in result.stdout
+    assert "'message too long'" in result.stdout
+    assert f"{ids['flaky']}  transient" in result.stdout
+    assert "a retry by the running gateway (in " in result.stdout
+    report = json.loads(run("doctor", "--json", store=url(path)).stdout)
+    [failing] = [c for c in report["checks"] if c["name"] == "failing replies"]
+    assert (failing["details"]["failed"], failing["details"]["keep_failing"]) == (2, 1)
+    # Only a transient failure with a retry due: shown, not a problem.
+    calm = tmp_path / "calm.db"
+    store = SQLiteStore(calm)
+    ledger = Ledger(store)
+    oid = ledger.record(session_key="k", platform="p", chat_id="c", content="x")
+    ledger.mark_attempting(oid.obligation_id)
+    ledger.mark_failed(oid.obligation_id, "upstream timeout")
+    store.close()
+    result = run("doctor", store=url(calm))
+    assert result.returncode == 0, result.stdout
+    assert "info     failing replies  1 failed, each waiting for a retry" in result.stdout
 
 
 def test_a_damaged_file_fails_its_integrity_check_unchanged(tmp_path: Path) -> None:
@@ -226,7 +264,11 @@ def test_a_store_without_storage_checks_is_still_examined() -> None:
     """memory:// has no storage checks: said so, the ledger checks still run."""
     data = run_json("doctor", store="memory://")
     assert data["checks"][0]["summary"] == "no storage checks are installed for memory://"
-    assert [c["name"] for c in data["checks"][1:]] == ["stuck rows", "oldest owed"]
+    assert [c["name"] for c in data["checks"][1:]] == [
+        "stuck rows",
+        "failing replies",
+        "oldest owed",
+    ]
 
 
 def test_the_integrity_check_draws_progress_on_a_terminal(tmp_path: Path) -> None:
