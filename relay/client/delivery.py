@@ -19,7 +19,8 @@ from typing import Any, Protocol
 from relay.wire.codec import encode
 from relay.wire.errors import UndeliverableEvent
 from relay.wire.frames import Inbound, InboundEvent, InterruptInbound, PassthroughForward
-from relay.wire.throttle import LogThrottle
+from relay.wire.logtext import peer_text
+from relay.wire.throttle import LogLimits
 
 __all__ = [
     "BufferDedupe",
@@ -70,7 +71,7 @@ class Deliveries:
     they may be replaced at any time, and each delivery reads them once, when it starts.
     """
 
-    def __init__(self, label: str, dedupe: BufferDedupe | None, log_limit: LogThrottle) -> None:
+    def __init__(self, label: str, dedupe: BufferDedupe | None, log_limit: LogLimits) -> None:
         self.label = label
         self.dedupe = dedupe
         self.handler: InboundHandler | None = None
@@ -124,10 +125,16 @@ class Deliveries:
         except asyncio.CancelledError:
             raise
         except Exception:
-            # The failure is isolated to this delivery; a buffered one stays unacked.
-            log.exception(
-                "relay: handling a %s failed (bufferId %s)", type(frame).__name__, buffer_id
-            )
+            # The failure is isolated to this delivery; a buffered one stays unacked.  The
+            # traceback is the application's handler's; the bufferId is the connector's text.
+            more = self._log_limit.check(log, logging.ERROR, "failed handlers")
+            if more is not None:
+                log.exception(
+                    "relay: handling a %s failed (bufferId %s)%s",
+                    type(frame).__name__,
+                    peer_text(buffer_id, limit=80),
+                    more,
+                )
             return None
 
     async def undeliverable(
@@ -136,40 +143,51 @@ class Deliveries:
         """Record (buffered) or log and count (live) one delivery that cannot be handled; raises
         when a buffered one cannot be recorded (it must then stay unacked)."""
         self.undeliverable_count += 1
+        # The bufferId, the reason (the decoder's words, which may quote a field) and the raw
+        # line are the connector's text: every line below carries them escaped.
         if buffer_id is None:
-            suppressed = self._log_limit.allow()
-            if suppressed is not None:
-                more = f" ({suppressed} more not logged)" if suppressed else ""
+            more = self._log_limit.check(log, logging.WARNING, "undeliverable live deliveries")
+            if more is not None:
                 log.warning(
-                    "relay %s: dropped an undeliverable live %s (%s)%s: %.500s",
+                    "relay %s: dropped an undeliverable live %s (%s)%s: %s",
                     self.label,
                     frame_type,
-                    reason,
+                    peer_text(reason),
                     more,
-                    raw_line,
+                    peer_text(raw_line, limit=500),
                 )
         elif self.dedupe is not None:
             await self.dedupe.record_undeliverable(
                 buffer_id, frame_type=frame_type, reason=reason, raw_line=raw_line
             )
-            log.warning(
-                "relay %s: recorded undeliverable %s %s: %s",
-                self.label,
-                frame_type,
-                buffer_id,
-                reason,
-                extra={"buffer_id": buffer_id, "frame_type": frame_type, "reason": reason},
-            )
+            # Recorded durably: the log line is only a notice, rate-limited.
+            more = self._log_limit.check(log, logging.WARNING, "recorded undeliverables")
+            if more is not None:
+                shown_id, shown_reason = peer_text(buffer_id, limit=80), peer_text(reason)
+                log.warning(
+                    "relay %s: recorded undeliverable %s %s: %s%s",
+                    self.label,
+                    frame_type,
+                    shown_id,
+                    shown_reason,
+                    more,
+                    extra={
+                        "buffer_id": shown_id,
+                        "frame_type": frame_type,
+                        "reason": shown_reason,
+                    },
+                )
         else:
-            # No durable record is configured: the log is the record, so it is never throttled.
+            # No durable record is configured: the log is the record, so it is never throttled
+            # (each line is bounded: the raw line is cut at 2,000 characters, escapes included).
             log.error(
                 "relay %s: undeliverable %s %s (%s), acked without a durable record (configure a "
-                "dedupe to keep one): %.2000s",
+                "dedupe to keep one): %s",
                 self.label,
                 frame_type,
-                buffer_id,
-                reason,
-                raw_line,
+                peer_text(buffer_id, limit=80),
+                peer_text(reason),
+                peer_text(raw_line, limit=2000),
             )
 
 

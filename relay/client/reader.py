@@ -37,7 +37,8 @@ from relay.wire.frames import (
     OutboundResult,
     PassthroughForward,
 )
-from relay.wire.throttle import LogThrottle
+from relay.wire.logtext import failure, peer_text
+from relay.wire.throttle import LogLimits
 from relay.wire.urls import CLOSE_PROTOCOL
 
 __all__ = ["MAX_VIOLATIONS", "ConnectionReader", "close_of"]
@@ -67,7 +68,7 @@ class ConnectionReader:
         label: str,
         enqueue: Callable[[Delivery], None],
         pending: PendingRequests,
-        log_limit: LogThrottle,
+        log_limit: LogLimits,
         adopt: Callable[[CapabilityDescriptor], bool],
         incompatible: Callable[[ContractVersionError], None],
         lost: Callable[[ClientConnection], None],
@@ -121,6 +122,7 @@ class ConnectionReader:
             with contextlib.suppress(Exception):
                 await bounded(ws.close(), TEARDOWN_AWAIT_S)
         finally:
+            self._log_limit.report(log, f"relay {self._label}: a connection ended")
             self._lost(ws)
 
     async def _refuse_version(self, error: ContractVersionError) -> None:
@@ -134,10 +136,16 @@ class ConnectionReader:
         """Count, log (rate-limited) and -- to a connector that announced them -- answer one
         invalid frame; True when the limit was passed and the connection is being closed."""
         self.violations += 1
-        suppressed = self._log_limit.allow()
-        if suppressed is not None:
-            more = f" ({suppressed} more not logged)" if suppressed else ""
-            log.warning("relay peer sent an invalid frame (%s): %s%s", error.code, error, more)
+        more = self._log_limit.check(log, logging.WARNING, "invalid frames")
+        if more is not None:
+            ref = "" if error.ref is None else f" (ref {peer_text(error.ref, limit=80)})"
+            log.warning(
+                "relay peer sent an invalid frame (%s): %s%s%s",
+                error.code,
+                peer_text(error.message),
+                ref,
+                more,
+            )
         with contextlib.suppress(ConnectionClosed):
             if ERROR_FRAMES in self.peer_features:
                 await self._ws.send(encode(error_frame_for(error)))
@@ -155,6 +163,9 @@ class ConnectionReader:
     def _route(self, frame: object) -> None:
         """Route one decoded frame other than a delivery; an error in one frame never affects
         another."""
+        # The connector decides how many frames there are and what they say: every line here
+        # is rate-limited per kind (with counts) and carries its text escaped.
+        limits = self._log_limit
         try:
             if isinstance(frame, OutboundResult):
                 self._pending.resolve(frame.request_id, frame.result)
@@ -164,15 +175,25 @@ class ConnectionReader:
             elif isinstance(frame, GoingIdleAck):
                 self._pending.idle_acked(frame.request_id)
             elif isinstance(frame, ErrorFrame):
-                log.warning(
-                    "connector reported %s: %s (ref %s)", frame.code, frame.message, frame.ref
+                more = limits.check(log, logging.WARNING, "error frames")
+                if more is not None:
+                    log.warning(
+                        "connector reported %s: %s (ref %s)%s",
+                        peer_text(frame.code, limit=80),
+                        peer_text(frame.message),
+                        peer_text(frame.ref, limit=80),
+                        more,
+                    )
+                failed = OutboundOutcome(False, None, frame.message, frame.code)
+                self._pending.resolve(frame.ref or "", failed)
+            elif (more := limits.check(log, logging.DEBUG, "ignored frames")) is not None:
+                log.debug("relay: ignoring %s from the connector%s", type(frame).__name__, more)
+        except Exception as exc:
+            # One line, not a traceback: the exception's text may quote the connector's frame.
+            if (more := limits.check(log, logging.ERROR, "failed routings")) is not None:
+                log.error(
+                    "relay: routing a %s failed: %s%s", type(frame).__name__, failure(exc), more
                 )
-                failure = OutboundOutcome(False, None, frame.message, frame.code)
-                self._pending.resolve(frame.ref or "", failure)
-            else:
-                log.debug("relay: ignoring %s from the connector", type(frame).__name__)
-        except Exception:
-            log.exception("relay: routing a %s failed", type(frame).__name__)
 
 
 def close_of(ws: ClientConnection) -> tuple[int | None, str | None]:

@@ -21,6 +21,7 @@ import random
 
 import attrs
 
+from relay.wire.logtext import peer_text
 from relay.wire.urls import CloseKind, classify_close, connector_time
 from statecore.clock import Clock
 from statecore.metrics import NO_METRICS, Metrics
@@ -164,12 +165,14 @@ class RedialPolicy:
         self.last_close = (code, reason)
         if self._down_since is None:  # down since the first loss, through failed re-dials
             self._down_since = self._clock.monotonic()
+        # The reason is the connector's text (at most 123 bytes on the wire): escaped.
+        shown = None if reason is None else peer_text(reason)
         log.info(
             "relay %s: connection lost (close %s %s)",
             self.label,
             code,
-            reason or "",
-            extra={"relay_url": self.label, "close_code": code, "close_reason": reason},
+            shown or "",
+            extra={"relay_url": self.label, "close_code": code, "close_reason": shown},
         )
         self.measure_clock(reason)
         # A handshake since the last legacy re-dial grants one more (see classify_close).
@@ -208,7 +211,7 @@ class RedialPolicy:
             "relay %s: the connector refused our token for its times (%s); its clock is %+.0f s "
             "from ours: minting tokens on its time from now on (fix this host's clock)",
             self.label,
-            reason,
+            peer_text(reason),
             offset,
             extra={"clock_offset_s": offset},
         )

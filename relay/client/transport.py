@@ -53,7 +53,8 @@ from relay.wire.compat import OUR_FEATURES
 from relay.wire.descriptor import CapabilityDescriptor
 from relay.wire.errors import ContractVersionError, RelayBroken, RelayClosed
 from relay.wire.frames import GoingIdle
-from relay.wire.throttle import LogThrottle
+from relay.wire.logtext import peer_text
+from relay.wire.throttle import LogLimits
 from relay.wire.urls import CloseKind, relay_url
 from statecore.checks import require_text
 from statecore.clock import Clock, Deadline, SystemClock
@@ -195,7 +196,8 @@ class WebSocketRelayTransport:
         self._reader: asyncio.Task[None] | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._torn_down: asyncio.Event | None = None
-        self._log_limit = LogThrottle(clock=self._clock)
+        # What the connector can cause is logged rate-limited per kind of line, with counts.
+        self._log_limit = LogLimits(clock=self._clock)
         self._deliveries = Deliveries(self.url, dedupe, self._log_limit)
         self._inbound: InboundDispatcher[Delivery] = InboundDispatcher(
             lane_of=lane_of,
@@ -385,7 +387,9 @@ class WebSocketRelayTransport:
     def _incompatible(self, error: ContractVersionError) -> None:
         """A connector of another contract version: re-dialing cannot help, so end (closed)."""
         self.close_reason = f"the connector speaks another contract version: {error}"
-        log.warning("relay %s: %s; not re-dialing", self.url, self.close_reason)
+        log.warning(
+            "relay %s: %s; not re-dialing", self.url, peer_text(self.close_reason, limit=400)
+        )
         if self._machine.can("end"):
             self._fire("end")
 
@@ -540,7 +544,8 @@ class WebSocketRelayTransport:
                     f", refused for {self.refusal_grace_s:g} s before any handshake"
                 )
             self._fire("revoke")
-            log.warning("relay %s: %s", self.url, self.close_reason)
+            # The close reason is the connector's text: escaped for the log line.
+            log.warning("relay %s: %s", self.url, peer_text(self.close_reason, limit=400))
             return
         if verdict.kind is CloseKind.REPLACED:
             self.close_reason = "replaced by a newer connection of this gateway (4409)"
@@ -586,7 +591,8 @@ class WebSocketRelayTransport:
             except RelayClosed:
                 return
             except RelayBroken as exc:
-                log.info("relay %s: re-dial failed: %s", self.url, exc)
+                # Its text may carry the connector's (an HTTP status line, a close reason).
+                log.info("relay %s: re-dial failed: %s", self.url, peer_text(str(exc), limit=400))
 
     # -- teardown ------------------------------------------------------------------------------
 

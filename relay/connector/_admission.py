@@ -11,16 +11,16 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from relay.connector._log import limited, log
 from relay.wire.auth import token_from_header, verify_token
 from relay.wire.compat import EXPIRED_4419, FEATURES_HEADER, parse_features
 from relay.wire.errors import AuthError
+from relay.wire.logtext import peer_text
+from relay.wire.throttle import LogLimits
 from relay.wire.urls import CLOSE_EXPIRED, CLOSE_REVOKED, RELAY_PATH, clock_skew_reason
 from statecore.clock import Clock
 
 __all__ = ["authenticate", "check_path"]
-
-# Every part of the connector logs to the one logger docs/configuration.md names.
-log = logging.getLogger("relay.connector.server")
 
 
 def check_path(connection: ServerConnection, request: Request) -> Response | None:
@@ -36,10 +36,12 @@ async def authenticate(
     secrets: Mapping[str, Sequence[str | bytes]],
     clock: Clock,
     max_ttl_s: float,
+    log_limits: LogLimits,
 ) -> tuple[str, frozenset[str]] | None:
     """The gateway id the upgrade's token proves, and the features it announced; or None
     after closing a refused upgrade (4401; an expired token 4419 only to a gateway that
-    announced it, else 4401 + ``expired`` as the original contract says)."""
+    announced it, else 4401 + ``expired`` as the original contract says).  Refusals are logged
+    rate-limited in ``log_limits`` (anyone who reaches the port can cause them)."""
     request = ws.request
     values = request.headers.get_all("Authorization") if request is not None else []
     features = (
@@ -63,13 +65,16 @@ async def authenticate(
             # connector's time, so that the gateway can measure the offset (an original
             # gateway gets the bare reason it knows).
             reason = clock_skew_reason(exc.reason, now)
-        log.warning(
-            "connector: refused an upgrade (%s%s); closing %d",
-            exc.reason,
-            f", {exc.detail}; connector time {now:.0f}" if exc.timing else "",
-            code,
-            extra={"reason": exc.reason},
-        )
+        more = limited(log_limits, "refused upgrades", logging.WARNING)
+        if more is not None:
+            log.warning(
+                "connector: refused an upgrade (%s%s); closing %d%s",
+                exc.reason,
+                f", {peer_text(exc.detail)}; connector time {now:.0f}" if exc.timing else "",
+                code,
+                more,
+                extra={"reason": exc.reason},
+            )
         with contextlib.suppress(ConnectionClosed):
             await ws.close(code, reason)
         return None

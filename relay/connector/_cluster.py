@@ -44,6 +44,7 @@ from relay.connector._store_thread import StoreThread
 from relay.connector._tasks import Tasks
 from relay.connector.buffer import InboundBuffer
 from relay.connector.subscriptions import Subscriptions
+from relay.wire.logtext import peer_text
 from statecore.claims import NotifyingStore
 from statecore.clock import Clock
 
@@ -158,7 +159,9 @@ class Cluster:
         if not isinstance(notice, dict) or not all(
             isinstance(notice.get(key), str) for key in ("o", "g")
         ):
-            log.debug("connector: ignored a notice on %s: %.80r", CHANNEL, payload)
+            log.debug(
+                "connector: ignored a notice on %s: %s", CHANNEL, peer_text(payload, limit=80)
+            )
             return
         if notice["o"] == self._connector.buffer.origin:
             return  # our own: delivered by this node already

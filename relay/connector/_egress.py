@@ -11,11 +11,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from relay.connector._instance import Instance
+from relay.connector._log import limited
 from relay.connector._settings import EgressSettings
 from relay.connector.chat_tenants import ChatTenants
 from relay.connector.platform import target_chat
 from relay.wire.codec import encode
 from relay.wire.frames import EGRESS_DECLINED, Outbound, OutboundOutcome, OutboundResult
+from relay.wire.logtext import failure
 
 __all__ = ["EGRESS_DECLINED_MESSAGE", "Egress"]
 
@@ -63,12 +65,18 @@ class Egress:
         if not self._allowed(instance.gateway_id, platform, frame.action) and not (
             await self._learned_elsewhere(instance.gateway_id, platform, frame.action)
         ):
-            log.info(
-                "connector: declined egress of %s to a chat on %s", instance.gateway_id, platform
-            )
+            # A peer decides how many requests it sends: rate-limited, with counts.
+            more = limited(instance.log_limit, "declined egress", logging.INFO)
+            if more is not None:
+                log.info(
+                    "connector: declined egress of %s to a chat on %s%s",
+                    instance.gateway_id,
+                    platform,
+                    more,
+                )
             return OutboundOutcome(False, None, EGRESS_DECLINED_MESSAGE, EGRESS_DECLINED)
         if frame.idempotency_key is None:
-            return await self._drive(platform, frame.action)
+            return await self._drive(instance, platform, frame.action)
         key = (instance.gateway_id, frame.idempotency_key)
         earlier = self._outcomes.get(key)
         if earlier is not None:
@@ -76,17 +84,29 @@ class Egress:
             return await asyncio.shield(earlier)
         future: asyncio.Future[OutboundOutcome] = asyncio.get_running_loop().create_future()
         self._remember_outcome(key, future)
-        outcome = await self._drive(platform, frame.action)
+        outcome = await self._drive(instance, platform, frame.action)
         future.set_result(outcome)
         if not outcome.success:
             self._outcomes.pop(key, None)  # a definite failure may be retried for real
         return outcome
 
-    async def _drive(self, platform: str, action: Mapping[str, Any]) -> OutboundOutcome:
+    async def _drive(
+        self, instance: Instance, platform: str, action: Mapping[str, Any]
+    ) -> OutboundOutcome:
         try:
             return await self._connector.drivers[platform].perform(action)
         except Exception as exc:
-            log.exception("connector: driver %s failed", platform)
+            # One line, not a traceback: a driver's error often quotes the request (the peer's
+            # text) or the platform's answer; and a peer decides how many requests fail.
+            more = limited(instance.log_limit, "driver failures", logging.ERROR)
+            if more is not None:
+                log.error(
+                    "connector: driver %s failed for %s: %s%s",
+                    platform,
+                    instance.gateway_id,
+                    failure(exc),
+                    more,
+                )
             return OutboundOutcome(False, None, f"driver error: {exc}", "driver_error")
 
     def _remember_outcome(

@@ -9,12 +9,14 @@ from collections.abc import Callable
 
 from relay.connector._delivery import Delivery
 from relay.connector._instance import Instance
+from relay.connector._log import limited
 from relay.connector._settings import HandshakeSettings
 from relay.connector._store_thread import StoreThread
 from relay.connector._tasks import Tasks
 from relay.wire.codec import encode
 from relay.wire.compat import ERROR_FRAMES
 from relay.wire.frames import DescriptorFrame, ErrorFrame, Hello
+from relay.wire.logtext import peer_text
 from relay.wire.urls import CLOSE_PROTOCOL, CLOSE_REVOKED
 
 __all__ = ["Handshake"]
@@ -82,12 +84,17 @@ class Handshake:
         gets an ``error`` frame (announced gateways) or a log line."""
         platform = hello.platform[:64]
         reason = f"unknown platform {platform!r}"
-        log.warning(
-            "connector: %s said hello for %s, which this connector does not front",
-            instance.gateway_id,
-            reason[len("unknown platform ") :],
-            extra={"gateway_id": instance.gateway_id, "platform": platform},
-        )
+        # Later hellos are as many as the peer sends: rate-limited, with counts.
+        more = limited(instance.log_limit, "hellos for platforms not fronted", logging.WARNING)
+        if more is not None:
+            shown = peer_text(platform, limit=80)
+            log.warning(
+                "connector: %s said hello for %s, which this connector does not front%s",
+                instance.gateway_id,
+                shown,
+                more,
+                extra={"gateway_id": instance.gateway_id, "platform": shown},
+            )
         if not instance.identities:
             code = CLOSE_PROTOCOL if instance.announced else CLOSE_REVOKED
             await instance.close(code, reason.encode("utf-8")[:120].decode("utf-8", "ignore"))

@@ -27,13 +27,13 @@ from websockets.http11 import Request, Response
 
 from relay.connector._admission import check_path
 from relay.connector._instance import Instance
+from relay.connector._log import limited, log
 from relay.connector._settings import HttpSettings
 from relay.connector._store_thread import StoreThread
+from relay.wire.logtext import peer_text
+from relay.wire.throttle import LogLimits
 
 __all__ = ["HEALTH_PATH", "METRICS_PATH", "HttpEndpoints"]
-
-# Every part of the connector logs to the one logger docs/configuration.md names.
-log = logging.getLogger("relay.connector.server")
 
 HEALTH_PATH = "/healthz"
 METRICS_PATH = "/metrics"
@@ -42,12 +42,19 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 class HttpEndpoints:
     """The connector's HTTP answers (see the module docs); ``served`` is the connector's table
-    of served connections."""
+    of served connections; failures are logged rate-limited in the connector's ``log_limits``
+    (anyone who reaches the port decides how many requests there are)."""
 
     def __init__(
-        self, connector: HttpSettings, *, served: Mapping[str, Instance], store: StoreThread
+        self,
+        connector: HttpSettings,
+        *,
+        served: Mapping[str, Instance],
+        store: StoreThread,
+        log_limits: LogLimits,
     ) -> None:
         self._connector = connector
+        self._log_limits = log_limits
         self._served = served
         self._store = store
 
@@ -67,7 +74,14 @@ class HttpEndpoints:
         try:
             buffered, oldest = await self._store.run(self._connector.buffer.backlog_stats)
         except Exception as exc:
-            log.warning("connector: /healthz could not read the buffer: %s", exc)
+            if (
+                more := limited(self._log_limits, "failed health reads", logging.WARNING)
+            ) is not None:
+                log.warning(
+                    "connector: /healthz could not read the buffer: %s%s",
+                    peer_text(str(exc)),
+                    more,
+                )
             body = {"status": "store_unavailable", "gateways": gateways, "error": str(exc)}
             return _respond(connection, 503, json.dumps(body), "application/json")
         waited = None if oldest is None else max(0.0, self._connector.clock.now() - oldest)
@@ -86,7 +100,10 @@ class HttpEndpoints:
         try:
             text: Any = await asyncio.to_thread(metrics_text)
         except Exception:
-            log.warning("connector: /metrics failed", exc_info=True)
+            if (
+                more := limited(self._log_limits, "failed metrics reads", logging.WARNING)
+            ) is not None:
+                log.warning("connector: /metrics failed%s", more, exc_info=True)
             return connection.respond(500, "the metrics could not be read\n")
         body = text.decode("utf-8") if isinstance(text, bytes) else str(text)
         return _respond(connection, 200, body, PROMETHEUS_TEXT)

@@ -9,17 +9,17 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from relay.connector._delivery import Delivery
 from relay.connector._instance import Instance
+from relay.connector._log import limited, log
 from relay.connector._settings import InboundSettings
 from relay.connector._store_thread import StoreThread
 from relay.connector._tasks import Tasks
 from relay.connector.chat_tenants import ChatTenants
 from relay.wire.codec import encode
 from relay.wire.frames import Inbound, InboundEvent
+from relay.wire.logtext import peer_text
+from relay.wire.throttle import LogLimits
 
 __all__ = ["InboundRouter"]
-
-# Every part of the connector logs to the one logger docs/configuration.md names.
-log = logging.getLogger("relay.connector.server")
 
 
 class InboundRouter:
@@ -28,7 +28,8 @@ class InboundRouter:
     It reads the connector's ``tenants``, ``open_egress``, ``provenance`` and wake settings when
     it routes; ``served`` and ``subscribed`` are the connector's tables of served connections
     and of the platforms each gateway said hello for; ``chat_tenants`` is the table of the
-    tenant each chat belongs to, which it fills for the egress guard.
+    tenant each chat belongs to, which it fills for the egress guard.  ``log_limits`` are the
+    connector's own rate limits (the platform's users decide how many events there are).
     """
 
     def __init__(
@@ -41,8 +42,10 @@ class InboundRouter:
         delivery: Delivery,
         store: StoreThread,
         tasks: Tasks,
+        log_limits: LogLimits,
     ) -> None:
         self._connector = connector
+        self._log_limits = log_limits
         self._served = served
         self._subscribed = subscribed
         self._chat_tenants = chat_tenants
@@ -54,7 +57,7 @@ class InboundRouter:
         """What re-reads the shared subscriptions before an event is found undeliverable (a
         cluster node's; None: this connector's table is the whole truth)."""
         self.undeliverable = 0
-        """Inbound events no gateway was subscribed to (each logged at WARNING)."""
+        """Inbound events no gateway was subscribed to (logged at WARNING, rate-limited)."""
 
     async def intake(self, platform: str, event: InboundEvent) -> None:
         """Route one inbound event from ``platform`` to the gateways that should see it.
@@ -86,12 +89,15 @@ class InboundRouter:
             audience = self._audience(platform, event)
         if not audience:
             self.undeliverable += 1
-            log.warning(
-                "connector: no gateway listens to %s chat %s; event %s not delivered",
-                platform,
-                source.chat_id,
-                event.message_id,
-            )
+            more = limited(self._log_limits, "undeliverable events", logging.WARNING)
+            if more is not None:
+                log.warning(
+                    "connector: no gateway listens to %s chat %s; event %s not delivered%s",
+                    platform,
+                    peer_text(source.chat_id),
+                    peer_text(event.message_id),
+                    more,
+                )
         for gateway_id in audience:
             if connector.tenants is None and not connector.open_egress:
                 # Provenance first, durably: the gateway may answer this chat (and user) as soon

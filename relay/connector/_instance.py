@@ -14,7 +14,7 @@ from websockets.exceptions import ConnectionClosed
 from relay.connector.connection import CONNECTION, ConnectionState
 from relay.wire.compat import ACKED_LIVE
 from relay.wire.frames import Hello
-from relay.wire.throttle import LogThrottle
+from relay.wire.throttle import LogLimits
 from statecore.clock import Clock
 
 __all__ = ["DEFAULT_WINDOW", "Instance"]
@@ -47,7 +47,9 @@ class Instance:
         self.held_hellos: list[Hello] = []  # said while on standby, answered once promoted
         self.appended = 0  # events buffered for this instance while it replays
         self.violations = 0
-        self.log_limit = LogThrottle(clock=clock)  # what the peer controls never floods the log
+        # What the peer can cause never floods the log: each kind of line is rate-limited on
+        # its own (relay.connector._log); what it suppressed is reported when this closes.
+        self.log_limit = LogLimits(clock=clock)
         # Replayed bufferIds, in send order, with when they were sent (loop time), whose replay
         # is not recorded yet and that have not been acked on this connection.
         self.unrecorded: dict[str, float] = {}

@@ -11,6 +11,7 @@ from relay.connector._delivery import Delivery
 from relay.connector._egress import Egress
 from relay.connector._handshake import Handshake
 from relay.connector._instance import Instance
+from relay.connector._log import limited, log, report_suppressed
 from relay.connector._roster import Roster
 from relay.connector._settings import ReaderSettings
 from relay.connector._tasks import Tasks
@@ -18,12 +19,10 @@ from relay.wire.codec import PLAIN_ACK_LINE_MAX, FrameDecoder, encode, error_fra
 from relay.wire.compat import ERROR_FRAMES
 from relay.wire.errors import ProtocolError
 from relay.wire.frames import GoingIdle, GoingIdleAck, Hello, InboundAck, Interrupt, Outbound
+from relay.wire.logtext import failure, peer_text
 from relay.wire.urls import CLOSE_PROTOCOL
 
 __all__ = ["Reader"]
-
-# Every part of the connector logs to the one logger docs/configuration.md names.
-log = logging.getLogger("relay.connector.server")
 
 _MAX_VIOLATIONS = 20
 """Invalid frames a connection may send; the next one closes it (4400)."""
@@ -77,8 +76,12 @@ class Reader:
             pass
         finally:
             self._roster.closed(instance)
+            report_suppressed(instance.log_limit, f"a connection of {instance.gateway_id} closed")
 
     async def _on_frame(self, instance: Instance, frame: object) -> None:
+        # Every line below is one a peer causes frame by frame: each is rate-limited (with the
+        # count of the rest), and what the peer wrote is escaped before it is logged.
+        limits = instance.log_limit
         try:
             if isinstance(frame, Hello) and frame.announced:
                 instance.protocol_hello = True
@@ -90,8 +93,15 @@ class Reader:
                 # shown nothing, and what it would send belongs to the served connection).
                 if isinstance(frame, Hello) and len(instance.held_hellos) < _MAX_HELD_HELLOS:
                     instance.held_hellos.append(frame)
-                else:
-                    log.debug("connector: dropping %s from a waiting connection", type(frame))
+                elif (
+                    more := limited(limits, "frames of waiting connections", logging.DEBUG)
+                ) is not None:
+                    log.debug(
+                        "connector: %s: dropping a %s from a waiting connection%s",
+                        instance.gateway_id,
+                        type(frame).__name__,
+                        more,
+                    )
             elif isinstance(frame, InboundAck):
                 self._delivery.acked(instance, [frame.buffer_id])
             elif isinstance(frame, Outbound):
@@ -104,24 +114,46 @@ class Reader:
                     instance.machine.fire("go_idle")
                 await instance.send(encode(GoingIdleAck(frame.request_id)))
             elif isinstance(frame, Interrupt):
-                log.info("connector: interrupt for %s (%s)", frame.session_key, frame.reason)
-            else:
-                log.debug("connector: ignoring %s", type(frame).__name__)
-        except Exception:
-            log.exception("connector: handling a %s failed", type(frame).__name__)
+                if (more := limited(limits, "interrupts", logging.INFO)) is not None:
+                    log.info(
+                        "connector: %s: interrupt for session %s (reason %s)%s",
+                        instance.gateway_id,
+                        peer_text(frame.session_key),
+                        peer_text(frame.reason),
+                        more,
+                    )
+            elif (more := limited(limits, "ignored frames", logging.DEBUG)) is not None:
+                log.debug(
+                    "connector: %s: ignoring a %s%s",
+                    instance.gateway_id,
+                    type(frame).__name__,
+                    more,
+                )
+        except Exception as exc:
+            # One line, not a traceback: the exception's text may quote the peer's frame.
+            if (more := limited(limits, "failed frame handlers", logging.ERROR)) is not None:
+                log.error(
+                    "connector: %s: handling a %s failed: %s%s",
+                    instance.gateway_id,
+                    type(frame).__name__,
+                    failure(exc),
+                    more,
+                )
 
     async def _violation(self, instance: Instance, error: ProtocolError) -> bool:
         """Count, log (rate-limited) and -- to a gateway that announced them -- answer an invalid
         frame; True when the limit was passed and the connection is being closed (4400)."""
         instance.violations += 1
-        suppressed = instance.log_limit.allow()
-        if suppressed is not None:
+        more = limited(instance.log_limit, "invalid frames", logging.WARNING)
+        if more is not None:
+            ref = "" if error.ref is None else f" (ref {peer_text(error.ref, limit=80)})"
             log.warning(
-                "connector: %s sent an invalid frame (%s): %s%s",
+                "connector: %s sent an invalid frame (%s): %s%s%s",
                 instance.gateway_id,
                 error.code,
-                error,
-                f" ({suppressed} more not logged)" if suppressed else "",
+                peer_text(error.message),
+                ref,
+                more,
                 extra={"gateway_id": instance.gateway_id, "code": error.code},
             )
         if ERROR_FRAMES in instance.features:

@@ -13,15 +13,14 @@ from websockets.exceptions import ConnectionClosed
 
 from relay.connector._delivery import Delivery
 from relay.connector._instance import Instance
+from relay.connector._log import limited, log, report_suppressed
 from relay.connector._settings import RosterSettings
 from relay.connector._tasks import Tasks
 from relay.wire.compat import REPLACED_4409
+from relay.wire.throttle import LogLimits
 from relay.wire.urls import CLOSE_REPLACED, CLOSE_REVOKED
 
 __all__ = ["Roster"]
-
-# Every part of the connector logs to the one logger docs/configuration.md names.
-log = logging.getLogger("relay.connector.server")
 
 _MAX_STANDBYS = 4
 """Standby connections kept per gateway id; a newer one beyond this closes the oldest."""
@@ -53,6 +52,9 @@ class Roster:
         self._tasks = tasks
         self._on_promoted = on_promoted
         self._watchers: dict[str, asyncio.Task[None]] = {}  # liveness probes, per gateway
+        # A gateway decides how often it connects: its lines here are rate-limited per gateway
+        # id (authenticated ids only, so the table is as small as the secrets).
+        self._log_limits: dict[str, LogLimits] = {}
 
     def admit(self, instance: Instance) -> None:
         """Serve a new authenticated connection, or -- its gateway being served already -- hold
@@ -79,10 +81,20 @@ class Roster:
             self._promote(gateway_id)
 
     def clear(self) -> None:
-        """Forget every connection (the connector stopped; their tasks are cancelled)."""
+        """Forget every connection (the connector stopped; their tasks are cancelled), and log
+        what the rate limits suppressed."""
         self._served.clear()
         self._standbys.clear()
         self._watchers.clear()
+        for gateway_id, limits in self._log_limits.items():
+            report_suppressed(limits, f"the connections of {gateway_id}")
+        self._log_limits.clear()
+
+    def _limits(self, gateway_id: str) -> LogLimits:
+        limits = self._log_limits.get(gateway_id)
+        if limits is None:
+            limits = self._log_limits[gateway_id] = LogLimits(clock=self._connector.clock)
+        return limits
 
     def _stand_by(self, instance: Instance) -> None:
         """Hold a second connection of a served gateway: unserved, not closed (closing it would
@@ -97,20 +109,26 @@ class Roster:
             # redials at once after any other close -- except an early 4401, a start-up race it
             # backs off from, so that is what it gets.
             code = CLOSE_REPLACED if REPLACED_4409 in oldest.features else CLOSE_REVOKED
-            log.warning(
-                "connector: %s has more than %d waiting connections; closing the oldest (%d)",
-                gateway_id,
-                _MAX_STANDBYS,
-                code,
-            )
+            more = limited(self._limits(gateway_id), "oldest waiting closed", logging.WARNING)
+            if more is not None:
+                log.warning(
+                    "connector: %s has more than %d waiting connections; closing the oldest (%d)%s",
+                    gateway_id,
+                    _MAX_STANDBYS,
+                    code,
+                    more,
+                )
             self._tasks.spawn(oldest.close(code, "replaced by a newer connection"))
-        log.info(
-            "connector: %s connected again while its connection is served; holding the new one "
-            "until the served one goes (probing it every %g s)",
-            gateway_id,
-            self._connector.liveness_probe_s,
-            extra={"gateway_id": gateway_id},
-        )
+        more = limited(self._limits(gateway_id), "connections held", logging.INFO)
+        if more is not None:
+            log.info(
+                "connector: %s connected again while its connection is served; holding the new "
+                "one until the served one goes (probing it every %g s)%s",
+                gateway_id,
+                self._connector.liveness_probe_s,
+                more,
+                extra={"gateway_id": gateway_id},
+            )
         watcher = self._watchers.get(gateway_id)
         if watcher is None or watcher.done():
             self._watchers[gateway_id] = self._tasks.spawn(self._watch(gateway_id))
@@ -127,13 +145,16 @@ class Roster:
                 if await self._answers_ping(served.ws):
                     await self._connector.clock.sleep(self._connector.liveness_probe_s)
                     continue
-                log.warning(
-                    "connector: the served connection of %s did not answer a ping within %g s; "
-                    "serving its newer connection",
-                    gateway_id,
-                    self._connector.liveness_probe_s,
-                    extra={"gateway_id": gateway_id},
-                )
+                more = limited(self._limits(gateway_id), "unanswered probes", logging.WARNING)
+                if more is not None:
+                    log.warning(
+                        "connector: the served connection of %s did not answer a ping within "
+                        "%g s; serving its newer connection%s",
+                        gateway_id,
+                        self._connector.liveness_probe_s,
+                        more,
+                        extra={"gateway_id": gateway_id},
+                    )
                 served.ws.transport.abort()  # dead or unreachable: no close handshake to wait for
                 self.closed(served)  # promotes now; its own reader's cleanup is then a no-op
         finally:
@@ -170,11 +191,14 @@ class Roster:
                 del self._standbys[gateway_id]
             candidate.machine.fire("promote")
             self._served[gateway_id] = candidate
-            log.info(
-                "connector: serving the waiting connection of %s",
-                gateway_id,
-                extra={"gateway_id": gateway_id},
-            )
+            more = limited(self._limits(gateway_id), "waiting connections served", logging.INFO)
+            if more is not None:
+                log.info(
+                    "connector: serving the waiting connection of %s%s",
+                    gateway_id,
+                    more,
+                    extra={"gateway_id": gateway_id},
+                )
             self._tasks.spawn(self._on_promoted(candidate))
             return
         self._standbys.pop(gateway_id, None)

@@ -13,8 +13,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from relay.connector._instance import Instance
+from relay.connector._log import limited
 from relay.connector._settings import BufferSettings
 from relay.wire.frames import InboundEvent
+from relay.wire.logtext import peer_text
 from statecore.metrics import NO_METRICS
 
 __all__ = ["StoreThread"]
@@ -146,7 +148,10 @@ class StoreThread:
                         ignored.append((instance, len(set(ids)) - retired))
         except Exception as exc:
             if acks:
-                log.warning("connector: retiring acks failed (%s); they will be replayed", exc)
+                log.warning(
+                    "connector: retiring acks failed (%s); they will be replayed",
+                    peer_text(str(exc)),
+                )
             loop.call_soon_threadsafe(_fail_all, [f for *_, f in appends], exc)
             return
         loop.call_soon_threadsafe(_resolve_all, [f for *_, f in appends], lines)
@@ -211,13 +216,13 @@ class StoreThread:
 def _ignored_acks(instance: Instance, ignored: int) -> None:
     """On the loop: report acks that retired nothing (a peer decides how many there are:
     one line per round, rate-limited)."""
-    suppressed = instance.log_limit.allow()
-    if suppressed is not None:
+    more = limited(instance.log_limit, "ignored-ack reports", logging.INFO)
+    if more is not None:
         log.info(
             "connector: ignored %d acks from %s of bufferIds that are not its unacked entries%s",
             ignored,
             instance.gateway_id,
-            f" ({suppressed} more lines not logged)" if suppressed else "",
+            more,
             extra={"gateway_id": instance.gateway_id, "ignored": ignored},
         )
 

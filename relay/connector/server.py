@@ -61,6 +61,7 @@ from relay.connector._housekeeping import Housekeeping
 from relay.connector._http import HttpEndpoints
 from relay.connector._inbound import InboundRouter
 from relay.connector._instance import Instance
+from relay.connector._log import report_suppressed
 from relay.connector._reader import Reader
 from relay.connector._roster import Roster
 from relay.connector._settings import MetricsText, WakeHook
@@ -76,6 +77,7 @@ from relay.wire.auth import DEFAULT_MAX_TTL_S
 from relay.wire.compat import OUR_FEATURES
 from relay.wire.descriptor import CapabilityDescriptor
 from relay.wire.frames import InboundEvent
+from relay.wire.throttle import LogLimits
 from statecore.claims import NotifyingStore
 from statecore.clock import Clock, SystemClock
 from statecore.metrics import NO_METRICS, Metrics
@@ -226,6 +228,9 @@ class Connector:
         # protocol in relay.connector._settings.  What they share besides are the tables above,
         # passed explicitly.
         self._tasks = Tasks()
+        # Rate limits of the lines no one connection causes (refused upgrades, undeliverable
+        # events, failed HTTP reads); each connection has its own (Instance.log_limit).
+        self._log_limits = LogLimits(clock=self.clock)
         self._store_thread = StoreThread(self, threads=store_threads)
         self._delivery = Delivery(
             self, served=self._instances, store=self._store_thread, tasks=self._tasks
@@ -253,6 +258,7 @@ class Connector:
             delivery=self._delivery,
             store=self._store_thread,
             tasks=self._tasks,
+            log_limits=self._log_limits,
         )
         egress = Egress(self, chat_tenants=self.chat_tenants)
         self._reader = Reader(
@@ -270,7 +276,9 @@ class Connector:
             else None
         )
         self._housekeeping = Housekeeping(self, store=self._store_thread)
-        self._http = HttpEndpoints(self, served=self._instances, store=self._store_thread)
+        self._http = HttpEndpoints(
+            self, served=self._instances, store=self._store_thread, log_limits=self._log_limits
+        )
         self.url = ""
         """``ws://host:port`` once started; gateways dial it (``/relay`` is appended)."""
         for driver in self.drivers.values():
@@ -315,6 +323,7 @@ class Connector:
             self._server = None
         self._tasks.cancel_all()
         self._roster.clear()
+        report_suppressed(self._log_limits, "this connector")
         await self._store_thread.stop()
 
     async def __aenter__(self) -> Connector:
@@ -396,7 +405,11 @@ class Connector:
     async def _serve(self, ws: ServerConnection) -> None:
         """One upgraded connection, from its authentication to its end."""
         authenticated = await authenticate(
-            ws, secrets=self.secrets, clock=self.clock, max_ttl_s=self.max_token_ttl_s
+            ws,
+            secrets=self.secrets,
+            clock=self.clock,
+            max_ttl_s=self.max_token_ttl_s,
+            log_limits=self._log_limits,
         )
         if authenticated is None:
             return
