@@ -10,12 +10,15 @@ CODE := $(wildcard statecore stores relay tests benchmarks examples docs)
 
 $(BIN)/python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need Python 3.11+ on PATH (or make PYTHON=...)"; exit 1; }
-	$(PYTHON) -m venv $(VENV)
+	@echo "==> creating $(VENV)/ with $(PYTHON)"
+	@$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@echo "==> installing statecore and its test tools into $(VENV)/ (the first time takes about half a minute)"
+	@$(BIN)/python -m pip install --quiet --upgrade pip
+	@$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
+	@echo "==> installed: the statecore command is $(BIN)/statecore (or: source $(BIN)/activate)"
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py

@@ -124,3 +124,31 @@ def test_readme_names_every_extra_a_user_installs() -> None:
     named |= set(re.findall(r"'\.\[(\w+)\]'", section))
     assert named <= declared
     assert {"testing", "prometheus"} <= named
+
+
+def test_the_first_install_says_what_it_does_and_how_to_reach_the_command() -> None:
+    """``make``'s install step announces itself (and how long it takes) before pip's quiet
+    installs, and ends by naming the ``statecore`` command's path in the venv."""
+    done = subprocess.run(
+        [
+            "make",
+            "--dry-run",
+            "--always-make",
+            "--no-print-directory",
+            "-C",
+            str(ROOT),
+            ".venv/.installed",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    lines = done.stdout.splitlines()
+    installs = [n for n, line in enumerate(lines) if "pip install" in line]
+    announced = [n for n, line in enumerate(lines) if line.startswith('echo "==> installing')]
+    assert installs
+    assert announced
+    assert announced[0] < installs[0]
+    assert "half a minute" in lines[announced[0]]
+    assert "the statecore command is .venv/bin/statecore" in lines[-1]
