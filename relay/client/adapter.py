@@ -21,6 +21,7 @@ from relay.client.teardown import default_disconnect_budget_s
 from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
 from relay.wire.errors import RelayBroken, RelayClosed
 from relay.wire.frames import EGRESS_DECLINED, InboundEvent
+from relay.wire.logtext import peer_text
 from statecore.clock import Clock, Deadline, SystemClock
 from statecore.gateway.adapter import AdapterAbilities, MessageLimit, SendResult
 from statecore.policy import ErrorKind
@@ -203,7 +204,13 @@ class RelayAdapter:
             self.descriptor = await self.transport.handshake()
             self._descriptor_known = True
         except (RelayBroken, RelayClosed, OSError) as exc:
-            log.warning("relay adapter %s/%s: connect failed: %s", self.platform, self.profile, exc)
+            # The error may quote the connector (a close reason, an HTTP status line): escaped.
+            log.warning(
+                "relay adapter %s/%s: connect failed: %s",
+                self.platform,
+                self.profile,
+                peer_text(str(exc)),
+            )
             return False
         return True
 

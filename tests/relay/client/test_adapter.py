@@ -5,6 +5,7 @@ and the per-chat tenant route attached to outbound metadata."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from types import SimpleNamespace
 from typing import Any
@@ -16,6 +17,7 @@ from relay.client.lifecycle import TransportState as T
 from relay.client.requests import RequestOutcome, RequestResult
 from relay.client.teardown import DISCONNECT_TIMEOUT_ENV, default_disconnect_budget_s
 from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
+from relay.wire.errors import RelayBroken
 from relay.wire.frames import InboundEvent
 from statecore import ErrorKind, LedgerPolicy
 from statecore.clock import Deadline, FakeClock
@@ -452,3 +454,24 @@ async def test_connect_returns_within_bounds_when_handshake_is_slow(
     assert await next_sleep(clock) == pytest.approx(20.0)
     clock.advance(20.0)
     assert await asyncio.wait_for(connecting, GUARD) is False
+
+
+@pytest.mark.asyncio
+async def test_a_failed_connect_logs_the_connectors_text_escaped_on_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A connect that fails with text the connector chose (a close reason) is logged as one
+    line, its control characters escaped: nothing it sends can forge a log record."""
+
+    class Refused(StubTransport):
+        async def connect(self) -> None:
+            raise RelayBroken("closed: bye\nCRITICAL statecore.ledger: forged\x1b[2J")
+
+    caplog.set_level(logging.WARNING, logger="relay.client.adapter")
+    adapter = RelayAdapter(Refused())
+    assert await adapter.connect() is False
+    [record] = [r for r in caplog.records if "connect failed" in r.getMessage()]
+    message = record.getMessage()
+    assert "\n" not in message
+    assert "\x1b" not in message
+    assert "forged" in message  # still said, escaped
