@@ -1,17 +1,18 @@
 """What the dashboard reads from a store: the watched kinds, their counts per state and oldest
-owed row, the latest changed obligations, the repairs each obligation state allows, and the
-JSON shapes of their rows and audit entries.
+owed row, the owed replies that keep failing, the latest changed obligations, the repairs each
+obligation state allows, and the JSON shapes of their rows and audit entries.
 
 Every function here is a plain blocking read, to be called on the dashboard's one store thread
 (never on the event loop); none writes, apart from registering a kind (idempotent).  What a
 browser receives is chosen here, field by field: ids, states, times, and of an obligation its
-platform, chat and content (the bot's own reply, which the page shows as text).  Buffered user
+platform, chat and content (the bot's own reply, which the page shows as text) and, of a failed
+one, its error kind, its last error (cut) and what it waits for.  Buffered user
 messages, delegation payloads and owner tokens are never sent.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from enum import Enum
 from typing import Any
 
@@ -22,24 +23,32 @@ from statecore.entity import EntityKind
 from statecore.gateway.delegations import DELEGATION_KIND
 from statecore.gateway.sessions import SESSION_KIND
 from statecore.lifecycle import Lifecycle
-from statecore.lifecycles import OBLIGATION
+from statecore.lifecycles import OBLIGATION, ObligationState
 from statecore.obligation import OBLIGATION_KIND
 from statecore.store import Row, Store, TransitionRecord, ge
-from statecore.survey import OWED_STATES, ledger_stats
+from statecore.survey import OWED_STATES, FailingRow, failing_rows, ledger_stats
 
 __all__ = [
     "CONTENT_CHARS",
+    "ERROR_CHARS",
+    "FAILING_READ",
     "LATEST_LISTED",
     "OWED_LISTED",
     "REPAIRS",
     "WATCHED",
     "Watched",
+    "all_counts",
     "count_kind",
     "entry_json",
+    "failure_json",
+    "flag_failing",
     "latest_obligations",
+    "obligation_json",
     "owed_obligations",
+    "read_failing",
     "repair_states",
     "row_json",
+    "snapshot_reads",
 ]
 
 CONTENT_CHARS = 500
@@ -48,6 +57,11 @@ OWED_LISTED = 50
 """Owed obligations a new browser is sent, oldest first."""
 LATEST_LISTED = 50
 """Latest changed obligations (any state) a new browser is sent, newest first."""
+ERROR_CHARS = 300
+"""A failed obligation's last error is cut to this many characters in anything sent."""
+FAILING_READ = 5000
+"""Failed obligations one read examines at most, oldest first: past it the count of those that
+keep failing is a lower bound (``keep_failing_exact`` is false)."""
 REPAIRS = ("abandon", "retry")
 """The operator's repairs of an obligation, as the page names them."""
 
@@ -256,3 +270,94 @@ def owed_obligations(store: Store, *, show_content: bool) -> list[dict[str, Any]
     return [
         row_json(watched, row, row["updated_at"], None, show_content=show_content) for row in rows
     ]
+
+
+def read_failing(store: Store) -> dict[str, FailingRow]:
+    """The failed (owed) obligations by id, oldest first, at most :data:`FAILING_READ`, each
+    with its error kind, its next timed retry and whether it keeps failing, as
+    :func:`statecore.survey.failing_rows` reads them (as ``statecore doctor`` does).  Raises
+    ``StoreError`` when the store cannot be read."""
+    return {r.obligation.obligation_id: r for r in failing_rows(store, limit=FAILING_READ)}
+
+
+def all_counts(store: Store, now: float) -> tuple[list[dict[str, Any]], dict[str, FailingRow]]:
+    """Every watched kind's counts (:func:`count_kind`), the obligations' also with how many
+    owed replies keep failing (``keep_failing``; ``keep_failing_exact`` false when there were
+    more failed rows than :data:`FAILING_READ`, the count then being a lower bound), and the
+    failed rows read (:func:`read_failing`, for :func:`flag_failing`).  Raises ``StoreError``
+    when the store cannot be read."""
+    counts = [count_kind(store, w, now) for w in WATCHED]
+    failing = read_failing(store)
+    obligations = counts[0]  # WATCHED[0] is the obligation kind
+    obligations["keep_failing"] = sum(1 for r in failing.values() if r.keeps_failing)
+    obligations["keep_failing_exact"] = len(failing) < FAILING_READ
+    return counts, failing
+
+
+def failure_json(row: FailingRow) -> dict[str, Any]:
+    """What the page shows of a failed obligation: its error kind, whether it keeps failing,
+    its attempts, its last error (cut), when the running gateway retries it (None: not by a
+    timer) and what it waits for, in words."""
+    error = row.obligation.last_error or ""
+    return {
+        "kind": row.kind.value,
+        "keeps_failing": row.keeps_failing,
+        "attempts": row.obligation.attempts,
+        "last_error": error[:ERROR_CHARS],
+        "error_cut": len(error) > ERROR_CHARS,
+        "retry_at": row.retry_at,
+        "waits_for": row.waits_for,
+    }
+
+
+def flag_failing(
+    rows: Iterable[dict[str, Any]], failing: Mapping[str, FailingRow]
+) -> list[dict[str, Any]]:
+    """``rows`` (as :func:`row_json` and :func:`entry_json` make them), each obligation's a
+    copy with ``keeps_failing`` and ``failure`` (:func:`failure_json`, None unless the row
+    shows the ``failed`` state and is among ``failing``, :func:`read_failing`'s rows); rows of
+    other kinds as they are."""
+    failed = ObligationState.FAILED.value
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        if row["kind"] != OBLIGATION_KIND.name:
+            out.append(row)
+            continue
+        found = failing.get(row["id"]) if row["state"] == failed else None
+        out.append(
+            {
+                **row,
+                "keeps_failing": found is not None and found.keeps_failing,
+                "failure": None if found is None else failure_json(found),
+            }
+        )
+    return out
+
+
+def obligation_json(
+    store: Store, row: Row[Any], record: TransitionRecord | None, *, show_content: bool
+) -> dict[str, Any]:
+    """One obligation ``row`` as a history shows it: :func:`row_json` (at its last change,
+    with its last audit entry ``record``), flagged by :func:`flag_failing` (the failed rows are
+    read only for a failed row).  Raises ``StoreError`` when the store cannot be read."""
+    shown = row_json(WATCHED[0], row, row["updated_at"], record, show_content=show_content)
+    failing = read_failing(store) if row.state is ObligationState.FAILED else {}
+    return flag_failing([shown], failing)[0]
+
+
+def snapshot_reads(
+    store: Store, *, now: float, show_content: bool, recent: Iterable[dict[str, Any]]
+) -> dict[str, Any]:
+    """The store's part of a new browser's snapshot: the counts (:func:`all_counts`), the owed
+    obligations, the latest changed ones and the ``recent`` changes, every obligation row
+    flagged as it is now (:func:`flag_failing`).  Raises ``StoreError`` when the store cannot
+    be read."""
+    counts, failing = all_counts(store, now)
+    owed = owed_obligations(store, show_content=show_content)
+    latest = latest_obligations(store, now=now, show_content=show_content)
+    return {
+        "counts": counts,
+        "obligations": flag_failing(owed, failing),
+        "latest": flag_failing(latest, failing),
+        "recent": flag_failing(recent, failing),
+    }

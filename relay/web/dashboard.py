@@ -7,15 +7,20 @@ may send):
 
 * ``hello`` -- the store's label, whether actions are possible, per kind (obligations, buffer
   entries, sessions, delegations) its counts per state, how many are owed and the oldest owed
-  row, the owed obligations (``obligations``), the latest changed ones whatever their state
-  (``latest``), the repairs each obligation state allows (``actions``, read from the declared
-  lifecycle), the latest transitions and a diagram of every lifecycle the
-  ``statecore.lifecycles`` entry points declare (SVG text drawn by
-  :func:`~relay.web.diagrams.lifecycle_svg`, with the kind it counts, if any);
+  row, of the obligations also how many owed replies keep failing (``keep_failing``: a
+  permanent refusal, a retry that failed again, retries spent, as ``statecore doctor`` reads
+  them), the owed obligations (``obligations``), the latest changed ones whatever their state
+  (``latest``), each flagged when it keeps failing (``keeps_failing``, and of a failed one its
+  ``failure``: error kind, last error, what it waits for), the repairs each obligation state
+  allows (``actions``, read from the declared lifecycle), the latest transitions and a
+  diagram of every lifecycle the ``statecore.lifecycles`` entry points declare (SVG text drawn
+  by :func:`~relay.web.diagrams.lifecycle_svg`, with the kind it counts, if any);
 * ``changes`` -- one per audit entry (a move: its event, the state it came from and the one it
-  led to), as each poll of the store finds them, and ``counts`` after every poll that found a
-  change (and every few seconds, for rows pruned meanwhile);
-* ``history`` -- one obligation's audit entries, on request;
+  led to; an obligation's flagged the same way, as it is now), as each poll of the store finds
+  them, and ``counts`` (with ``keep_failing``) after every poll that found a change (and every
+  few seconds, for rows pruned meanwhile);
+* ``history`` -- one obligation's audit entries, on request, and the row as it is (flagged the
+  same way);
 * ``auth`` -- who a token names; ``done`` / ``refused`` -- the outcome of an operator's
   action; ``error`` -- a message that was not understood (the session stays open).
 
@@ -52,11 +57,11 @@ from relay.web._dashboard_feed import ChangeFeed
 from relay.web._dashboard_reads import (
     REPAIRS,
     WATCHED,
-    count_kind,
-    latest_obligations,
-    owed_obligations,
+    all_counts,
+    flag_failing,
+    obligation_json,
     repair_states,
-    row_json,
+    snapshot_reads,
 )
 from relay.web._dashboard_requests import BadRequest, Request, parse
 from relay.web.diagrams import lifecycle_svg
@@ -317,26 +322,28 @@ class Dashboard:
                 }
                 for w in WATCHED
             ],
-            "counts": [count_kind(self._store, w, now) for w in WATCHED],
-            "obligations": owed_obligations(self._store, show_content=self._show_content),
-            "latest": latest_obligations(self._store, now=now, show_content=self._show_content),
+            **snapshot_reads(
+                self._store, now=now, show_content=self._show_content, recent=self._feed.recent
+            ),
             "actions": self._actions,
-            "recent": self._feed.recent,
             "diagrams": self._diagrams,
         }
 
     def _poll(self) -> list[dict[str, Any]]:
-        """One poll: the changes found, then the counts when they are due."""
+        """One poll: the changes found (flagged as their rows are now), then the counts, read
+        after every change and when they are due."""
         changes = self._feed.poll(self._store)
         generation = self._feed.generation
+        now = self._clock.now()
+        if not changes and now - self._counted_at < COUNTS_EVERY_S:
+            return []
+        self._counted_at = now
+        counts, failing = all_counts(self._store, now)
         out: list[dict[str, Any]] = []
         if changes:
-            out.append({"type": "changes", "generation": generation, "changes": changes})
-        now = self._clock.now()
-        if changes or now - self._counted_at >= COUNTS_EVERY_S:
-            self._counted_at = now
-            counts = [count_kind(self._store, w, now) for w in WATCHED]
-            out.append({"type": "counts", "generation": generation, "now": now, "counts": counts})
+            flagged = flag_failing(changes, failing)
+            out.append({"type": "changes", "generation": generation, "changes": flagged})
+        out.append({"type": "counts", "generation": generation, "now": now, "counts": counts})
         return out
 
     def _history(self, obligation_id: str) -> dict[str, Any]:
@@ -349,12 +356,8 @@ class Dashboard:
             "type": "history",
             "id": obligation_id,
             "found": True,
-            "row": row_json(
-                WATCHED[0],
-                row,
-                row["updated_at"],
-                records[-1] if records else None,
-                show_content=self._show_content,
+            "row": obligation_json(
+                self._store, row, records[-1] if records else None, show_content=self._show_content
             ),
             "records": [history_json(r) for r in records],
         }

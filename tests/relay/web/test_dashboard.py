@@ -28,6 +28,7 @@ from statecore.gateway import Gateway
 from statecore.ids import compute_obligation_id
 from statecore.lifecycles import ObligationState
 from statecore.obligation import OBLIGATION_KIND
+from statecore.policy import ErrorKind
 from statecore.repair import retry_id
 from stores import SQLiteStore
 from stores.memory import InMemoryStore
@@ -56,6 +57,10 @@ class Stack:
     def deliver(self, obligation_id: str) -> None:
         self.ledger.mark_attempting(obligation_id)
         self.ledger.mark_delivered(obligation_id)
+
+    def fail(self, obligation_id: str, error: str, kind: ErrorKind) -> None:
+        self.ledger.mark_attempting(obligation_id)
+        self.ledger.mark_failed(obligation_id, error, kind=kind)
 
 
 @asynccontextmanager
@@ -605,3 +610,77 @@ def test_a_token_lifetime_cap_that_cannot_work_is_refused(
             Dashboard(store, max_token_ttl_s=value)  # type: ignore[arg-type]
     finally:
         store.close()
+
+
+def flags(rows: list[dict[str, Any]]) -> dict[str, bool]:
+    """Each obligation row's id -> whether it is flagged as keeping failing."""
+    return {row["id"]: row["keeps_failing"] for row in rows if row["kind"] == "obligation"}
+
+
+@pytest.mark.asyncio
+async def test_owed_replies_that_keep_failing_are_counted_and_flagged(tmp_path: Path) -> None:
+    """A permanently refused reply counts as keeping failing in the snapshot and is flagged
+    (with its error kind, last error and what it waits for) in the owed and latest rows and
+    its history, while a transient failure with a retry due is listed as failed but not
+    flagged."""
+    async with running(tmp_path) as stack:
+        refused, retried, fine = stack.record("long"), stack.record("soon"), stack.record("ok")
+        stack.fail(refused, "message too long", ErrorKind.PERMANENT)
+        stack.fail(retried, "connection timed out", ErrorKind.TRANSIENT)
+        async with connect(stack.url) as ws:
+            hello = await receive(ws, "hello")
+            history = await ask(ws, {"type": "history", "id": refused}, "history")
+            other = await ask(ws, {"type": "history", "id": retried}, "history")
+    obligations = counts_of(hello)
+    assert obligations["states"]["failed"] == 2
+    assert (obligations["keep_failing"], obligations["keep_failing_exact"]) == (1, True)
+    expected = {refused: True, retried: False, fine: False}
+    assert flags(hello["obligations"]) == expected
+    assert flags(hello["latest"]) == expected
+    owed = {row["id"]: row for row in hello["obligations"]}
+    failure = owed[refused]["failure"]
+    assert (failure["kind"], failure["last_error"], failure["keeps_failing"]) == (
+        "permanent",
+        "message too long",
+        True,
+    )
+    assert failure["retry_at"] is None
+    assert failure["waits_for"].startswith("an operator")
+    transient = owed[retried]["failure"]
+    assert (transient["kind"], transient["keeps_failing"]) == ("transient", False)
+    assert transient["retry_at"] is not None
+    assert transient["waits_for"] == "a retry by the running gateway"
+    assert owed[fine]["failure"] is None
+    assert history["row"]["keeps_failing"] is True
+    assert history["row"]["failure"] == failure
+    assert other["row"]["keeps_failing"] is False
+
+
+@pytest.mark.asyncio
+async def test_a_reply_that_starts_failing_is_flagged_live_until_abandoned(tmp_path: Path) -> None:
+    """A reply refused for good after the browser connected arrives flagged in the changes and
+    the counts say 1 keeps failing; once an operator abandons it, its change is unflagged and
+    the counts go back to 0."""
+    async with running(tmp_path, secrets=SECRETS) as stack, connect(stack.url) as ws:
+        hello = await receive(ws, "hello")
+        assert counts_of(hello)["keep_failing"] == 0
+        oid = stack.record("too long")
+        stack.fail(oid, "message too long", ErrorKind.PERMANENT)
+        changes = await receive(
+            ws, "changes", lambda m: any(c["state"] == "failed" for c in m["changes"])
+        )
+        failed = [c for c in changes["changes"] if c["state"] == "failed"]
+        assert [(c["id"], c["keeps_failing"]) for c in failed] == [(oid, True)]
+        assert failed[0]["failure"]["last_error"] == "message too long"
+        assert all(not c["keeps_failing"] for c in changes["changes"] if c["state"] != "failed")
+        await receive(ws, "counts", lambda m: counts_of(m)["keep_failing"] == 1)
+        token = mint_token("alice", SECRET)
+        action = {"type": "abandon", "id": oid, "reason": "cannot be sent", "token": token}
+        assert (await ask(ws, action, "done"))["state"] == "abandoned"
+        abandoned = await receive(
+            ws, "changes", lambda m: any(c["state"] == "abandoned" for c in m["changes"])
+        )
+        moved = abandoned["changes"][-1]
+        assert (moved["id"], moved["keeps_failing"], moved["failure"]) == (oid, False, None)
+        counts = await receive(ws, "counts", lambda m: counts_of(m)["states"]["abandoned"] == 1)
+        assert counts_of(counts)["keep_failing"] == 0

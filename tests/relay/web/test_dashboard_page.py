@@ -1,8 +1,9 @@
 """The dashboard page in a real headless Chromium: counts that change live, one obligation's
 history on click, settled rows listed and found by id, a table that fits at 1280 px, an
 operator's abandon with a token, refusals shown in the page, only the repairs a row's state
-allows offered, no token box on a read-only dashboard, every declared lifecycle drawn, a
-reply's HTML shown as text, and no error in the browser console."""
+allows offered, no token box on a read-only dashboard, every declared lifecycle drawn, replies
+that keep failing counted and flagged until abandoned, a reply's HTML shown as text, and no
+error in the browser console."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from statecore import Ledger
 from statecore.cli.lifecycles import all_lifecycles
 from statecore.lifecycles import ObligationState
 from statecore.obligation import OBLIGATION_KIND
+from statecore.policy import ErrorKind
 from statecore.repair import abandon
 from stores import SQLiteStore
 from tests.relay.web.browser import console_errors, screenshot
@@ -470,4 +472,83 @@ def test_every_declared_lifecycle_is_drawn_with_counts_where_counted(
     assert drawn_count(browser, "pending") == "0"
     ledger.record(session_key="k", platform="web", chat_id="c", content="owed")
     wait_for(browser, lambda d: drawn_count(d, "pending") == "1", "the drawn count going up")
+    assert console_errors(browser) == []
+
+
+def failing_badge(driver: Any) -> str:
+    """The text of the alarm near the counts ("" while it is hidden)."""
+    badge = driver.find_element(By.ID, "failing")
+    return str(badge.text) if badge.is_displayed() else ""
+
+
+def test_a_reply_that_keeps_failing_is_flagged_until_an_operator_abandons_it(
+    browser: Any, store: SQLiteStore, serve: Callable[..., Served]
+) -> None:
+    """A permanently refused reply raises a "1 reply keeps failing" alarm near the counts and
+    is flagged in the table and its history with its error kind, error and what it waits for
+    (a transient failure with a retry due is not flagged); abandoned through the page, its
+    flag and the alarm go away."""
+    ledger = Ledger(store)
+    refused = ledger.record(session_key="k1", platform="web", chat_id="c1", content="long")
+    retried = ledger.record(session_key="k2", platform="web", chat_id="c2", content="soon")
+    for made, error, kind in [
+        (refused, "message too long", ErrorKind.PERMANENT),
+        (retried, "connection timed out", ErrorKind.TRANSIENT),
+    ]:
+        ledger.mark_attempting(made.obligation_id)
+        ledger.mark_failed(made.obligation_id, error, kind=kind)
+    refused_id, retried_id = refused.obligation_id, retried.obligation_id
+    running = serve()
+    console_errors(browser)  # earlier pages' entries are not this test's
+    browser.get(running.url)
+    wait_for(browser, lambda d: count(d, "failed") == "2", "the counts")
+    wait_for(browser, lambda d: failing_badge(d) == "1 reply keeps failing", "the alarm")
+
+    flagged = row(browser, refused_id)
+    assert "keeps-failing" in str(flagged.get_attribute("class")).split()
+    flag = flagged.find_element(By.CSS_SELECTOR, "td.state .flag")
+    assert flag.text == "keeps failing"
+    line = flagged.find_element(By.CSS_SELECTOR, "td.content .failure")
+    assert line.is_displayed()
+    assert line.text == "permanent · attempts 0 · message too long"
+    assert str(line.get_attribute("title")).startswith("waits for an operator")
+    calm = row(browser, retried_id)
+    assert "keeps-failing" not in str(calm.get_attribute("class")).split()
+    assert calm.find_elements(By.CSS_SELECTOR, ".flag") == []
+    assert calm.find_element(By.CSS_SELECTOR, "td.content .failure").text.startswith("transient")
+
+    flagged.click()
+    detail_of(browser, refused_id)
+    failure = browser.find_element(By.ID, "detail-failure")
+    assert failure.is_displayed()
+    assert failure.get_attribute("data-keeps-failing") == "true"
+    assert failure.text.startswith("keeps failing permanent · attempts 0 · message too long")
+    assert "waits for an operator" in failure.text
+
+    browser.find_element(By.ID, "token").send_keys(mint_token("alice", SECRET))
+    browser.find_element(By.ID, "token-use").click()
+    wait_for(browser, lambda d: d.find_element(By.ID, "mode").text == "operator alice", "signed in")
+    browser.find_element(By.ID, "reason").send_keys("too long for the platform")
+    browser.find_element(By.ID, "abandon").click()
+    wait_for(browser, lambda d: note(d).startswith("abandon by alice"), "the abandon done")
+    wait_for(browser, lambda d: failing_badge(d) == "", "the alarm gone")
+    assert browser.find_element(By.ID, "failing").get_attribute("data-count") == "0"
+    wait_for(
+        browser,
+        lambda d: (
+            row(d, refused_id).get_attribute("data-state") == "abandoned"
+            and "keeps-failing" not in str(row(d, refused_id).get_attribute("class")).split()
+        ),
+        "the row unflagged",
+    )
+    assert row(browser, refused_id).find_elements(By.CSS_SELECTOR, ".flag, .failure") == []
+    wait_for(
+        browser,
+        lambda d: not d.find_element(By.ID, "detail-failure").is_displayed(),
+        "the history's flag gone",
+    )
+    stored = store.get(OBLIGATION_KIND, refused_id)
+    assert stored is not None
+    assert stored.state is ObligationState.ABANDONED
+    screenshot(browser, "dashboard-failing")
     assert console_errors(browser) == []

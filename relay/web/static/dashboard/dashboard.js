@@ -10,6 +10,19 @@ function shownContent(row) {
   return row.content + (row.content_cut ? "…" : "");
 }
 
+// "1 reply keeps failing", "3 replies keep failing" (a lower bound when not every failed row
+// was read).
+function keepFailingText(n, exact) {
+  const words = n === 1 ? "reply keeps failing" : "replies keep failing";
+  return `${exact === false ? "at least " : ""}${n} ${words}`;
+}
+
+// One line of what a failed reply's last send said: its error kind, attempts and error.
+function failureText(failure) {
+  const error = failure.last_error + (failure.error_cut ? "…" : "");
+  return `${failure.kind} · attempts ${failure.attempts} · ${error}`;
+}
+
 // A chat id cut for the table (the whole id is the cell's title).
 function shortened(text, most) {
   const value = String(text === undefined || text === null ? "" : text);
@@ -84,8 +97,19 @@ function shortened(text, most) {
     }
   }
 
+  // The alarm near the counts: how many owed replies keep failing (nothing when none do).
+  function renderFailing() {
+    const badge = $("failing");
+    const obligations = counts.find((k) => k.kind === "obligation");
+    const n = (obligations && obligations.keep_failing) || 0;
+    badge.dataset.count = String(n);
+    badge.textContent = n ? keepFailingText(n, obligations.keep_failing_exact) : "";
+    badge.hidden = n === 0;
+  }
+
   function renderCounts() {
     renderDiagramCounts();
+    renderFailing();
     const holder = $("counts");
     holder.replaceChildren();
     const now = Date.now() / 1000 + clockSkew;
@@ -128,12 +152,26 @@ function shortened(text, most) {
       while (tbody.rows.length > OBLIGATION_ROWS) tbody.deleteRow(-1);
     }
     tr.dataset.state = row.state;
+    const keeps = Boolean(row.keeps_failing);
+    tr.classList.toggle("keeps-failing", keeps);
+    tr.dataset.keepsFailing = String(keeps);
+    const state = cell("td", row.state, { class: "state", "data-state": row.state });
+    const content = cell("td", null, { class: row.content_hidden ? "content hidden" : "content" });
+    if (row.failure) {
+      const waits = `waits for ${row.failure.waits_for}`;
+      if (keeps) state.append(cell("span", "keeps failing", { class: "flag", title: waits }));
+      const line = cell("div", failureText(row.failure), { class: "failure", title: waits });
+      line.dataset.kind = row.failure.kind;
+      content.append(line, cell("div", shownContent(row), { class: "text" }));
+    } else {
+      content.textContent = shownContent(row);
+    }
     tr.replaceChildren(
       cell("td", row.id, { class: "id" }),
-      cell("td", row.state, { class: "state", "data-state": row.state }),
+      state,
       cell("td", row.platform, { class: "platform" }),
       cell("td", shortened(row.chat_id, CHAT_CHARS), { class: "chat", title: row.chat_id }),
-      cell("td", shownContent(row), { class: row.content_hidden ? "content hidden" : "content" }),
+      content,
       cell("td", time(row.at), { class: "at" }),
     );
     if (row.id === selected) {
@@ -176,6 +214,29 @@ function shortened(text, most) {
 
   // -- one obligation -----------------------------------------------------------------------------
 
+  // What the selected reply's last send said and what it waits for (hidden unless it failed).
+  function showFailure(row) {
+    const box = $("detail-failure");
+    const failure = row && row.failure;
+    box.hidden = !failure;
+    box.replaceChildren();
+    if (!failure) {
+      box.dataset.keepsFailing = "false";
+      return;
+    }
+    box.dataset.keepsFailing = String(Boolean(failure.keeps_failing));
+    const head = failure.keeps_failing ? "keeps failing" : "failed";
+    box.append(
+      cell("strong", head, { class: failure.keeps_failing ? "flag" : "" }),
+      cell("span", ` ${failureText(failure)}`, { class: "failure-error" }),
+      cell("br"),
+      cell("span", `waits for ${failure.waits_for}`, { class: "waits" }),
+    );
+    if (typeof failure.retry_at === "number") {
+      box.append(cell("span", ` (retry at ${time(failure.retry_at)})`, { class: "muted" }));
+    }
+  }
+
   function showHistory(msg) {
     const detail = $("detail");
     detail.hidden = false;
@@ -187,9 +248,11 @@ function shortened(text, most) {
       $("detail-state").textContent = "unknown";
       $("detail-state").dataset.state = "";
       $("detail-content").textContent = "no such obligation (pruned, or never recorded)";
+      showFailure(null);
       offerRepairs(null);
       return;
     }
+    showFailure(msg.row);
     $("detail-state").textContent = msg.row.state;
     $("detail-state").dataset.state = msg.row.state;
     offerRepairs(msg.row.state);
