@@ -196,8 +196,7 @@ class WebSocketRelayTransport:
         self._reader: asyncio.Task[None] | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._torn_down: asyncio.Event | None = None
-        # What the connector can cause is logged rate-limited per kind of line, with counts.
-        self._log_limit = LogLimits(clock=self._clock)
+        self._log_limit = LogLimits(clock=self._clock)  # per kind of line a peer can cause
         self._deliveries = Deliveries(self.url, dedupe, self._log_limit)
         self._inbound: InboundDispatcher[Delivery] = InboundDispatcher(
             lane_of=lane_of,
@@ -387,9 +386,7 @@ class WebSocketRelayTransport:
     def _incompatible(self, error: ContractVersionError) -> None:
         """A connector of another contract version: re-dialing cannot help, so end (closed)."""
         self.close_reason = f"the connector speaks another contract version: {error}"
-        log.warning(
-            "relay %s: %s; not re-dialing", self.url, peer_text(self.close_reason, limit=400)
-        )
+        log.warning("relay %s: %s; not re-dialing", self.url, peer_text(self.close_reason))
         if self._machine.can("end"):
             self._fire("end")
 
@@ -544,7 +541,6 @@ class WebSocketRelayTransport:
                     f", refused for {self.refusal_grace_s:g} s before any handshake"
                 )
             self._fire("revoke")
-            # The close reason is the connector's text: escaped for the log line.
             log.warning("relay %s: %s", self.url, peer_text(self.close_reason, limit=400))
             return
         if verdict.kind is CloseKind.REPLACED:
@@ -591,7 +587,6 @@ class WebSocketRelayTransport:
             except RelayClosed:
                 return
             except RelayBroken as exc:
-                # Its text may carry the connector's (an HTTP status line, a close reason).
                 log.info("relay %s: re-dial failed: %s", self.url, peer_text(str(exc), limit=400))
 
     # -- teardown ------------------------------------------------------------------------------

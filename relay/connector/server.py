@@ -138,6 +138,10 @@ class Connector:
 
     ``async with Connector(...) as connector:`` starts it (any free port on 127.0.0.1, unless
     it was started already) and stops it.
+
+    The class is long because this docstring is the one reference of every option and the
+    constructor wires the connector's parts together; what each part does lives in its own
+    module (roster, reader, delivery, egress, store thread, housekeeping, HTTP, cluster).
     """
 
     def __init__(
