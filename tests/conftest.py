@@ -16,6 +16,7 @@ import pytest_asyncio
 from statecore.clock import FakeClock
 from statecore.store import Store
 from stores.memory import InMemoryStore
+from tests.log_capture import Captured, capturing
 from tests.relay.client.connector_stub import FaultProxy, StubConnector, TransportFactory
 from tests.relay.connector.connector_harness import Harness
 from tests.statecore.gateway.gateway_rig import Relay, Rig, open_store
@@ -138,3 +139,10 @@ def processes() -> Iterator[list[subprocess.Popen[str]]]:
     from tests.cli_run import reap  # noqa: PLC0415
 
     yield from reap([])
+
+
+@pytest.fixture
+def captured() -> Iterator[Captured]:
+    """Everything the relay logs, at DEBUG, while the test runs (:mod:`tests.log_capture`)."""
+    with capturing("relay") as capture:
+        yield capture

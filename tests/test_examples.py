@@ -17,8 +17,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -214,38 +214,47 @@ async def test_chat_example_serves_a_bot_to_talk_to_until_ctrl_c(tmp_path: Path)
                     if message["type"] == "message" and message["bot"]:
                         break
         assert message["text"] == "You said: hi there\n(2 words)"
-        async with connect(chat_url.replace("http", "ws") + "ws", open_timeout=10) as ws:
-            await ws.send(json.dumps({"type": "hello", "key": "y" * 32, "name": "Bo"}))
-            await ws.send(json.dumps({"type": "open", "chat": "general"}))
-            # /edit: a draft, then the same message edited into the answer.
-            await ws.send(json.dumps({"type": "send", "chat": "general", "text": "/edit"}))
-            draft = await _next(ws, "message", bot=True)
-            edited = await _next(ws, "edit")
-            assert (edited["id"], edited["edited"]) == (draft["id"], True)
-            assert edited["text"] == "You said: /edit\n(1 word)"
-            # /slow: the bot types before it answers, and the answer ends the typing.
-            await ws.send(json.dumps({"type": "send", "chat": "general", "text": "/slow"}))
-            typing = await _next(ws, "typing")
-            assert typing["status"] == "typing"
-            answer = await _next(ws, "message", bot=True)
-            assert answer["text"] == "You said: /slow\n(1 word)"
-            # As long a message as the page takes: the longer answer arrives whole, in parts.
-            long_text = " ".join(["word"] * 800)[:4000]
-            await ws.send(json.dumps({"type": "send", "chat": "general", "text": long_text}))
-            parts = [(await _next(ws, "message", bot=True))["text"]]
-            while not parts[-1].endswith("words)"):
-                parts.append((await _next(ws, "message", bot=True))["text"])
-            assert len(parts) >= 2
-            assert all(len(part) <= 4000 for part in parts)
-            assert "".join(parts).replace(" ", "").replace("\n", "") == (
-                f"You said: {long_text}\n(800 words)".replace(" ", "").replace("\n", "")
-            )
+        await _edits_typing_and_long_answers(chat_url)
         proc.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(proc.wait(), TIMEOUT_S) == 0
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def _edits_typing_and_long_answers(chat_url: str) -> None:
+    """What the chat bot's docstring promises, as the page sees it: ``/edit`` edits a draft
+    into the answer, ``/slow`` types first, and an answer longer than the page takes arrives
+    whole, in parts."""
+    from websockets.asyncio.client import connect  # noqa: PLC0415
+
+    async with connect(chat_url.replace("http", "ws") + "ws", open_timeout=10) as ws:
+        await ws.send(json.dumps({"type": "hello", "key": "y" * 32, "name": "Bo"}))
+        await ws.send(json.dumps({"type": "open", "chat": "general"}))
+        # /edit: a draft, then the same message edited into the answer.
+        await ws.send(json.dumps({"type": "send", "chat": "general", "text": "/edit"}))
+        draft = await _next(ws, "message", bot=True)
+        edited = await _next(ws, "edit")
+        assert (edited["id"], edited["edited"]) == (draft["id"], True)
+        assert edited["text"] == "You said: /edit\n(1 word)"
+        # /slow: the bot types before it answers, and the answer ends the typing.
+        await ws.send(json.dumps({"type": "send", "chat": "general", "text": "/slow"}))
+        typing = await _next(ws, "typing")
+        assert typing["status"] == "typing"
+        answer = await _next(ws, "message", bot=True)
+        assert answer["text"] == "You said: /slow\n(1 word)"
+        # As long a message as the page takes: the longer answer arrives whole, in parts.
+        long_text = " ".join(["word"] * 800)[:4000]
+        await ws.send(json.dumps({"type": "send", "chat": "general", "text": long_text}))
+        parts = [(await _next(ws, "message", bot=True))["text"]]
+        while not parts[-1].endswith("words)"):
+            parts.append((await _next(ws, "message", bot=True))["text"])
+        assert len(parts) >= 2
+        assert all(len(part) <= 4000 for part in parts)
+        assert "".join(parts).replace(" ", "").replace("\n", "") == (
+            f"You said: {long_text}\n(800 words)".replace(" ", "").replace("\n", "")
+        )
 
 
 async def _next(ws: Any, kind: str, **fields: object) -> dict[str, Any]:

@@ -9,10 +9,8 @@ import json
 
 import pytest
 
+from tests.log_capture import EVIL, Captured
 from tests.relay.client.connector_stub import StubConnector, TransportFactory, eventually
-from tests.relay.connector.test_log_hygiene import EVIL, Captured, captured
-
-__all__ = ["captured"]  # the fixture, shared with the connector's test
 
 
 def _raw(frame: dict[str, object]) -> str:

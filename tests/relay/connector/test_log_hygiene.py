@@ -6,11 +6,9 @@ chose never starts a line of its own nor carries a raw control character.  A rea
 from __future__ import annotations
 
 import asyncio
-import io
 import json
-import logging
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -18,6 +16,7 @@ from websockets.asyncio.client import ClientConnection
 
 from relay.connector.platform import LoopbackPlatform
 from relay.wire.frames import OutboundOutcome
+from tests.log_capture import EVIL, Captured
 from tests.relay.connector.connector_harness import (
     Harness,
     is_live,
@@ -28,52 +27,10 @@ from tests.relay.connector.connector_harness import (
 )
 from tests.waiting import BOUND, eventually
 
-EVIL = "\nCRITICAL:statecore.ledger:forged\r\x1b[2J\x00\x07\x7f\x85\u2028\u2029\u202e\u2066\t"
-"""A forged record on a line of its own, then every kind of character that must never reach a
-log raw: CR, ESC, NUL, BEL, DEL, a C1 control (NEL), the Unicode line and paragraph
-separators, bidirectional overrides, a tab."""
-
 FLOOD = 10_000
 SLOW_BOUND_S = 60.0
 """Real seconds the connector may take over the flood (a connector that logs every frame is
 slow at it: the test must still see how many lines it wrote)."""
-
-
-class Captured:
-    """The records that reached a logger and, through a real ``StreamHandler`` with its
-    default formatter, the text it wrote."""
-
-    def __init__(self) -> None:
-        self.stream = io.StringIO()
-        self.handler = logging.StreamHandler(self.stream)
-        self.records: list[logging.LogRecord] = []
-        self.handler.addFilter(self._keep)
-
-    def _keep(self, record: logging.LogRecord) -> bool:
-        self.records.append(record)
-        return True
-
-    @property
-    def text(self) -> str:
-        return self.stream.getvalue()
-
-    def lines_with(self, marker: str) -> list[str]:
-        return [line for line in self.text.split("\n") if marker in line]
-
-
-@pytest.fixture
-def captured() -> Iterator[Captured]:
-    """Everything the relay logs, at DEBUG, while the test runs."""
-    capture = Captured()
-    logger = logging.getLogger("relay")
-    level = logger.level
-    logger.setLevel(logging.DEBUG)
-    logger.addHandler(capture.handler)
-    try:
-        yield capture
-    finally:
-        logger.removeHandler(capture.handler)
-        logger.setLevel(level)
 
 
 class _TalkativeDriver(LoopbackPlatform):
