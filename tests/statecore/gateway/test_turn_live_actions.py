@@ -22,9 +22,7 @@ from tests.waiting import BOUND
 class LiveAdapter(FakeAdapter):
     """A fake adapter that shows typing, edits and announces a limit; it logs every call."""
 
-    abilities = AdapterAbilities(
-        connects=True, shows_typing=True, edits=True, limits_length=True
-    )
+    abilities = AdapterAbilities(connects=True, shows_typing=True, edits=True, limits_length=True)
 
     def __init__(self, *, fail_edit: SendResult | None = None) -> None:
         super().__init__()
