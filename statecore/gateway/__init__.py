@@ -4,7 +4,7 @@ protocol with its send result.  It imports the kernel only --
 never ``relay``, never ``stores``.
 """
 
-from statecore.gateway.adapter import AdapterAbilities, PlatformAdapter, SendResult
+from statecore.gateway.adapter import AdapterAbilities, MessageLimit, PlatformAdapter, SendResult
 from statecore.gateway.delegations import (
     DELEGATION,
     DELEGATION_KIND,
@@ -12,6 +12,7 @@ from statecore.gateway.delegations import (
     Delegations,
     DelegationState,
 )
+from statecore.gateway.long_replies import LongReplies
 from statecore.gateway.routing import (
     USER_BOUNDARY_END_REASONS,
     Route,
@@ -34,7 +35,9 @@ __all__ = [
     "DelegationState",
     "Delegations",
     "Gateway",
+    "LongReplies",
     "Message",
+    "MessageLimit",
     "PlatformAdapter",
     "Route",
     "RouteVerdict",

@@ -167,7 +167,7 @@ class Turn:
         answer; a definite failure, nothing sent, when the adapter cannot edit, when ``sent``
         carries no message id (a reply that failed, or one recorded by an earlier run of this
         turn), or when ``text`` is longer than the platform takes.  Raises ``TypeError`` for a
-        ``sent`` or ``text`` of another type."""
+        ``sent`` or ``text`` of another type, ``ValueError`` for an empty ``text``."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, not {type(text).__name__}")
         if isinstance(sent, SendResult):

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from statecore.clock import FakeClock
-from statecore.gateway import Gateway
-from statecore.gateway.adapter import AdapterAbilities, MessageLimit, SendResult
-from statecore.gateway.long_replies import TRUNCATION_MARK, LongReplies, fit_reply
+from statecore.gateway import Gateway, LongReplies, MessageLimit
+from statecore.gateway.adapter import AdapterAbilities, SendResult
+from statecore.gateway.long_replies import TRUNCATION_MARK, fit_reply
 from statecore.lifecycles import ObligationState
 from statecore.obligation import OBLIGATION_KIND, RECONNECTED_MARKER, RECOVERED_MARKER
 from statecore.policy import ErrorKind, LedgerPolicy
