@@ -221,7 +221,8 @@ class FailingRow:
     def waits_for(self) -> str:
         """What it waits for, in words."""
         if self.kind is ErrorKind.PERMANENT:
-            return "an operator: refused for good, never retried in-process (retry or abandon it)"
+            # Never retried in-process; the next gateway to start claims it again.
+            return "an operator: refused, never retried in-process (fix it and restart, or abandon)"
         if self.kind is ErrorKind.RECONNECT:
             return "the platform's connection: resent when the gateway reconnects"
         if self.retry_at is None:
