@@ -36,6 +36,16 @@ class Captured:
     def lines_with(self, marker: str) -> list[str]:
         return [line for line in self.text.split("\n") if marker in line]
 
+    def check_one_line_each(self) -> None:
+        """Assert that each record was written as one line of printable text, that the stream
+        holds exactly those lines, and that none of them is a forged ``CRITICAL`` record."""
+        formatted = [self.handler.format(record) for record in self.records]
+        for line in formatted:
+            assert line.isprintable(), repr(line)
+            assert len(line.splitlines()) == 1, repr(line)
+        assert self.text.splitlines() == formatted
+        assert not [line for line in self.text.splitlines() if line.startswith("CRITICAL")]
+
 
 @contextmanager
 def capturing(name: str = "relay") -> Iterator[Captured]:

@@ -44,11 +44,6 @@ async def test_control_characters_a_connector_sends_never_reach_the_log_raw(
     await eventually(lambda: transport.close_reason is not None, what="the transport revoked")
     await eventually(lambda: len(captured.lines_with("CLOSE")) >= 3, what="the closes logged")
 
-    formatted = [captured.handler.format(record) for record in captured.records]
-    for line in formatted:
-        assert line.isprintable(), repr(line)
-        assert len(line.splitlines()) == 1, repr(line)
-    assert captured.text.splitlines() == formatted
-    assert not [line for line in captured.text.splitlines() if line.startswith("CRITICAL")]
+    captured.check_one_line_each()
     for marker in [*markers, "CLOSE"]:  # each reached the log, its line separator escaped
         assert [line for line in captured.lines_with(marker) if "\\u2028" in line], marker

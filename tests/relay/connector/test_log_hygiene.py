@@ -119,13 +119,7 @@ async def test_control_characters_a_peer_sends_never_reach_the_log_raw(
         lambda: all(captured.lines_with(marker) for marker in markers), "every field logged"
     )
 
-    # Each record is one line of printable text; the stream holds exactly those lines.
-    formatted = [captured.handler.format(record) for record in captured.records]
-    for line in formatted:
-        assert line.isprintable(), repr(line)
-        assert len(line.splitlines()) == 1, repr(line)
-    assert captured.text.splitlines() == formatted
-    assert not [line for line in captured.text.splitlines() if line.startswith("CRITICAL")]
+    captured.check_one_line_each()
     for marker in markers:
         (line,) = captured.lines_with(marker)
         assert marker + "\\nCRITICAL:statecore.ledger:forged\\r\\x1b" in line, line
