@@ -264,19 +264,9 @@ class RelayAdapter:
         attached unless given.  A timeout or a lost connection gives ``ambiguous=True``; a
         refusal is definite.
         """
-        meta = dict(metadata or {})
-        route = self.route(chat_id)
-        outbound_meta = {
-            "scope_id": meta.pop("scope_id", None) or route.scope_id,
-            "user_id": meta.pop("user_id", None) or route.user_id,
-        }
         # The contract's body field is ``content`` for every action that carries a message.
-        action: dict[str, Any] = {"op": "send", "chat_id": chat_id, "content": content}
-        for key in ("thread_id", "reply_to"):
-            if meta.get(key) is not None:
-                action[key] = meta[key]
-        action["metadata"] = {k: v for k, v in outbound_meta.items() if v is not None}
-        return await self._perform(action, meta.get("idempotency_key"))
+        action = self._action("send", chat_id, metadata, content=content)
+        return await self._perform(action, (metadata or {}).get("idempotency_key"))
 
     async def typing(
         self, chat_id: str, status: str | None = None, metadata: Mapping[str, Any] | None = None
@@ -288,10 +278,8 @@ class RelayAdapter:
             return SendResult.failed(
                 f"{self.platform} does not show typing", kind=ErrorKind.PERMANENT
             )
-        action = self._action("typing", chat_id, metadata)
-        if status is not None:
-            action["content"] = status
-        return await self._perform(action, None)
+        fields = {} if status is None else {"content": status}
+        return await self._perform(self._action("typing", chat_id, metadata, **fields), None)
 
     async def edit(
         self,
@@ -307,18 +295,21 @@ class RelayAdapter:
             return SendResult.failed(
                 f"{self.platform} does not edit messages", kind=ErrorKind.PERMANENT
             )
-        action = self._action("edit", chat_id, metadata)
-        action["message_id"] = message_id
-        action["content"] = content
+        action = self._action("edit", chat_id, metadata, message_id=message_id, content=content)
         return await self._perform(action, None)
 
-    def _action(self, op: str, chat_id: str, metadata: Mapping[str, Any] | None) -> dict[str, Any]:
-        """An action of ``op`` for ``chat_id`` with the chat's tenant discriminators."""
-        meta = dict(metadata or {})
+    def _action(
+        self, op: str, chat_id: str, metadata: Mapping[str, Any] | None, **fields: Any
+    ) -> dict[str, Any]:
+        """The action ``op`` for ``chat_id``: its ``fields``, the ``thread_id`` and
+        ``reply_to`` that ``metadata`` carries, and the chat's tenant discriminators (those
+        given in ``metadata``, else the remembered ones) as its ``metadata``."""
+        meta = metadata or {}
         route = self.route(chat_id)
-        action: dict[str, Any] = {"op": op, "chat_id": chat_id}
-        if meta.get("thread_id") is not None:
-            action["thread_id"] = meta["thread_id"]
+        action: dict[str, Any] = {"op": op, "chat_id": chat_id, **fields}
+        for key in ("thread_id", "reply_to"):
+            if meta.get(key) is not None:
+                action[key] = meta[key]
         outbound_meta = {
             "scope_id": meta.get("scope_id") or route.scope_id,
             "user_id": meta.get("user_id") or route.user_id,

@@ -5,11 +5,12 @@ a refusal for length is permanent."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 import pytest_asyncio
 
+from relay.client.adapter import RelayAdapter
 from relay.connector.platform import LoopbackPlatform
 from statecore.gateway import Turn
 from statecore.gateway.adapter import MessageLimit, SendResult
@@ -25,6 +26,18 @@ async def _relay(platform: LoopbackPlatform) -> Relay:
     relay.platform = platform
     await relay.start()
     return relay
+
+
+async def _serve(relay: Relay, rig: Rig, bot: Callable[[Turn], Awaitable[None]]) -> RelayAdapter:
+    """A started gateway on the rig whose handler is ``bot``, connected to ``relay``; its
+    relay adapter."""
+    _, adapter = relay.adapter()
+    gateway = rig.gateway()
+    gateway.add_adapter("loopback", adapter)
+    gateway.on_message(bot)
+    await asyncio.wait_for(gateway.start(), BOUND)
+    await eventually(relay.connected, "the gateway connected")
+    return adapter
 
 
 @pytest_asyncio.fixture
@@ -53,12 +66,7 @@ async def test_typing_a_split_reply_and_an_edit_reach_the_platform_in_order(
         results.append(sent)
         results.append(await turn.edit(sent, "edited"))
 
-    _, adapter = small.adapter()
-    gateway = rig.gateway()
-    gateway.add_adapter("loopback", adapter)
-    gateway.on_message(bot)
-    await asyncio.wait_for(gateway.start(), BOUND)
-    await eventually(small.connected, "the gateway connected")
+    adapter = await _serve(small, rig, bot)
     assert adapter.message_limit == MessageLimit(LIMIT, "chars")
     await small.platform.inject("c1", "hi")
     await eventually(lambda: len(results) == 2, "the reply and the edit")
@@ -71,6 +79,7 @@ async def test_typing_a_split_reply_and_an_edit_reach_the_platform_in_order(
     sends = [action for action in small.platform.sent if action.op == "send"]
     assert len(sends) == 6
     assert all(len(action.content or "") <= LIMIT for action in sends)
+    assert "\n\n".join(action.content or "" for action in sends) == text  # whole, in order
     assert "\n\n".join(action.content or "" for action in sends[:-1]) + "\n\n" + "edited" == (
         "\n\n".join(small.platform.texts("c1"))
     )
@@ -90,12 +99,7 @@ async def test_a_platform_without_edits_or_typing_gets_no_request(rig: Rig) -> N
             sent = await turn.reply("answer")
             results.append(await turn.edit(sent, "changed"))
 
-        _, adapter = relay.adapter()
-        gateway = rig.gateway()
-        gateway.add_adapter("loopback", adapter)
-        gateway.on_message(bot)
-        await asyncio.wait_for(gateway.start(), BOUND)
-        await eventually(relay.connected, "the gateway connected")
+        await _serve(relay, rig, bot)
         await relay.platform.inject("c1", "hi")
         await eventually(lambda: len(results) == 2, "the typing and the edit")
         assert all(not r.success and r.kind is ErrorKind.PERMANENT for r in results)
