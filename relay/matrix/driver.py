@@ -1,0 +1,408 @@
+"""The Matrix platform driver: a bot on a real homeserver, behind the connector.
+
+:class:`MatrixDriver` is a connector driver (``Connector(store, drivers={"matrix": driver},
+...)``): the connector holds the bot's credentials through it, the gateway stays free of any
+Matrix code.  It keeps the one rule of every driver (``docs/platforms.md``):
+
+* **Inbound** (:mod:`relay.matrix._sync`): ``/sync`` long polls; the ``next_batch`` token is a
+  note in the connector's store, moved only after every event of the batch went through the
+  intake (or was recorded as rejected).  A restart resumes from the stored token; the connector
+  recognises a redelivered event by its event id.  The bot's own events are passed over.
+* **Outbound**: every send and edit is ``PUT .../send/m.room.message/{txnId}``.  For a request
+  with an idempotency key the txnId is derived from it (:func:`txn_id`), and the device that
+  scopes the server's dedupe outlives restarts (:mod:`relay.matrix._session`), so a resend after
+  a crash or an ambiguous timeout is the same request to the server: it makes at most one event.
+  The descriptor announces this (``idempotent_sends``, with the server's 24 h window), so the
+  gateway sends such a resend without its "possible repeat" label while the window covers it.
+  ``M_LIMIT_EXCEEDED`` pauses every request of the driver for ``retry_after_ms``; a failure
+  without an answer is asked again under the same txnId within ``send_budget_s``.
+
+Outcome codes: ``too_long`` (``M_TOO_LARGE``), ``bad_action``, ``unsupported_op``,
+``not_found`` (an edit of an unknown event), ``forbidden`` (not in the room), ``rate_limited``
+and ``platform_down`` (the budget ran out), ``auth`` (the credentials are gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import secrets
+from collections.abc import Mapping
+from typing import Any, Final
+
+from relay.connector.intake import DriverIntake
+from relay.connector.platform import Intake, target_chat
+from relay.matrix._api import MatrixApi, MatrixAuthError, MatrixError, MatrixUnreachable, path
+from relay.matrix._content import edit_content, message_content
+from relay.matrix._session import NOTE_NEXT_BATCH, Session
+from relay.matrix._sync import Rooms, SyncRound, describe
+from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
+from relay.wire.frames import OutboundOutcome
+from relay.wire.throttle import LogLimits
+from statecore.clock import Clock, SystemClock
+
+__all__ = ["DEDUPE_WINDOW_S", "IDEMPOTENT_SENDS", "MatrixDriver", "txn_id"]
+
+log = logging.getLogger("relay.matrix")
+
+IDEMPOTENT_SENDS: Final = "idempotent_sends"
+"""The descriptor feature: a resend under the same idempotency key is one event."""
+DEDUPE_WINDOW_S: Final = 86_400
+"""How long the homeserver keeps a transaction id (Synapse: 24 h, across its restarts)."""
+MAX_MESSAGE_CHARS: Final = 16_000
+"""The longest text the descriptor announces: four bytes a character still fit one event."""
+_OPS: Final = ("send", "edit", "typing", "follow_up")
+_MSGTYPES: Final = frozenset(("m.text", "m.notice"))
+_BACKOFF_S: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+def txn_id(key: str) -> str:
+    """The transaction id of every request made under ``key``: stable, URL-safe, 42 chars."""
+    return "sc" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:40]
+
+
+class MatrixDriver:
+    """One bot account on one homeserver (see the module docs).
+
+    ``MatrixDriver(homeserver, user_id, *, password=None, access_token=None, device_id=None,
+    platform="matrix", label="Matrix", auto_join=True, msgtype="m.text", markdown=True,
+    backlog_on_first_start=False, sync_timeout_ms=30000, timeline_limit=200,
+    send_budget_s=20.0, request_timeout_s=30.0, clock=None)``
+
+    ``homeserver`` is the base URL (``https://matrix.example.org``); ``user_id`` the bot's full
+    id (``@bot:example.org``).  Give a ``password`` (the driver logs in, and again whenever the
+    server forgets its token) and/or an ``access_token``.  The token and the device in use are
+    kept as notes in the connector's store and win over the configured ones.  ``auto_join``:
+    join the rooms the bot is invited to.  ``msgtype``: ``m.text`` or ``m.notice`` for the
+    bot's messages.  Raises ``ValueError`` / ``TypeError`` for a bad option.
+
+    Attach it to a connector (the connector calls :meth:`attach`, :meth:`start` and
+    :meth:`stop`); :meth:`start` raises :class:`~relay.matrix._api.MatrixAuthError` when the
+    credentials are refused for good.  An unreachable homeserver is retried with backoff.
+    """
+
+    def __init__(
+        self,
+        homeserver: str,
+        user_id: str,
+        *,
+        password: str | None = None,
+        access_token: str | None = None,
+        device_id: str | None = None,
+        platform: str = "matrix",
+        label: str = "Matrix",
+        auto_join: bool = True,
+        msgtype: str = "m.text",
+        markdown: bool = True,
+        backlog_on_first_start: bool = False,
+        sync_timeout_ms: int = 30_000,
+        timeline_limit: int = 200,
+        send_budget_s: float = 20.0,
+        request_timeout_s: float = 30.0,
+        clock: Clock | None = None,
+    ) -> None:
+        _check(homeserver, user_id, password, access_token, msgtype)
+        if not (isinstance(sync_timeout_ms, int) and 0 <= sync_timeout_ms <= 300_000):
+            raise ValueError(f"sync_timeout_ms must be 0 to 300000, not {sync_timeout_ms!r}")
+        if not (isinstance(timeline_limit, int) and 1 <= timeline_limit <= 1000):
+            raise ValueError(f"timeline_limit must be 1 to 1000, not {timeline_limit!r}")
+        if not send_budget_s > 0 or not request_timeout_s > 0:
+            raise ValueError("send_budget_s and request_timeout_s must be positive")
+        self.platform = platform
+        self.homeserver = homeserver.rstrip("/")
+        self.user_id = user_id
+        self.msgtype = msgtype
+        self.markdown = markdown
+        self.backlog_on_first_start = backlog_on_first_start
+        self.send_budget_s = float(send_budget_s)
+        self.clock: Clock = clock or SystemClock()
+        self._api = MatrixApi(self.homeserver, request_timeout_s=request_timeout_s)
+        self._session = Session(
+            self._api,
+            platform=platform,
+            user_id=user_id,
+            password=password,
+            access_token=access_token,
+            device_id=device_id,
+        )
+        self._intake: DriverIntake | None = None
+        self.rooms = Rooms()
+        self._sync = SyncRound(
+            self._api,
+            platform=platform,
+            me=user_id,
+            intake=self._attached,
+            rooms=self.rooms,
+            auto_join=auto_join,
+            sync_timeout_ms=sync_timeout_ms,
+            timeline_limit=timeline_limit,
+        )
+        self._descriptor = CapabilityDescriptor(
+            contract_version=CONTRACT_VERSION,
+            platform=platform,
+            label=label,
+            max_message_length=MAX_MESSAGE_CHARS,
+            supports_draft_streaming=False,
+            supports_edit=True,
+            supports_threads=True,
+            markdown_dialect="commonmark" if markdown else "plain",
+            len_unit="chars",
+            supported_ops=_OPS,
+            features=(IDEMPOTENT_SENDS,),
+        )
+        self._task: asyncio.Task[None] | None = None
+        self._paused_until = 0.0  # monotonic: a rate limit holds every request until then
+        self._log_limits = LogLimits(clock=self.clock)
+        self.rounds = 0
+        """Sync rounds whose token was saved."""
+        self.failed_rounds = 0
+        """Sync rounds that ended before the token moved (each retried after a backoff)."""
+
+    # -- the connector's side -------------------------------------------------------------------
+
+    def attach(self, intake: Intake) -> None:
+        """Called by the connector; ``intake`` must be its :class:`DriverIntake` (the notes
+        and rejections are kept through it).  Raises ``TypeError`` for a plain callable."""
+        if not isinstance(intake, DriverIntake):
+            raise TypeError(
+                "the Matrix driver needs a connector's DriverIntake (notes, rejections), "
+                f"not {type(intake).__name__}"
+            )
+        self._intake = intake
+        self._session.intake = intake
+
+    def _attached(self) -> DriverIntake:
+        if self._intake is None:
+            raise RuntimeError("the Matrix driver is not attached to a connector")
+        return self._intake
+
+    def descriptor(self) -> CapabilityDescriptor:
+        """What the bot can do here (sent to gateways in answer to hello)."""
+        return self._descriptor
+
+    @property
+    def device_id(self) -> str | None:
+        """The device the bot's session uses (None before the first login)."""
+        return self._session.device_id
+
+    @property
+    def taken(self) -> int:
+        """Inbound events handed to the connector's intake by this driver."""
+        return self._sync.taken
+
+    @property
+    def rejected(self) -> int:
+        """Inbound events this driver recorded as rejected (could not be mapped)."""
+        return self._sync.rejected
+
+    async def start(self) -> None:
+        """Log in (or check the stored token) and start the sync loop.
+
+        Raises :class:`MatrixAuthError` when the homeserver refuses the credentials for good;
+        a homeserver that cannot be reached now is retried by the loop, with backoff.
+        """
+        self._attached()
+        if self._task is not None and not self._task.done():
+            return
+        self._api.open()
+        try:
+            await self._session.establish()
+        except (MatrixUnreachable, MatrixError) as exc:
+            log.warning("matrix: the homeserver cannot log the bot in yet (%s); retrying", exc)
+        self._task = asyncio.create_task(self._run(), name=f"matrix-sync-{self.platform}")
+
+    async def stop(self) -> None:
+        """Stop the sync loop and close the HTTP session; bounded, idempotent, never raises."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(task, 10.0)
+        await self._api.close()
+        self._log_limits.report(log, f"matrix driver {self.platform}")
+
+    # -- inbound ---------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        failures = 0
+        since: str | None = None
+        while True:
+            try:
+                if not self._session.ready:
+                    await self._session.establish()
+                if since is None:
+                    since = await self._attached().load(self.platform, NOTE_NEXT_BATCH)
+                if since is None:
+                    since = await self._sync.first(backlog=self.backlog_on_first_start)
+                else:
+                    since = await self._sync.run(since)
+                self.rounds += 1
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except MatrixAuthError as exc:
+                self.failed_rounds += 1
+                failures += 1
+                self._warn("auth", f"matrix: the bot cannot log in: {exc}")
+                await self.clock.sleep(_BACKOFF_S[-1])
+            except Exception as exc:
+                self.failed_rounds += 1
+                if isinstance(exc, MatrixError) and exc.unknown_token:
+                    await self._relogin_quietly()
+                if isinstance(exc, MatrixError) and exc.rate_limited and exc.retry_after_ms:
+                    delay = exc.retry_after_ms / 1000
+                else:
+                    delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
+                failures += 1
+                self._warn(
+                    "sync",
+                    f"matrix: a sync round failed ({describe(exc)}); the cursor stays, "
+                    f"asking again in {delay:g} s",
+                )
+                await self.clock.sleep(delay)
+
+    async def _relogin_quietly(self) -> None:
+        try:
+            if not await self._session.relogin(self._api.token):
+                self._warn("auth", "matrix: the token is gone and there is no password")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._warn("auth", f"matrix: logging in again failed: {describe(exc)}")
+
+    def _warn(self, kind: str, line: str) -> None:
+        more = self._log_limits.check(log, logging.WARNING, kind)
+        if more is not None:
+            log.warning("%s%s", line, more)
+
+    # -- outbound --------------------------------------------------------------------------------
+
+    async def perform(self, action: Mapping[str, Any]) -> OutboundOutcome:
+        """Perform one action under a transaction id of its own (a resend of it by the relay
+        would be a new event: requests with an idempotency key go through
+        :meth:`perform_once`).  Never raises for the homeserver's refusals."""
+        return await self._perform(action, "r" + secrets.token_hex(16))
+
+    async def perform_once(self, action: Mapping[str, Any], key: str) -> OutboundOutcome:
+        """Perform ``action`` so that every call with ``key`` is one event on the server (within
+        :data:`DEDUPE_WINDOW_S`, on the same device).  Never raises for refusals."""
+        return await self._perform(action, txn_id(key))
+
+    async def _perform(self, action: Mapping[str, Any], txn: str) -> OutboundOutcome:
+        op = action.get("op")
+        if op not in _OPS:
+            return OutboundOutcome(
+                False, None, f"unsupported op {str(op)[:40]!r}", "unsupported_op"
+            )
+        room = target_chat(action)
+        if room is None or not room.startswith("!"):
+            return OutboundOutcome(False, None, "chat_id must be a Matrix room id", "bad_action")
+        content = action.get("content")
+        if op == "typing":
+            typing = not (isinstance(content, str) and content == "")
+            return await self._call(
+                "PUT",
+                path("rooms", room, "typing", self.user_id),
+                {"typing": typing, "timeout": 30_000} if typing else {"typing": False},
+            )
+        if not isinstance(content, str) or not content:
+            return OutboundOutcome(False, None, "content is required", "bad_action")
+        if op == "edit":
+            target = action.get("message_id")
+            if not isinstance(target, str) or not target.startswith("$"):
+                return OutboundOutcome(False, None, "message_id must be an event id", "bad_action")
+            body = edit_content(target, content, msgtype=self.msgtype, markdown=self.markdown)
+            outcome = await self._call("PUT", self._send_path(room, txn), body)
+            if outcome.success:
+                return OutboundOutcome(True, target)
+            return outcome
+        body = message_content(
+            content,
+            msgtype=self.msgtype,
+            reply_to=_event_id(action.get("reply_to")),
+            thread_id=_event_id(action.get("thread_id")),
+            markdown=self.markdown,
+        )
+        return await self._call("PUT", self._send_path(room, txn), body)
+
+    @staticmethod
+    def _send_path(room: str, txn: str) -> str:
+        return path("rooms", room, "send", "m.room.message", txn)
+
+    async def _call(self, method: str, url: str, body: Mapping[str, Any]) -> OutboundOutcome:
+        """One outbound request, asked again (the same request: same txnId) after a rate limit
+        or a failure without an answer, within ``send_budget_s``."""
+        clock = self.clock
+        deadline = clock.monotonic() + self.send_budget_s
+        relogged = False
+        failures = 0
+        while True:
+            wait = self._paused_until - clock.monotonic()
+            if wait > 0:
+                if clock.monotonic() + wait > deadline:
+                    return OutboundOutcome(False, None, "rate limited", "rate_limited")
+                await clock.sleep(wait)
+            token = self._api.token
+            try:
+                answer = await self._api.request(method, url, body=body)
+            except MatrixUnreachable as exc:
+                outcome = OutboundOutcome(False, None, str(exc)[:300], "platform_down")
+            except MatrixError as exc:
+                if exc.rate_limited:
+                    pause = (exc.retry_after_ms or 1000) / 1000
+                    self._paused_until = max(self._paused_until, clock.monotonic() + pause)
+                    continue
+                if exc.unknown_token and not relogged:
+                    relogged = True
+                    with contextlib.suppress(MatrixError, MatrixUnreachable, MatrixAuthError):
+                        if await self._session.relogin(token):
+                            continue
+                    return OutboundOutcome(False, None, "the bot's credentials are gone", "auth")
+                refused = _refusal(exc)
+                if refused is not None:
+                    return refused
+                outcome = OutboundOutcome(False, None, str(exc)[:300], "platform_down")
+            else:
+                event_id = answer.get("event_id")
+                return OutboundOutcome(True, event_id if isinstance(event_id, str) else None)
+            delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
+            failures += 1
+            if clock.monotonic() + delay > deadline:
+                return outcome
+            await clock.sleep(delay)
+
+
+def _refusal(exc: MatrixError) -> OutboundOutcome | None:
+    """The outcome of a definite refusal (None: a server error worth asking again)."""
+    if exc.status >= 500:
+        return None
+    text = str(exc)[:300]
+    if exc.status == 413 or exc.errcode == "M_TOO_LARGE":
+        return OutboundOutcome(False, None, text, "too_long")
+    if exc.status == 403 or exc.errcode == "M_FORBIDDEN":
+        return OutboundOutcome(False, None, text, "forbidden")
+    if exc.status == 404 or exc.errcode == "M_NOT_FOUND":
+        return OutboundOutcome(False, None, text, "not_found")
+    return OutboundOutcome(False, None, text, "bad_action")
+
+
+def _event_id(value: object) -> str | None:
+    return value if isinstance(value, str) and value.startswith("$") else None
+
+
+def _check(
+    homeserver: object, user_id: object, password: object, token: object, msgtype: object
+) -> None:
+    if not isinstance(homeserver, str) or not homeserver.startswith(("http://", "https://")):
+        raise ValueError(f"homeserver must be an http(s):// URL, not {homeserver!r}")
+    if not (isinstance(user_id, str) and user_id.startswith("@") and ":" in user_id):
+        raise ValueError(f"user_id must be a full Matrix id like @bot:example.org, not {user_id!r}")
+    for name, value in (("password", password), ("access_token", token)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise TypeError(f"{name} must be a non-empty str or None")
+    if password is None and token is None:
+        raise ValueError("give the bot a password or an access_token (or both)")
+    if msgtype not in _MSGTYPES:
+        raise ValueError(f"msgtype must be one of {sorted(_MSGTYPES)}, not {msgtype!r}")
