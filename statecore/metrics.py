@@ -7,7 +7,9 @@ reported unless an application passes an object: the default, :data:`NO_METRICS`
 and callers on hot paths skip even building the arguments when they hold it
 (``if metrics is not NO_METRICS``).  Gauges that are a property of stored rows (rows per state,
 the oldest owed reply's age) are not pushed here: an exporter reads them from the stores when it
-is scraped (see :mod:`statecore.prometheus`).
+is scraped (see :mod:`statecore.prometheus`).  A connector also reports its intake (the depth
+of its hold, copies skipped, rejected events) to an object that implements
+:class:`IntakeMetrics` as well.
 
 Implementations must be cheap and must not raise; they may be called from any thread.
 
@@ -22,13 +24,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Collection, Sequence
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar, runtime_checkable
 
 from statecore.errors import InvalidTransition, StaleState, UnknownEntity
 
 __all__ = [
     "NO_METRICS",
     "HeldMetrics",
+    "IntakeMetrics",
+    "IntakeOutcome",
     "Metrics",
     "NullMetrics",
     "Outcome",
@@ -107,6 +111,31 @@ class Metrics(Protocol):
         ...
 
 
+class IntakeOutcome:
+    """What :meth:`IntakeMetrics.intake` counts of a connector's inbound events."""
+
+    DUPLICATE: Final = "duplicate"
+    """A copy of an event taken before (by its platform id), not routed again."""
+    REJECTED: Final = "rejected"
+    """An event its platform's driver could not map, recorded for operators."""
+
+
+@runtime_checkable
+class IntakeMetrics(Protocol):
+    """What a connector also reports of its intake, to a :class:`Metrics` object that has
+    these methods too (the connector checks with ``isinstance``; a hook without them gets
+    everything else).  Same rules: cheap, never raising, from any thread."""
+
+    def held(self, platform: str, depth: int) -> None:
+        """The connector holds ``depth`` events of ``platform`` that no gateway listened to."""
+        ...
+
+    def intake(self, platform: str, outcome: str, count: int = 1) -> None:
+        """``count`` inbound events of ``platform`` ended with ``outcome`` (an
+        :class:`IntakeOutcome` value)."""
+        ...
+
+
 class NullMetrics:
     """Reports nothing: the default."""
 
@@ -135,6 +164,12 @@ class NullMetrics:
         """Nothing."""
 
     def pruned(self, what: str, rows: int) -> None:
+        """Nothing."""
+
+    def held(self, platform: str, depth: int) -> None:
+        """Nothing."""
+
+    def intake(self, platform: str, outcome: str, count: int = 1) -> None:
         """Nothing."""
 
 

@@ -23,6 +23,11 @@ series                                                      what it counts
 ``statecore_buffer_depth{gateway_id}``                      unacked buffered entries
 ``statecore_replay_lag_seconds{gateway_id}``                age of the oldest unacked entry
 ``statecore_pruned_rows_total{what}``                       rows housekeeping deleted
+``statecore_held_depth{platform}``                          inbound events held for a gateway
+                                                            that has not said hello
+``statecore_intake_total{platform,outcome}``                inbound events skipped as copies
+                                                            (``duplicate``) or recorded as
+                                                            ``rejected`` by their driver
 ``statecore_rows{store,kind,state}``                        rows per state, read at scrape
 ``statecore_oldest_owed_age_seconds{store}``                age of the oldest owed obligation,
                                                             read at scrape (0: none owed)
@@ -95,7 +100,8 @@ _OWED: Final = frozenset(OBLIGATION.states) - OBLIGATION.terminal
 
 
 class PrometheusMetrics:
-    """:class:`~statecore.metrics.Metrics` as Prometheus counters, histograms and gauges.
+    """:class:`~statecore.metrics.Metrics` (and :class:`~statecore.metrics.IntakeMetrics`) as
+    Prometheus counters, histograms and gauges.
 
     ``PrometheusMetrics(registry=None, *, namespace="statecore")`` registers its series in
     ``registry`` (default: prometheus-client's global ``REGISTRY``; a registry holds one
@@ -162,6 +168,18 @@ class PrometheusMetrics:
             registry=into,
         )
         self._pruned = counter("pruned_rows", "Settled rows deleted by housekeeping.", ("what",))
+        self._held = Gauge(
+            "held_depth",
+            "Inbound events the connector holds because no gateway listened to them.",
+            ("platform",),
+            namespace=namespace,
+            registry=into,
+        )
+        self._intake = counter(
+            "intake",
+            "Inbound events skipped as copies (duplicate) or rejected by their driver.",
+            ("platform", "outcome"),
+        )
         self._rows = _StoreCollector(namespace)
         self._tracking = False
         self._track_lock = threading.Lock()
@@ -204,6 +222,17 @@ class PrometheusMetrics:
         """Add ``rows`` to ``pruned_rows_total{what}``."""
         if rows > 0:
             self._pruned.labels(what).inc(rows)
+
+    # -- the IntakeMetrics additions -------------------------------------------------------
+
+    def held(self, platform: str, depth: int) -> None:
+        """Set ``held_depth{platform}``."""
+        self._held.labels(platform).set(max(0, depth))
+
+    def intake(self, platform: str, outcome: str, count: int = 1) -> None:
+        """Add ``count`` to ``intake_total{platform,outcome}``."""
+        if count > 0:
+            self._intake.labels(platform, outcome).inc(count)
 
     # -- gauges read from the stores at scrape time ------------------------------------------
 

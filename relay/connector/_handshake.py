@@ -1,5 +1,6 @@
 """Answering a served connection's hellos: the platform's descriptor, the durable subscription,
-and the replay a first hello starts; a hello for a platform not fronted here is refused."""
+the release of the events held for the platform (:mod:`relay.connector._hold`) and the replay a
+first hello starts; a hello for a platform not fronted here is refused."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 from collections.abc import Callable
 
 from relay.connector._delivery import Delivery
+from relay.connector._hold import Holding
 from relay.connector._instance import Instance
 from relay.connector._log import limited
 from relay.connector._settings import HandshakeSettings
@@ -40,8 +42,10 @@ class Handshake:
         store: StoreThread,
         delivery: Delivery,
         tasks: Tasks,
+        holding: Holding,
     ) -> None:
         self._connector = connector
+        self._holding = holding
         self._subscribed = subscribed
         self._store = store
         self._delivery = delivery
@@ -51,18 +55,34 @@ class Handshake:
         ``subscriptions.add``; a cluster node's also announces it)."""
 
     async def hello(self, instance: Instance, hello: Hello) -> None:
-        """Answer one hello: the platform's descriptor (the subscription recorded first); the
-        connection's first one also starts the replay of its backlog."""
+        """Answer one hello: the platform's descriptor (the subscription recorded first, then
+        the events held for the platform released into the gateway's buffer); the
+        connection's first one also starts the replay of its backlog, which delivers them."""
         connector = self._connector
         descriptor = connector.descriptors.get(hello.platform)
         if descriptor is None or hello.platform not in connector.drivers:
             await self._unfronted(instance, hello)
             return
         instance.identities.append((hello.platform, hello.bot_id))
-        if hello.platform not in self._subscribed[instance.gateway_id]:
-            self._subscribed[instance.gateway_id].add(hello.platform)
-            subscribe = self.subscribe or connector.subscriptions.add
-            await self._store.run(functools.partial(subscribe, instance.gateway_id, hello.platform))
+        async with self._holding.lock:
+            # Under the lock a hold decision takes (relay.connector._hold): no event is held
+            # between the subscription and the release.
+            if hello.platform not in self._subscribed[instance.gateway_id]:
+                self._subscribed[instance.gateway_id].add(hello.platform)
+                subscribe = self.subscribe or connector.subscriptions.add
+                await self._store.run(
+                    functools.partial(subscribe, instance.gateway_id, hello.platform)
+                )
+            try:
+                await self._holding.release(instance, hello.platform)
+            except Exception as exc:
+                # The events stay held (nothing was released): the next hello releases them.
+                log.warning(
+                    "connector: releasing the held events of %s to %s failed (%s)",
+                    hello.platform,
+                    instance.gateway_id,
+                    peer_text(str(exc)),
+                )
         await instance.send(encode(DescriptorFrame(descriptor)))
         if instance.machine.can("hello"):
             instance.machine.fire("hello")

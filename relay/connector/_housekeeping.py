@@ -8,11 +8,19 @@ Every ``prune_interval_s`` (0: never) one round runs on the store thread, in ord
 * acked and expired buffer entries settled more than ``buffer_retention_s`` ago are deleted
   (``buffer``);
 * egress-provenance targets an operator made the connector forget more than
-  ``buffer_retention_s`` ago are deleted (``provenance``).
+  ``buffer_retention_s`` ago are deleted (``provenance``);
+* inbound dedupe keys taken more than ``seen_retention_s`` ago are forgotten and deleted
+  (``seen``);
+* events held for a gateway that has not said hello, held longer than the buffer's
+  ``retention_s``, are expired (counted and logged at WARNING by the hold), and held entries
+  released or expired more than ``buffer_retention_s`` ago are deleted (``held``);
+* rejected-event records an operator dismissed, and drivers' notes dropped, more than
+  ``buffer_retention_s`` ago are deleted (``rejected``, ``notes``).
 
-An unacked entry and a known target are never deleted.  Each count goes to the metrics hook
-(``metrics.pruned(what, rows)``) and the round is logged once at INFO with every count
-(``extra``: ``pruned``, ``expired``, ``duration_s``).
+An unacked entry, a known target, an event still held, a record nobody dismissed and a saved
+note are never deleted.  Each count goes to the metrics hook (``metrics.pruned(what, rows)``)
+and the round is logged once at INFO with every count (``extra``: ``pruned``, ``expired``,
+``expired_held``, ``duration_s``).
 """
 
 from __future__ import annotations
@@ -63,7 +71,8 @@ class Housekeeping:
 
     async def run(self) -> dict[str, int]:
         """One round, on the store thread; returns what it deleted by table (``buffer``,
-        ``provenance``).  Raises ``StoreError`` when the store fails (nothing more is done)."""
+        ``provenance``, ``seen``, ``held``, ``rejected``, ``notes``).  Raises ``StoreError``
+        when the store fails (nothing more is done)."""
         return await self._store.run(self._round)
 
     def _round(self) -> dict[str, int]:
@@ -71,21 +80,40 @@ class Housekeeping:
         connector = self._connector
         began = connector.clock.monotonic()
         expired = connector.buffer.expire()
+        held_out = connector.hold.expire(older_than_s=connector.buffer.retention_s)
+        for platform in sorted(held_out):
+            self._store.report_held(platform)
         retention = connector.buffer_retention_s
         pruned = {
             "buffer": connector.buffer.prune(older_than_s=retention),
             "provenance": connector.provenance.prune(older_than_s=retention),
+            "seen": connector.seen.prune(older_than_s=connector.seen_retention_s),
+            "held": connector.hold.prune(older_than_s=retention),
+            "rejected": connector.rejected.prune(older_than_s=retention),
+            "notes": connector.notes.prune(older_than_s=retention),
         }
         for what, rows in pruned.items():
             connector.metrics.pruned(what, rows)
         took = connector.clock.monotonic() - began
+        expired_held = sum(held_out.values())
         log.info(
-            "connector: housekeeping pruned %d settled buffer entries and %d forgotten targets "
-            "(expired %d unacked entries) in %.3f s",
+            "connector: housekeeping pruned %d settled buffer entries, %d forgotten targets, "
+            "%d dedupe keys, %d settled held events, %d dismissed rejected events and %d "
+            "dropped notes (expired %d unacked entries and %d held events) in %.3f s",
             pruned["buffer"],
             pruned["provenance"],
+            pruned["seen"],
+            pruned["held"],
+            pruned["rejected"],
+            pruned["notes"],
             expired,
+            expired_held,
             took,
-            extra={"pruned": dict(pruned), "expired": expired, "duration_s": took},
+            extra={
+                "pruned": dict(pruned),
+                "expired": expired,
+                "expired_held": expired_held,
+                "duration_s": took,
+            },
         )
         return pruned

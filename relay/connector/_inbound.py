@@ -1,5 +1,7 @@
 """Routing a platform's inbound events: which gateways see each one, delivered live or through
-the durable buffer (provenance recorded first), and the wake hook for a sleeping gateway."""
+the durable buffer (provenance recorded first), held when no gateway listens, a copy of an
+event taken before skipped (its platform id is its durable dedupe key,
+:mod:`relay.connector.seen`), and the wake hook for a sleeping gateway."""
 
 from __future__ import annotations
 
@@ -8,16 +10,19 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 from relay.connector._delivery import Delivery
+from relay.connector._hold import Holding
 from relay.connector._instance import Instance
 from relay.connector._log import limited, log
 from relay.connector._settings import InboundSettings
 from relay.connector._store_thread import StoreThread
 from relay.connector._tasks import Tasks
 from relay.connector.chat_tenants import ChatTenants
+from relay.connector.intake import IntakeFull
 from relay.wire.codec import encode
 from relay.wire.frames import Inbound, InboundEvent
 from relay.wire.logtext import peer_text
 from relay.wire.throttle import LogLimits
+from statecore.metrics import IntakeMetrics, IntakeOutcome
 
 __all__ = ["InboundRouter"]
 
@@ -43,8 +48,11 @@ class InboundRouter:
         store: StoreThread,
         tasks: Tasks,
         log_limits: LogLimits,
+        holding: Holding,
     ) -> None:
         self._connector = connector
+        self._holding = holding
+        holding.audience = self.audience
         self._log_limits = log_limits
         self._served = served
         self._subscribed = subscribed
@@ -57,15 +65,26 @@ class InboundRouter:
         """What re-reads the shared subscriptions before an event is found undeliverable (a
         cluster node's; None: this connector's table is the whole truth)."""
         self.undeliverable = 0
-        """Inbound events no gateway was subscribed to (logged at WARNING, rate-limited)."""
+        """Inbound events no gateway listened to when they arrived (logged at WARNING,
+        rate-limited): held, or refused because the hold was full."""
+        self.duplicates = 0
+        """Copies of events taken before (by their platform id) that were not routed."""
 
     async def intake(self, platform: str, event: InboundEvent) -> None:
         """Route one inbound event from ``platform`` to the gateways that should see it.
 
         Delivered live to a listening instance; appended to the durable buffer for one that is
-        asleep, disconnected, buffered-only or still replaying its backlog (so order holds).
+        asleep, disconnected, buffered-only or still replaying its backlog (so order holds);
+        held when no gateway listens.  An event whose platform id was taken before is a copy
+        and routed nowhere.  Raises :class:`~relay.connector.intake.IntakeFull` when it should
+        be held and the hold is full, ``StoreError`` when the store fails: in both cases
+        nothing of it was written and the caller must offer it again.
         """
         connector = self._connector
+        key = connector.seen.key(platform, event)
+        if key is not None and connector.seen.cached(key):
+            self._copy(platform, event)
+            return
         source = event.source
         tenant = source.scope_id
         if tenant is None and source.chat_type == "dm":
@@ -81,23 +100,32 @@ class InboundRouter:
             await self._store.run(
                 functools.partial(chat_tenants.learn, platform, source.chat_id, tenant)
             )
-        audience = self._audience(platform, event)
+        audience = self.audience(platform, event)
         if not audience and self.refresh is not None:
             # A cluster node: a peer may have recorded the first hello of a gateway moments
             # ago (its notice still on the way); the shared table decides.
             await self.refresh()
-            audience = self._audience(platform, event)
+            audience = self.audience(platform, event)
         if not audience:
-            self.undeliverable += 1
-            more = limited(self._log_limits, "undeliverable events", logging.WARNING)
-            if more is not None:
-                log.warning(
-                    "connector: no gateway listens to %s chat %s; event %s not delivered%s",
-                    platform,
-                    peer_text(source.chat_id),
-                    peer_text(event.message_id),
-                    more,
-                )
+            async with self._holding.lock:
+                # Decided again under the lock a hello's subscription takes: either this event
+                # is held before that hello releases the hold, or it sees the new subscriber.
+                audience = self.audience(platform, event)
+                if not audience:
+                    await self._hold(platform, event, key)
+                    return
+        await self._route(platform, event, key, audience)
+
+    async def _route(
+        self, platform: str, event: InboundEvent, key: str | None, audience: list[str]
+    ) -> None:
+        """Deliver ``event`` to ``audience``: its key and every buffer append in one write,
+        then the live sends to gateways that do not ack live deliveries."""
+        connector = self._connector
+        source = event.source
+        buffered: list[str] = []  # gateways whose buffer gets it in this event's write
+        offered: list[Instance | None] = []  # of each, the connection its pump hands it to
+        live: list[str] = []  # gateways it is sent to live, once its key is written
         for gateway_id in audience:
             if connector.tenants is None and not connector.open_egress:
                 # Provenance first, durably: the gateway may answer this chat (and user) as soon
@@ -115,20 +143,92 @@ class InboundRouter:
                     # Durable first: in the buffer before it goes out; only the gateway's ack
                     # (after its handler) retires it, so a gateway that dies with it loses
                     # nothing.
-                    self._delivery.offer(
-                        instance, *await self._store.append(gateway_id, platform, event)
-                    )
-                    continue
-                if await instance.send(encode(Inbound(event))):
-                    continue  # delivered live (a failed live send falls back to the buffer)
+                    buffered.append(gateway_id)
+                    offered.append(instance)
+                else:
+                    live.append(gateway_id)
+                continue
             if instance is not None and instance.is_replaying():
                 # Counted before the append is queued: the replay then knows to read again
                 # (the store thread runs the append before that read).
                 instance.appended += 1
+            buffered.append(gateway_id)
+            offered.append(None)
+        if buffered or key is not None:
+            # The key and the appends commit together: a crash leaves both or neither, and a
+            # redelivered copy finds the key.
+            lines = await self._store.take(platform, event, buffered, key=key)
+            if lines is None:
+                self._copy(platform, event)
+                return
+            for gateway_id, instance, line in zip(buffered, offered, lines, strict=True):
+                if instance is not None:
+                    self._delivery.offer(instance, *line)
+                else:
+                    self._maybe_wake(gateway_id)
+        for gateway_id in live:
+            instance = self._served.get(gateway_id)
+            if (
+                instance is not None
+                and instance.live
+                and platform in instance.platforms()
+                and await instance.send(encode(Inbound(event)))
+            ):
+                continue  # delivered live (a failed live send falls back to the buffer)
+            if instance is not None and instance.is_replaying():
+                instance.appended += 1
             await self._store.append(gateway_id, platform, event)
             self._maybe_wake(gateway_id)
 
-    def _audience(self, platform: str, event: InboundEvent) -> list[str]:
+    async def _hold(self, platform: str, event: InboundEvent, key: str | None) -> None:
+        """Hold an event no gateway listens to (its key in the same write); a copy of one
+        taken before is skipped.  Raises ``IntakeFull`` when the hold is full."""
+        source = event.source
+        try:
+            taken = await self._store.take(platform, event, [], key=key, hold=True)
+        except IntakeFull:
+            self.undeliverable += 1
+            more = limited(self._log_limits, "events refused by a full hold", logging.WARNING)
+            if more is not None:
+                log.warning(
+                    "connector: no gateway listens to %s chat %s and the hold is full; event %s "
+                    "refused (the platform keeps it)%s",
+                    platform,
+                    peer_text(source.chat_id),
+                    peer_text(event.message_id),
+                    more,
+                )
+            raise
+        if taken is None:
+            self._copy(platform, event)
+            return
+        self.undeliverable += 1
+        more = limited(self._log_limits, "undeliverable events", logging.WARNING)
+        if more is not None:
+            log.warning(
+                "connector: no gateway listens to %s chat %s; event %s held until one says hello%s",
+                platform,
+                peer_text(source.chat_id),
+                peer_text(event.message_id),
+                more,
+            )
+
+    def _copy(self, platform: str, event: InboundEvent) -> None:
+        """Count (and log, rate-limited) a copy of an event taken before."""
+        self.duplicates += 1
+        metrics = self._connector.metrics
+        if isinstance(metrics, IntakeMetrics):
+            metrics.intake(platform, IntakeOutcome.DUPLICATE)
+        more = limited(self._log_limits, "redelivered events", logging.INFO)
+        if more is not None:
+            log.info(
+                "connector: %s event %s was taken before; this copy is not routed again%s",
+                platform,
+                peer_text(event.message_id),
+                more,
+            )
+
+    def audience(self, platform: str, event: InboundEvent) -> list[str]:
         """The gateways that should see ``event``: those approved for its scope (or, without
         one, its user) in the tenants table; without a table, those subscribed to its
         platform."""

@@ -13,8 +13,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
 from relay.connector.buffer import InboundBuffer
+from relay.connector.driver_notes import DriverNotes
+from relay.connector.held import HeldEvents
 from relay.connector.platform import PlatformDriver
 from relay.connector.provenance import Provenance
+from relay.connector.rejected import RejectedEvents
+from relay.connector.seen import SeenKeys
 from relay.connector.subscriptions import Subscriptions
 from relay.wire.descriptor import CapabilityDescriptor
 from statecore.clock import Clock
@@ -31,6 +35,7 @@ __all__ = [
     "MetricsText",
     "ReaderSettings",
     "RosterSettings",
+    "StoreSettings",
     "WakeHook",
 ]
 
@@ -60,6 +65,26 @@ class BufferSettings(Protocol):
     @property
     def metrics(self) -> Metrics:
         """Where buffer depth and replay lag are reported."""
+        ...
+
+
+class StoreSettings(BufferSettings, Protocol):
+    """What the store thread's write rounds read of the connector besides the buffer: the
+    dedupe keys and the hold each event's key or hold is written to, and the hold's bound."""
+
+    @property
+    def seen(self) -> SeenKeys:
+        """The durable dedupe keys of the platforms' event ids."""
+        ...
+
+    @property
+    def hold(self) -> HeldEvents:
+        """The durable hold of events no gateway listens to yet."""
+        ...
+
+    @property
+    def max_held(self) -> int:
+        """The most events the hold keeps (every platform together)."""
         ...
 
 
@@ -152,14 +177,39 @@ class InboundSettings(GuardSettings, Protocol):
         """The clock the wake interval is measured on."""
         ...
 
+    @property
+    def seen(self) -> SeenKeys:
+        """The dedupe keys: an event whose key is cached as taken is a copy."""
+        ...
 
-class HousekeepingSettings(BufferSettings, Protocol):
-    """What the housekeeping timer reads of the connector: the buffer whose settled entries
-    it prunes, on its clock, counted in its metrics, and these."""
+    @property
+    def metrics(self) -> Metrics:
+        """Where copies skipped are counted (when the hook counts them)."""
+        ...
+
+
+class HousekeepingSettings(StoreSettings, Protocol):
+    """What the housekeeping timer reads of the connector: the buffer, the hold and the keys
+    whose old rows it expires and prunes, on its clock, counted in its metrics, and these."""
 
     @property
     def provenance(self) -> Provenance:
         """The provenance memory whose forgotten targets it prunes."""
+        ...
+
+    @property
+    def rejected(self) -> RejectedEvents:
+        """The rejected events whose dismissed records it prunes."""
+        ...
+
+    @property
+    def notes(self) -> DriverNotes:
+        """The drivers' notes whose dropped ones it prunes."""
+        ...
+
+    @property
+    def seen_retention_s(self) -> float:
+        """How long a dedupe key is kept (longer than any platform's redelivery window)."""
         ...
 
     @property

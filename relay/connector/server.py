@@ -27,10 +27,15 @@ collaborators, one concept each:
 * :mod:`relay.connector._reader` -- reading a connection's frames and dispatching them;
 * :mod:`relay.connector._handshake` -- answering hellos (descriptors, subscriptions, replay);
 * :mod:`relay.connector._egress` -- outbound actions: tenant guard, idempotency, drivers;
-* :mod:`relay.connector._inbound` -- routing a platform's inbound events to gateways;
+* :mod:`relay.connector._inbound` -- routing a platform's inbound events to gateways (a copy
+  of an event taken before skipped, an event no gateway listens to held);
+* :mod:`relay.connector._hold` -- releasing held events to the gateway that says hello;
+* :mod:`relay.connector._intake_handle` -- what a driver's ``attach`` gets
+  (:class:`~relay.connector.intake.DriverIntake`: the intake, rejected events, notes);
 * :mod:`relay.connector._delivery` -- replay, the windowed live pump, acks, replay records;
 * :mod:`relay.connector._store_thread` -- the store thread and its grouped write rounds;
-* :mod:`relay.connector._housekeeping` -- pruning settled buffer entries and forgotten targets;
+* :mod:`relay.connector._housekeeping` -- expiring and pruning old rows (buffer entries,
+  targets, dedupe keys, held events, rejected records, notes);
 * :mod:`relay.connector._http` -- ``GET /healthz`` and ``GET /metrics`` on the same port;
 * :mod:`relay.connector._cluster` -- nodes sharing one store: announced appends, catch-up
   (chat tenants are read at start only: one learnt by another node afterwards falls back to
@@ -45,8 +50,10 @@ Every part logs to the logger named ``relay.connector.server`` (docs/configurati
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import functools
+import math
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
@@ -57,11 +64,13 @@ from relay.connector._cluster import Cluster
 from relay.connector._delivery import Delivery
 from relay.connector._egress import EGRESS_DECLINED_MESSAGE, Egress
 from relay.connector._handshake import Handshake
+from relay.connector._hold import Holding
 from relay.connector._housekeeping import Housekeeping
 from relay.connector._http import HttpEndpoints
 from relay.connector._inbound import InboundRouter
 from relay.connector._instance import Instance
-from relay.connector._log import report_suppressed
+from relay.connector._intake_handle import ConnectorIntake
+from relay.connector._log import log, report_suppressed
 from relay.connector._reader import Reader
 from relay.connector._roster import Roster
 from relay.connector._settings import MetricsText, WakeHook
@@ -70,13 +79,19 @@ from relay.connector._tasks import Tasks
 from relay.connector.buffer import InboundBuffer
 from relay.connector.chat_tenants import ChatTenants
 from relay.connector.connection import CONNECTION, ConnectionState
+from relay.connector.driver_notes import DriverNotes
+from relay.connector.held import HeldEvents
+from relay.connector.intake import RunningDriver
 from relay.connector.platform import PlatformDriver
 from relay.connector.provenance import Provenance
+from relay.connector.rejected import RejectedEvents
+from relay.connector.seen import SeenKeys
 from relay.connector.subscriptions import Subscriptions
 from relay.wire.auth import DEFAULT_MAX_TTL_S
 from relay.wire.compat import OUR_FEATURES
 from relay.wire.descriptor import CapabilityDescriptor
 from relay.wire.frames import InboundEvent
+from relay.wire.logtext import peer_text
 from relay.wire.throttle import LogLimits
 from statecore.claims import NotifyingStore
 from statecore.clock import Clock, SystemClock
@@ -85,7 +100,9 @@ from statecore.store import Store
 
 __all__ = [
     "CONNECTION",
+    "DRIVER_BOUND_S",
     "EGRESS_DECLINED_MESSAGE",
+    "MIN_SEEN_RETENTION_S",
     "ConnectionState",
     "Connector",
     "MetricsText",
@@ -100,7 +117,8 @@ class Connector:
     wake_hook=None, wake_interval_s=30.0, retention_s=86400.0, max_frame_bytes=1 MiB,
     liveness_probe_s=5.0, max_token_ttl_s=3600, clock=None, buffer_retention_s=86400.0,
     prune_interval_s=3600.0, metrics=NO_METRICS, http_metrics=None, cluster=False,
-    cluster_sweep_s=5.0, store_threads=True, buffer_origin=None)``:
+    cluster_sweep_s=5.0, store_threads=True, buffer_origin=None, seen_retention_s=172800.0,
+    max_held=10000)``:
 
     * ``secrets``: gateway id → its secrets, newest first (rotation);
     * ``descriptors``: platform → descriptor (default: each driver's own); the connector adds
@@ -130,7 +148,18 @@ class Connector:
       (:attr:`~relay.connector.buffer.InboundBuffer.origin`), 1 to 32 ASCII letters and digits;
       ``None`` (the default): random per connector, which is what nodes of a cluster need (each
       tells its own entries by it, so no two may share one).  Give a fixed one only where runs
-      must repeat exactly (a seeded simulation).
+      must repeat exactly (a seeded simulation);
+    * ``seen_retention_s``: how long the durable inbound dedupe key of an event (its platform
+      and ``message_id``) is kept; at least a day (:data:`MIN_SEEN_RETENTION_S`), and it must
+      exceed the longest redelivery window of the platforms fronted;
+    * ``max_held``: the most events no gateway listened to that are held for the first one
+      that says hello (every platform together); past it the intake raises
+      :class:`~relay.connector.intake.IntakeFull` and writes nothing.
+
+    Every driver's ``attach`` gets :attr:`driver_intake` (a
+    :class:`~relay.connector.intake.DriverIntake`); drivers that are
+    :class:`~relay.connector.intake.RunningDriver` are started once the connector listens and
+    stopped first when it stops.
 
     Raises ``ValueError`` for an option out of its range and ``TypeError`` for one of the wrong
     kind (``buffer_origin`` not a str, ``cluster`` without a notifying store), before anything
@@ -168,8 +197,12 @@ class Connector:
         cluster_sweep_s: float = 5.0,
         store_threads: bool = True,
         buffer_origin: str | None = None,
+        seen_retention_s: float = 172_800.0,
+        max_held: int = 10_000,
     ) -> None:
         _check_options(
+            seen_retention_s=seen_retention_s,
+            max_held=max_held,
             liveness_probe_s=liveness_probe_s,
             buffer_retention_s=buffer_retention_s,
             prune_interval_s=prune_interval_s,
@@ -184,6 +217,8 @@ class Connector:
                 f"(PostgreSQL), not {type(store).__name__}"
             )
         self.buffer_retention_s = float(buffer_retention_s)
+        self.seen_retention_s = float(seen_retention_s)
+        self.max_held = max_held
         self.prune_interval_s = float(prune_interval_s)
         self.metrics = metrics
         self.http_metrics = http_metrics
@@ -216,6 +251,7 @@ class Connector:
         )
         self.subscriptions = Subscriptions(store, clock=self.clock)
         self.provenance = Provenance(store, clock=self.clock)
+        self._open_intake(store)
         self._server: Server | None = None
         self._instances: dict[str, Instance] = {}  # the served connection of each gateway
         self._standbys: dict[str, list[Instance]] = {}  # waiting connections, oldest first
@@ -239,12 +275,16 @@ class Connector:
         self._delivery = Delivery(
             self, served=self._instances, store=self._store_thread, tasks=self._tasks
         )
+        holding = Holding(
+            self, store=self._store_thread, delivery=self._delivery, tasks=self._tasks
+        )
         handshake = Handshake(
             self,
             subscribed=self._subscriptions,
             store=self._store_thread,
             delivery=self._delivery,
             tasks=self._tasks,
+            holding=holding,
         )
         self._roster = Roster(
             self,
@@ -263,6 +303,7 @@ class Connector:
             store=self._store_thread,
             tasks=self._tasks,
             log_limits=self._log_limits,
+            holding=holding,
         )
         egress = Egress(self, chat_tenants=self.chat_tenants)
         self._reader = Reader(
@@ -285,8 +326,34 @@ class Connector:
         )
         self.url = ""
         """``ws://host:port`` once started; gateways dial it (``/relay`` is appended)."""
+        self._attach_drivers()
+
+    def _open_intake(self, store: Store) -> None:
+        """The durable parts of the drivers' intake, registered in ``store``."""
+        self.seen = SeenKeys(store, clock=self.clock)
+        """The durable inbound dedupe keys (:mod:`relay.connector.seen`)."""
+        self.hold = HeldEvents(store, clock=self.clock)
+        """The events held for a gateway that has not said hello (:mod:`relay.connector.held`)."""
+        self.rejected = RejectedEvents(store, clock=self.clock)
+        """The events drivers could not map (:mod:`relay.connector.rejected`)."""
+        self.notes = DriverNotes(store, clock=self.clock)
+        """The drivers' own notes (:mod:`relay.connector.driver_notes`)."""
+
+    def _attach_drivers(self) -> None:
+        """Hand every driver the connector's intake."""
+        self.driver_intake = ConnectorIntake(
+            self.intake,
+            store=self._store_thread,
+            notes=self.notes,
+            rejected=self.rejected,
+            metrics=lambda: self.metrics,
+            log_limits=self._log_limits,
+        )
+        """What every driver's ``attach`` gets: a :class:`~relay.connector.intake.DriverIntake`
+        (callable as the plain intake)."""
+        self._running: list[str] = []  # the running drivers started, in start order
         for driver in self.drivers.values():
-            driver.attach(self.intake)
+            driver.attach(self.driver_intake)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -300,6 +367,9 @@ class Connector:
         kernel spreads new connections among them: one URL, and a node that dies only takes
         its own connections with it).  A cluster node hears its peers before it accepts a
         connection; raises ``StoreError`` when it cannot, ``OSError`` when the port is taken.
+        Then every driver that is a :class:`~relay.connector.intake.RunningDriver` is started,
+        each within :data:`DRIVER_BOUND_S`: one that raises or takes longer is logged at ERROR
+        and the others start all the same.
         """
         if self._cluster is not None:
             await self._cluster.start()
@@ -315,9 +385,13 @@ class Connector:
         sockname = next(iter(self._server.sockets)).getsockname()
         self.url = f"ws://{sockname[0]}:{sockname[1]}"
         self._housekeeping.start()
+        await self._start_drivers()
 
     async def stop(self) -> None:
-        """Close every connection and stop listening; buffered entries stay in the store."""
+        """Stop the running drivers (each within :data:`DRIVER_BOUND_S`; a failure is
+        logged), close every connection and stop listening; buffered and held entries stay in
+        the store."""
+        await self._stop_drivers()
         self._housekeeping.stop()
         if self._cluster is not None:
             await self._cluster.stop()
@@ -329,6 +403,40 @@ class Connector:
         self._roster.clear()
         report_suppressed(self._log_limits, "this connector")
         await self._store_thread.stop()
+
+    async def _start_drivers(self) -> None:
+        """Start every running driver not started yet, concurrently, each bounded and
+        isolated."""
+        due = [
+            platform
+            for platform, driver in self.drivers.items()
+            if isinstance(driver, RunningDriver) and platform not in self._running
+        ]
+        self._running.extend(due)  # a start that fails is stopped too (it may be half done)
+        await asyncio.gather(*(self._driver_call(p, "start") for p in due))
+
+    async def _stop_drivers(self) -> None:
+        """Stop the drivers started, concurrently, each bounded and isolated."""
+        due, self._running = self._running, []
+        await asyncio.gather(*(self._driver_call(p, "stop") for p in due))
+
+    async def _driver_call(self, platform: str, what: str) -> None:
+        driver = self.drivers[platform]
+        assert isinstance(driver, RunningDriver)
+        call = driver.start if what == "start" else driver.stop
+        try:
+            await asyncio.wait_for(call(), DRIVER_BOUND_S)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # One line, the text escaped: a driver's error may quote what its platform said.
+            log.error(
+                "connector: the %s driver failed to %s: %s: %s",
+                platform,
+                what,
+                type(exc).__name__,
+                peer_text(str(exc)),
+            )
 
     async def __aenter__(self) -> Connector:
         """``async with Connector(...) as connector:`` starts it (unless started already); a
@@ -347,9 +455,12 @@ class Connector:
 
     async def housekeep(self) -> dict[str, int]:
         """Run one housekeeping round now (the timer runs one every ``prune_interval_s``):
-        expire unacked entries past ``retention_s``, delete settled entries and forgotten
-        targets past ``buffer_retention_s``; returns the deletions by table (``buffer``,
-        ``provenance``), each also reported to ``metrics.pruned`` and logged."""
+        expire unacked entries and held events past ``retention_s``, delete settled entries,
+        forgotten targets, settled held events, dismissed rejected records and dropped notes
+        past ``buffer_retention_s`` and dedupe keys past ``seen_retention_s``; returns the
+        deletions by table (``buffer``, ``provenance``, ``seen``, ``held``, ``rejected``,
+        ``notes``), each also reported to ``metrics.pruned`` and logged.  Raises
+        ``StoreError`` when the store fails."""
         return await self._housekeeping.run()
 
     def buffered(self, gateway_id: str) -> int:
@@ -369,8 +480,26 @@ class Connector:
 
     @property
     def undeliverable(self) -> int:
-        """Inbound events no gateway was subscribed to (each logged at WARNING)."""
+        """Inbound events no gateway listened to when they arrived (each logged at WARNING,
+        rate-limited), since this connector was built: held for the first gateway that says
+        hello (see :meth:`held`), or refused with ``IntakeFull`` because the hold was full."""
         return self._inbound.undeliverable
+
+    @property
+    def duplicates(self) -> int:
+        """Copies of inbound events taken before (same platform and ``message_id``) that were
+        not routed again, since this connector was built."""
+        return self._inbound.duplicates
+
+    @property
+    def rejections(self) -> int:
+        """Events drivers recorded as rejected through this connector (copies not counted)."""
+        return self.driver_intake.rejections
+
+    def held(self, platform: str | None = None) -> int:
+        """Events held for a gateway that has not said hello (of ``platform``; None: all).
+        Reads the store (as :meth:`buffered` does); raises ``StoreError``."""
+        return self.hold.count(platform)
 
     # -- traffic -------------------------------------------------------------------------------
 
@@ -378,7 +507,12 @@ class Connector:
         """Route one inbound event from ``platform`` to the gateways that should see it.
 
         Delivered live to a listening instance; appended to the durable buffer for one that is
-        asleep, disconnected, buffered-only or still replaying its backlog (so order holds).
+        asleep, disconnected, buffered-only or still replaying its backlog (so order holds);
+        held durably when no gateway listens.  A copy of an event taken before (same
+        ``message_id``) is skipped; the key is written with the event's buffer appends.
+        Raises :class:`~relay.connector.intake.IntakeFull` when the hold is full and
+        ``StoreError`` when the store fails: nothing of the event was written, offer it
+        again.  Drivers get :attr:`driver_intake`, which raises ``IntakeFull`` for both.
         """
         await self._inbound.intake(platform, event)
 
@@ -426,9 +560,19 @@ class Connector:
 _MAX_ORIGIN = 32
 """The longest ``buffer_origin`` a connector accepts."""
 
+DRIVER_BOUND_S = 30.0
+"""How long a running driver's ``start`` or ``stop`` may take before the connector gives up on
+it (logged) and goes on."""
+
+MIN_SEEN_RETENTION_S = 86_400.0
+"""The shortest ``seen_retention_s``: the longest redelivery window of the platforms in view
+(Telegram keeps an unconfirmed update 24 h; Matrix's transaction record lives 24 h)."""
+
 
 def _check_options(
     *,
+    seen_retention_s: float,
+    max_held: int,
     liveness_probe_s: float,
     buffer_retention_s: float,
     prune_interval_s: float,
@@ -441,6 +585,17 @@ def _check_options(
     (``TypeError``), before anything is built."""
     if not liveness_probe_s > 0:
         raise ValueError(f"liveness_probe_s must be positive, not {liveness_probe_s!r}")
+    if isinstance(seen_retention_s, bool) or not isinstance(seen_retention_s, (int, float)):
+        raise TypeError(f"seen_retention_s must be a number, not {seen_retention_s!r}")
+    if not (math.isfinite(seen_retention_s) and seen_retention_s >= MIN_SEEN_RETENTION_S):
+        raise ValueError(
+            f"seen_retention_s must be at least {MIN_SEEN_RETENTION_S:g} s (longer than any "
+            f"platform's redelivery window), not {seen_retention_s!r}"
+        )
+    if isinstance(max_held, bool) or not isinstance(max_held, int):
+        raise TypeError(f"max_held must be an int, not {max_held!r}")
+    if max_held < 1:
+        raise ValueError(f"max_held must be at least 1, not {max_held!r}")
     if isinstance(buffer_retention_s, bool) or not buffer_retention_s > 0:
         raise ValueError(f"buffer_retention_s must be positive, not {buffer_retention_s!r}")
     if isinstance(prune_interval_s, bool) or not prune_interval_s >= 0:
