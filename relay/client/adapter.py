@@ -3,8 +3,9 @@
 ``RelayAdapter`` adopts the connector's capability descriptor, turns sends into relay requests
 with typed results, remembers per chat the tenant discriminators (``scope_id``, ``user_id``)
 learned from inbound traffic and attaches them to outbound metadata, tears its transport
-down within a budget it measures itself, and hands the gateway's housekeeping the jobs that
-prune its transport's dedupe store (handled-replay keys, dismissed undeliverable records).
+down within a budget it measures itself, hands the gateway's housekeeping the jobs that
+prune its transport's dedupe store (handled-replay keys, dismissed undeliverable records), and
+says how long the connector's platform deduplicates a resend under one idempotency key.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import attrs
 from relay.client.lifecycle import SERVING, TransportState
 from relay.client.requests import RequestOutcome, RequestResult
 from relay.client.teardown import default_disconnect_budget_s
+from relay.wire.compat import IDEMPOTENT_SENDS
 from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
 from relay.wire.errors import RelayBroken, RelayClosed
 from relay.wire.frames import EGRESS_DECLINED, InboundEvent
@@ -129,9 +131,11 @@ class RelayAdapter:
         shows_typing=True,
         edits=True,
         limits_length=True,
+        dedupes_sends=True,
     )
     """Everything the runtime may ask of an adapter (typing and edits are sent only where the
-    connector's descriptor lists the op; elsewhere they are refused without a request)."""
+    connector's descriptor lists the op; elsewhere they are refused without a request; a dedupe
+    window only where the descriptor announces one)."""
 
     def __init__(
         self,
@@ -251,6 +255,27 @@ class RelayAdapter:
         if not self._descriptor_known:
             return None
         return MessageLimit(self.descriptor.max_message_length, self.descriptor.len_unit)
+
+    @property
+    def dedupe_window_s(self) -> float | None:
+        """How many seconds the connector's platform shows a send once per idempotency key
+        (every :meth:`send` with the same ``metadata["idempotency_key"]``, through the same
+        gateway id): the descriptor's ``idempotency_window_s`` when it announces
+        :data:`~relay.wire.compat.IDEMPOTENT_SENDS`; None otherwise (an original connector, a
+        platform that does not, a window not given) and until a descriptor was adopted.  Read
+        from the transport's latest handshake when it has one (a connector reached again may
+        have changed).  The caller must label a resend that may repeat when this is None."""
+        latest = getattr(self.transport, "descriptor", None)
+        if isinstance(latest, CapabilityDescriptor):
+            descriptor = latest
+        elif self._descriptor_known:
+            descriptor = self.descriptor
+        else:
+            return None
+        if not descriptor.announces(IDEMPOTENT_SENDS):
+            return None
+        window = descriptor.idempotency_window_s
+        return None if window is None else float(window)
 
     # -- sending -------------------------------------------------------------------------------
 

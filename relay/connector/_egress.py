@@ -1,6 +1,12 @@
 """Outbound actions a gateway asks for: checked against the identities it said hello for and the
 tenant guard (or provenance), performed by the platform's driver at most once per idempotency
-key, and answered with their outcome."""
+key, and answered with their outcome.
+
+A request with an idempotency key is performed at most once per process (its outcome is
+remembered); when the platform's driver is an :class:`~relay.connector.intake.IdempotentDriver`
+it is also handed the key (:func:`platform_key`: the gateway id and the request's key), so that
+the platform itself deduplicates a resend, across the connector's restarts too.
+"""
 
 from __future__ import annotations
 
@@ -14,12 +20,13 @@ from relay.connector._instance import Instance
 from relay.connector._log import limited
 from relay.connector._settings import EgressSettings
 from relay.connector.chat_tenants import ChatTenants
+from relay.connector.intake import IdempotentDriver
 from relay.connector.platform import target_chat
 from relay.wire.codec import encode
 from relay.wire.frames import EGRESS_DECLINED, Outbound, OutboundOutcome, OutboundResult
 from relay.wire.logtext import failure
 
-__all__ = ["EGRESS_DECLINED_MESSAGE", "Egress"]
+__all__ = ["EGRESS_DECLINED_MESSAGE", "Egress", "platform_key"]
 
 # Every part of the connector logs to the one logger docs/configuration.md names.
 log = logging.getLogger("relay.connector.server")
@@ -29,6 +36,18 @@ EGRESS_DECLINED_MESSAGE = "egress declined: target not approved for this connect
 
 _IDEMPOTENCY_CACHE = 10_000
 """Idempotency keys whose outcome is remembered (the oldest forgotten first)."""
+
+
+def platform_key(gateway_id: str, idempotency_key: str) -> str:
+    """The key an :class:`~relay.connector.intake.IdempotentDriver` is given for a request:
+    ``"{len(gateway_id)}:{gateway_id}:{idempotency_key}"``.
+
+    The length prefix makes it unambiguous whatever the id and the key hold (two gateways
+    sending the same key never share one, and no id and key can spell another pair); it is the
+    same for every retry of the request, from any connection of that gateway, before and after
+    either side restarts.  Raises nothing.
+    """
+    return f"{len(gateway_id)}:{gateway_id}:{idempotency_key}"
 
 
 class Egress:
@@ -76,7 +95,7 @@ class Egress:
                 )
             return OutboundOutcome(False, None, EGRESS_DECLINED_MESSAGE, EGRESS_DECLINED)
         if frame.idempotency_key is None:
-            return await self._drive(instance, platform, frame.action)
+            return await self._drive(instance, platform, frame.action, None)
         key = (instance.gateway_id, frame.idempotency_key)
         earlier = self._outcomes.get(key)
         if earlier is not None:
@@ -84,17 +103,22 @@ class Egress:
             return await asyncio.shield(earlier)
         future: asyncio.Future[OutboundOutcome] = asyncio.get_running_loop().create_future()
         self._remember_outcome(key, future)
-        outcome = await self._drive(instance, platform, frame.action)
+        outcome = await self._drive(instance, platform, frame.action, platform_key(*key))
         future.set_result(outcome)
         if not outcome.success:
             self._outcomes.pop(key, None)  # a definite failure may be retried for real
         return outcome
 
     async def _drive(
-        self, instance: Instance, platform: str, action: Mapping[str, Any]
+        self, instance: Instance, platform: str, action: Mapping[str, Any], key: str | None
     ) -> OutboundOutcome:
+        """``action`` performed by ``platform``'s driver: with ``key`` (the request's
+        :func:`platform_key`) through ``perform_once`` when the driver deduplicates by a key."""
         try:
-            return await self._connector.drivers[platform].perform(action)
+            driver = self._connector.drivers[platform]
+            if key is not None and isinstance(driver, IdempotentDriver):
+                return await driver.perform_once(action, key)
+            return await driver.perform(action)
         except Exception as exc:
             # One line, not a traceback: a driver's error often quotes the request (the peer's
             # text) or the platform's answer; and a peer decides how many requests fail.

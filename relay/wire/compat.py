@@ -6,7 +6,8 @@ project adds on top of the original contract is used only toward a peer that ann
 * a gateway announces on the upgrade request (the :data:`FEATURES_HEADER` header: the connector
   must choose a close code before any frame is read) and in every hello (``protocol`` +
   ``features``);
-* a connector announces in its descriptors (``features``).
+* a connector announces in its descriptors (``features``); a platform driver may add what its
+  platform itself does (:data:`IDEMPOTENT_SENDS`) to its own descriptor.
 
 A peer that announces nothing is an *original* peer: it gets exactly the original contract (no
 ``error`` frames, 4401 + ``expired`` for an expired token, never 4409).  The feature names are
@@ -23,6 +24,7 @@ __all__ = [
     "ERROR_FRAMES",
     "EXPIRED_4419",
     "FEATURES_HEADER",
+    "IDEMPOTENT_SENDS",
     "OUR_FEATURES",
     "REPLACED_4409",
     "features_header",
@@ -42,8 +44,18 @@ buffer before delivering it, delivers it with a bufferId, and retires it only on
 after the gateway's handler returned).  A message is then never lost with a gateway that dies
 while handling it: the connector redelivers it on the next connection."""
 
+IDEMPOTENT_SENDS: Final = "idempotent_sends"
+"""The connector's platform deduplicates a send by its idempotency key for the descriptor's
+``idempotency_window_s`` seconds: a resend under the same key within that window is shown at
+most once, however often the connector performed it and across the connector's restarts.
+
+Not in :data:`OUR_FEATURES`: only a platform driver whose platform does this announces it, in
+the ``features`` of its own descriptor (the connector adds them to its own), together with
+``idempotency_window_s``.  A descriptor announcing it without a window promises nothing."""
+
 OUR_FEATURES: Final[tuple[str, ...]] = (ERROR_FRAMES, EXPIRED_4419, REPLACED_4409, ACKED_LIVE)
-"""What this project's gateway and connector announce."""
+"""What this project's gateway and connector announce (a driver may add
+:data:`IDEMPOTENT_SENDS` to its connector's descriptors)."""
 
 FEATURES_HEADER: Final = "X-Relay-Features"
 """The upgrade request header in which a gateway announces its features (comma-separated)."""

@@ -12,8 +12,13 @@ Wire rules (docs/wire-contract.md):
   ``supports_edit``, ``supports_threads``, ``markdown_dialect``, ``len_unit`` (``"chars"`` |
   ``"utf16"``);
 * optional: ``supported_ops`` (missing/empty -> the legacy set :data:`LEGACY_OPS`),
-  ``max_frame_bytes``, and our addition ``features`` (what the connector announces, see
-  :mod:`relay.wire.compat`; missing or unreadable -> none: an original connector);
+  ``max_frame_bytes``, and our additions ``features`` (what the connector announces, see
+  :mod:`relay.wire.compat`; missing or unreadable -> none: an original connector) and
+  ``idempotency_window_s`` (how many seconds the platform deduplicates a send by its
+  idempotency key, with :data:`~relay.wire.compat.IDEMPOTENT_SENDS`; a positive integer, and
+  missing or anything else -> None: no window, nothing is taken as deduplicated);
+* our additions are never a reason to refuse a descriptor: what cannot be read of them reads
+  as "not announced", the original contract;
 * unknown keys are dropped; JSON ``null`` counts as absent.
 """
 
@@ -74,7 +79,7 @@ def _check_positive(_inst: object, attr: attrs.Attribute[Any], value: object) ->
         raise ValueError(f"{attr.name} must be positive, got {value}")
 
 
-def _check_opt_frame_bytes(inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+def _check_opt_positive(inst: object, attr: attrs.Attribute[Any], value: object) -> None:
     if value is not None:
         check_strict_int(inst, attr, value)
         _check_positive(inst, attr, value)
@@ -121,10 +126,13 @@ class CapabilityDescriptor:
     supported_ops: tuple[str, ...] = attrs.field(
         default=LEGACY_OPS, converter=_ops, validator=_check_ops
     )
-    max_frame_bytes: int | None = attrs.field(default=None, validator=_check_opt_frame_bytes)
+    max_frame_bytes: int | None = attrs.field(default=None, validator=_check_opt_positive)
     features: tuple[str, ...] = attrs.field(
         default=(), converter=_features, validator=_check_features
     )
+    idempotency_window_s: int | None = attrs.field(default=None, validator=_check_opt_positive)
+    """Seconds the platform deduplicates a send by its idempotency key (None: it does not, or
+    the connector did not say); meaningful with :data:`~relay.wire.compat.IDEMPOTENT_SENDS`."""
 
     def announces(self, feature: str) -> bool:
         """Return whether the connector announced ``feature`` (see :mod:`relay.wire.compat`); an
@@ -140,8 +148,9 @@ class CapabilityDescriptor:
         return op in self.supported_ops
 
     def to_wire(self) -> dict[str, Any]:
-        """Return the descriptor as the JSON object of the wire (``supported_ops`` always listed,
-        ``max_frame_bytes`` only when set). Raises nothing; the result is a fresh dict."""
+        """Return the descriptor as the JSON object of the wire (``supported_ops`` always listed;
+        ``max_frame_bytes``, ``features`` and ``idempotency_window_s`` only when set). Raises
+        nothing; the result is a fresh dict."""
         wire: dict[str, Any] = {
             "contract_version": self.contract_version,
             "platform": self.platform,
@@ -158,6 +167,8 @@ class CapabilityDescriptor:
             wire["max_frame_bytes"] = self.max_frame_bytes
         if self.features:
             wire["features"] = list(self.features)
+        if self.idempotency_window_s is not None:
+            wire["idempotency_window_s"] = self.idempotency_window_s
         return wire
 
     @classmethod
@@ -210,6 +221,7 @@ class CapabilityDescriptor:
             supported_ops=ops,
             max_frame_bytes=max_frame,
             features=_lenient_features(obj.get("features")),
+            idempotency_window_s=_lenient_window(obj.get("idempotency_window_s")),
         )
 
 
@@ -219,6 +231,14 @@ def _lenient_features(value: object) -> tuple[str, ...]:
     if not isinstance(value, list):
         return ()
     return tuple(dict.fromkeys(f for f in value if isinstance(f, str) and f))[:32]
+
+
+def _lenient_window(value: object) -> int | None:
+    """Our addition, read like ``features``: a positive integer is kept; anything else (a bool,
+    a float, a string, zero or less) reads as None, "no window", which promises nothing."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
 
 
 def _lenient_length(value: object) -> int:

@@ -21,6 +21,7 @@ from statecore.policy import ErrorKind
 __all__ = [
     "AdapterAbilities",
     "Connecting",
+    "DedupingSends",
     "Disconnecting",
     "Editing",
     "InboundDelivering",
@@ -146,6 +147,9 @@ class AdapterAbilities:
     * ``limits_length``: :class:`LengthLimited` -- a ``message_limit`` (a
       :class:`MessageLimit` or None), read when a reply is recorded: a longer reply is split
       into parts (or truncated) that each fit, instead of being refused by the platform.
+    * ``dedupes_sends``: :class:`DedupingSends` -- a ``dedupe_window_s`` (seconds or None),
+      read when a claimed reply that may repeat is resent: within the window the platform shows
+      a send once per idempotency key, so the resend needs no possible-repeat label.
     """
 
     connects: bool = attrs.field(default=False, kw_only=True)
@@ -157,6 +161,7 @@ class AdapterAbilities:
     shows_typing: bool = attrs.field(default=False, kw_only=True)
     edits: bool = attrs.field(default=False, kw_only=True)
     limits_length: bool = attrs.field(default=False, kw_only=True)
+    dedupes_sends: bool = attrs.field(default=False, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         for field in attrs.fields(type(self)):
@@ -299,4 +304,20 @@ class LengthLimited(Protocol):
     @property
     def message_limit(self) -> MessageLimit | None:
         """The limit the platform announced (None: not known, nothing is split)."""
+        ...
+
+
+class DedupingSends(Protocol):
+    """``AdapterAbilities.dedupes_sends``: the platform shows a send once per idempotency key.
+
+    Every send of a reply carries ``metadata["idempotency_key"]``, the obligation id, the same
+    on each attempt.  An adapter declares this only when, for ``dedupe_window_s`` seconds after
+    a send, any resend with that key -- from this process or a later one with the same
+    configuration -- is shown on the platform at most once in all.
+    """
+
+    @property
+    def dedupe_window_s(self) -> float | None:
+        """How long the platform deduplicates a send by its key, in seconds (None: it does not,
+        or it is not known now; every possible repeat is then labelled)."""
         ...

@@ -8,7 +8,8 @@
   its outcome run as one task the asker's cancellation does not reach;
 * the settling writes, tried again on a transient store error
   (:func:`statecore.gateway.writes.retried_write`) and shielded once handed to the ledger;
-* the redelivery of claims, one after another, labelled when the user may have seen them.
+* the redelivery of claims, one after another, labelled when the user may have seen them --
+  unless the adapter's platform provably shows the resend at most once (:func:`dedupe_covers`).
 
 The runtime (:class:`~statecore.gateway.runtime.Gateway`) records, marks attempting and claims;
 everything after that is here.
@@ -21,17 +22,17 @@ import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 
 from statecore.async_ledger import AsyncLedger
 from statecore.clock import Clock
-from statecore.gateway.adapter import SendResult
+from statecore.gateway.adapter import DedupingSends, SendResult, abilities_of
 from statecore.gateway.adapters import Sendable
 from statecore.gateway.flights import Flights
 from statecore.gateway.writes import retried_write
 from statecore.obligation import Claim
 
-__all__ = ["Redelivered", "SendPath"]
+__all__ = ["DEDUPE_MARGIN_MIN_S", "DEDUPE_MARGIN_SHARE", "Redelivered", "SendPath", "dedupe_covers"]
 
 log = logging.getLogger("statecore.gateway.runtime")
 
@@ -40,9 +41,50 @@ T = TypeVar("T")
 SETTLE_RETRY_DELAYS_S = (0.1, 0.3, 1.0)
 """The default delays before each retry of a send-path write that raised ``StoreError``."""
 
+DEDUPE_MARGIN_SHARE = 0.1
+"""The share of an adapter's dedupe window kept as a safety margin (see :func:`dedupe_covers`)."""
+DEDUPE_MARGIN_MIN_S = 60.0
+"""The least safety margin, in seconds, whatever the window."""
+
+
+def dedupe_covers(window_s: float | None, created_at: float, now: float) -> bool:
+    """Whether a platform that shows a send once per idempotency key for ``window_s`` seconds
+    provably does so for every attempt of a reply recorded at ``created_at`` (wall clock), when
+    it is resent at ``now``.
+
+    Every attempt was made after the reply was recorded, so it is enough that the reply's age
+    is under the window less a margin -- :data:`DEDUPE_MARGIN_SHARE` of it, at least
+    :data:`DEDUPE_MARGIN_MIN_S` -- which allows for the resend's own time on the way and for
+    the recording host's clock disagreeing with this one's (a reply recorded more than the
+    margin in the future is not covered either).  Raises nothing; False for no window.
+    """
+    if window_s is None:
+        return False
+    margin = max(DEDUPE_MARGIN_MIN_S, DEDUPE_MARGIN_SHARE * window_s)
+    age = now - created_at
+    return -margin < age < window_s - margin
+
+
+def _dedupe_window(adapter: object) -> float | None:
+    """The dedupe window ``adapter`` declares (``AdapterAbilities.dedupes_sends``), in seconds:
+    None when it declares none, gives None, gives something that is not a positive finite
+    number, or raises reading it (every possible repeat is then labelled).  Raises
+    ``TypeError`` only for an ``abilities`` attribute that is not an ``AdapterAbilities``."""
+    if not abilities_of(adapter).dedupes_sends:
+        return None
+    try:
+        window: object = cast(DedupingSends, adapter).dedupe_window_s
+    except Exception:
+        log.warning("reading the dedupe window of %s failed", type(adapter).__name__, exc_info=True)
+        return None
+    if isinstance(window, bool) or not isinstance(window, int | float):
+        return None
+    return float(window) if 0 < window < float("inf") else None
+
 
 class Redelivered(NamedTuple):
-    """What one redelivery run sent."""
+    """What one redelivery run sent: ``labelled`` counts the resends sent with the
+    possible-repeat label, never those the platform deduplicates (see ``SendPath.deduped``)."""
 
     delivered: int
     labelled: int
@@ -64,6 +106,10 @@ class SendPath:
         """Of those, redeliveries of claimed rows."""
         self.labelled = 0
         """Of those, redeliveries sent with a possible-duplicate label."""
+        self.deduped = 0
+        """Of the redeliveries, those that may repeat an earlier send but went without a label:
+        the adapter's platform shows one send per idempotency key and its window covered every
+        attempt (:func:`dedupe_covers`).  Never counted in ``labelled``."""
         self._held: Counter[str] = Counter()
 
     # -- holding -------------------------------------------------------------------------------
@@ -202,9 +248,10 @@ class SendPath:
             while left:
                 claim = left[-1]
                 try:
-                    if await self._redeliver_one(claim, adapter_of):
+                    sent = await self._redeliver_one(claim, adapter_of)
+                    if sent is not None:
                         delivered += 1
-                        labelled += int(claim.needs_marker)
+                        labelled += int(sent)
                 except asyncio.CancelledError:
                     raise
                 except Exception:
@@ -229,24 +276,39 @@ class SendPath:
 
     async def _redeliver_one(
         self, claim: Claim, adapter_of: Callable[[str, str], Sendable | None]
-    ) -> bool:
-        """Send one claim, labelled if needed; hand it back (refunded) when its adapter is
-        missing.  True if it was delivered."""
+    ) -> bool | None:
+        """Send one claim, labelled if needed (unless its platform deduplicates it); hand it
+        back (refunded) when its adapter is missing.  None if it was not delivered, else
+        whether it went labelled."""
         ob = claim.obligation
         oid = ob.obligation_id
         adapter = adapter_of(ob.platform, claim.profile)
         if adapter is None:
             await self.release(oid)  # refund; never strand it
-            return False
+            return None
+        # The same idempotency key as every earlier attempt: within the window the platform
+        # shows either the first copy (unlabelled) or this one, once.
+        deduped = claim.needs_marker and dedupe_covers(
+            _dedupe_window(adapter), ob.created_at, self.clock.now()
+        )
         _, settled = await self.send_and_settle(
             adapter,
             ob.chat_id,
-            content=claim.render(),
+            content=ob.content if deduped else claim.render(),
             thread_id=ob.thread_id,
             reply_to=ob.reply_to,
             obligation_id=oid,
         )
-        if settled:
-            self.redelivered += 1
-            self.labelled += int(claim.needs_marker)
-        return settled
+        if not settled:
+            return None
+        labelled = claim.needs_marker and not deduped
+        self.redelivered += 1
+        self.labelled += int(labelled)
+        self.deduped += int(deduped)
+        if deduped:
+            log.debug(
+                "redelivered %s without a label: its platform deduplicates it by key",
+                oid,
+                extra={"obligation_id": oid, "reason": claim.reason, "deduped": True},
+            )
+        return labelled
