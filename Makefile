@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Every Python tree that the gates check (those that exist in this checkout).
 CODE := $(wildcard statecore stores relay tests benchmarks examples docs)
 
-.PHONY: demo chat sim sim-real test lint typecheck pytest bench clean
+.PHONY: demo chat matrix matrix-crash sim sim-real test lint typecheck pytest bench clean
 
 $(BIN)/python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need Python 3.11+ on PATH (or make PYTHON=...)"; exit 1; }
@@ -26,6 +26,11 @@ demo: $(STAMP)
 # A live bot with the web chat and the dashboard, until Ctrl-C.
 chat: $(STAMP)
 	$(BIN)/python examples/chat.py
+
+# A bot on a throwaway Matrix homeserver (or yours: make matrix ARGS="--homeserver URL --user ID"),
+# with the person's login printed for any Matrix client, until Ctrl-C.
+matrix: $(STAMP)
+	$(BIN)/python examples/matrix_bot.py $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(CODE)

@@ -39,6 +39,19 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("relay/client", ("relay.connector", "stores")),
     ("relay/connector", ("relay.client", "statecore.gateway")),
     ("relay/web", ("relay.client",)),
+    # A platform driver: the connector's driver protocol and the wire, never the gateway side,
+    # another driver, or the connector's server itself.
+    (
+        "relay/matrix",
+        (
+            "relay.client",
+            "relay.web",
+            "relay.connector.server",
+            "statecore.gateway",
+            "stores",
+            "websockets",
+        ),
+    ),
 ]
 
 

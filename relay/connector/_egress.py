@@ -4,8 +4,12 @@ key, and answered with their outcome.
 
 A request with an idempotency key is performed at most once per process (its outcome is
 remembered); when the platform's driver is an :class:`~relay.connector.intake.IdempotentDriver`
-it is also handed the key (:func:`platform_key`: the gateway id and the request's key), so that
-the platform itself deduplicates a resend, across the connector's restarts too.
+it is also handed the key (:func:`platform_key`: a scope and the request's key), so that the
+platform itself deduplicates a resend, across the connector's restarts too.  The scope is the
+bot a gateway that announced our features said hello as (its keys are obligation ids, derived
+from the reply itself, or random: every gateway of a fleet resending a reply resends it under
+the same key), and the gateway id of an original gateway (whose keys may be counters of its
+own, which another gateway's must never meet).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from relay.wire.codec import encode
 from relay.wire.frames import EGRESS_DECLINED, Outbound, OutboundOutcome, OutboundResult
 from relay.wire.logtext import failure
 
-__all__ = ["EGRESS_DECLINED_MESSAGE", "Egress", "platform_key"]
+__all__ = ["EGRESS_DECLINED_MESSAGE", "Egress", "dedupe_scope", "platform_key"]
 
 # Every part of the connector logs to the one logger docs/configuration.md names.
 log = logging.getLogger("relay.connector.server")
@@ -38,16 +42,24 @@ _IDEMPOTENCY_CACHE = 10_000
 """Idempotency keys whose outcome is remembered (the oldest forgotten first)."""
 
 
-def platform_key(gateway_id: str, idempotency_key: str) -> str:
+def platform_key(scope: str, idempotency_key: str) -> str:
     """The key an :class:`~relay.connector.intake.IdempotentDriver` is given for a request:
-    ``"{len(gateway_id)}:{gateway_id}:{idempotency_key}"``.
+    ``"{len(scope)}:{scope}:{idempotency_key}"`` (see the module docs for the scope).
 
-    The length prefix makes it unambiguous whatever the id and the key hold (two gateways
-    sending the same key never share one, and no id and key can spell another pair); it is the
-    same for every retry of the request, from any connection of that gateway, before and after
-    either side restarts.  Raises nothing.
+    The length prefix makes it unambiguous whatever the scope and the key hold (no scope and
+    key can spell another pair); it is the same for every retry of the request, from any
+    connection, before and after either side restarts.  Raises nothing.
     """
-    return f"{len(gateway_id)}:{gateway_id}:{idempotency_key}"
+    return f"{len(scope)}:{scope}:{idempotency_key}"
+
+
+def dedupe_scope(instance: Instance, platform: str, bot_id: str | None) -> str:
+    """The scope of a request's platform key (module docs): ``bot/<bot id>`` for a gateway that
+    announced our features, ``gateway/<gateway id>`` for an original one.  Raises nothing."""
+    if not instance.announced:
+        return "gateway/" + instance.gateway_id
+    bot = bot_id or next((b for p, b in instance.identities if p == platform), "")
+    return "bot/" + bot
 
 
 class Egress:
@@ -103,7 +115,10 @@ class Egress:
             return await asyncio.shield(earlier)
         future: asyncio.Future[OutboundOutcome] = asyncio.get_running_loop().create_future()
         self._remember_outcome(key, future)
-        outcome = await self._drive(instance, platform, frame.action, platform_key(*key))
+        scope = dedupe_scope(instance, platform, frame.bot_id)
+        outcome = await self._drive(
+            instance, platform, frame.action, platform_key(scope, frame.idempotency_key)
+        )
         future.set_result(outcome)
         if not outcome.success:
             self._outcomes.pop(key, None)  # a definite failure may be retried for real

@@ -13,7 +13,17 @@ environment, then the command line, each overriding the one before::
     my-bot = ["s3cret"]
 
     [drivers]                         # STATECORE_CONNECTOR_DRIVERS="loopback=loopback"
-    loopback = "loopback"             # or "package.module:factory" (factory(platform) -> driver)
+    loopback = "loopback"             # or "matrix", or "package.module:factory"
+                                      # (factory(platform) -> driver)
+
+    [matrix]                          # the settings of every "matrix" driver (relay.matrix)
+    homeserver = "https://matrix.example.org"  # STATECORE_MATRIX_HOMESERVER
+    user_id = "@bot:example.org"      # STATECORE_MATRIX_USER_ID
+    password = "..."                  # STATECORE_MATRIX_PASSWORD (better kept out of files)
+    access_token = "..."              # STATECORE_MATRIX_ACCESS_TOKEN (either, or both)
+    device_id = "BOTDEVICE"           # STATECORE_MATRIX_DEVICE_ID (optional)
+    auto_join = true                  # STATECORE_MATRIX_AUTO_JOIN (1/0): join when invited
+    msgtype = "m.text"                # STATECORE_MATRIX_MSGTYPE: or "m.notice"
 
     [tenants]                         # STATECORE_CONNECTOR_TENANTS="my-bot=scope-a,scope-b"
     my-bot = ["scope-a"]
@@ -23,8 +33,10 @@ The connector answers ``GET /healthz`` and, when ``prometheus-client`` is instal
 gracefully.  With ``cluster = true`` the process is one node of a connector cluster: its store
 must be PostgreSQL, and it listens with ``SO_REUSEPORT`` so that several nodes on one host may
 share the port (``relay.connector._cluster``).  A configuration that cannot work (no secrets,
-an unknown driver, a bad port, an unreadable file, a cluster on anything but PostgreSQL) is
-refused before anything is opened, with a message naming the setting.
+an unknown driver, a bad port, an unreadable file, a cluster on anything but PostgreSQL, a
+``matrix`` driver without a homeserver, a bot id or credentials) is refused before anything is
+opened, with a message naming the setting; so is a bot whose homeserver refuses its credentials
+(exit code 2, before the connector serves anyone).
 """
 
 from __future__ import annotations
@@ -80,6 +92,22 @@ class ConnectorConfig:
     tenants: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
     open_egress: bool = False
     cluster: bool = False
+    matrix: Mapping[str, Any] = attrs.field(factory=dict)
+    """The ``[matrix]`` table: the keyword arguments of every ``matrix`` driver."""
+
+
+_MATRIX_ENV = "STATECORE_MATRIX_"
+_MATRIX_SETTINGS: dict[str, type] = {
+    "homeserver": str,
+    "user_id": str,
+    "password": str,
+    "access_token": str,
+    "device_id": str,
+    "auto_join": bool,
+    "msgtype": str,
+    "markdown": bool,
+    "backlog_on_first_start": bool,
+}
 
 
 def load_config(
@@ -116,6 +144,17 @@ def load_config(
             platform: names[0]
             for platform, names in _pairs("drivers", env[_ENV_PREFIX + "DRIVERS"]).items()
         }
+    matrix = (
+        dict(values.get("matrix") or {}) if isinstance(values.get("matrix", {}), Mapping) else None
+    )
+    if matrix is None:
+        raise ConfigError("matrix: expected a table of settings")
+    for key, kind in _MATRIX_SETTINGS.items():
+        text = env.get(_MATRIX_ENV + key.upper())
+        if text:
+            matrix[key] = text.strip() in ("1", "true", "yes") if kind is bool else text
+    if matrix:
+        values["matrix"] = matrix
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
     return _checked(values)
 
@@ -148,10 +187,12 @@ def _checked(values: Mapping[str, Any]) -> ConnectorConfig:
     if not isinstance(drivers, Mapping) or not drivers:
         raise ConfigError('drivers: no platform is fronted (e.g. loopback = "loopback")')
     for platform, spec in drivers.items():
-        if not isinstance(spec, str) or not (spec == "loopback" or ":" in spec):
+        if not isinstance(spec, str) or not (spec in ("loopback", "matrix") or ":" in spec):
             raise ConfigError(
-                f'drivers.{platform}: expected "loopback" or "package.module:factory", not {spec!r}'
+                f'drivers.{platform}: expected "loopback", "matrix" or "package.module:factory", '
+                f"not {spec!r}"
             )
+    matrix = _matrix_settings(values.get("matrix", {}), "matrix" in drivers.values())
     store = str(values.get("store", "sqlite:///connector.db"))
     cluster = _flag("cluster", values.get("cluster", False))
     if cluster and not store.startswith(("postgresql://", "postgres://")):
@@ -165,7 +206,35 @@ def _checked(values: Mapping[str, Any]) -> ConnectorConfig:
         tenants=_string_lists("tenants", values.get("tenants", {})),
         open_egress=_flag("open_egress", values.get("open_egress", False)),
         cluster=cluster,
+        matrix=matrix,
     )
+
+
+def _matrix_settings(value: object, used: bool) -> dict[str, Any]:
+    """The ``[matrix]`` table checked (types, and what a matrix driver cannot do without)."""
+    if not isinstance(value, Mapping):
+        raise ConfigError("matrix: expected a table of settings")
+    settings: dict[str, Any] = {}
+    for key, setting in value.items():
+        kind = _MATRIX_SETTINGS.get(key)
+        if kind is None:
+            raise ConfigError(f"matrix.{key}: unknown setting")
+        if not isinstance(setting, kind) or (kind is str and not setting):
+            raise ConfigError(
+                f"matrix.{key}: expected a {'non-empty string' if kind is str else 'true or false'}"
+            )
+        settings[key] = setting
+    if used:
+        for key in ("homeserver", "user_id"):
+            if key not in settings:
+                raise ConfigError(
+                    f"matrix.{key}: a matrix driver needs it (or {_MATRIX_ENV}{key.upper()})"
+                )
+        if "password" not in settings and "access_token" not in settings:
+            raise ConfigError(
+                f"matrix: give the bot a password or an access_token ({_MATRIX_ENV}PASSWORD)"
+            )
+    return settings
 
 
 def _flag(setting: str, value: object) -> bool:
@@ -187,13 +256,31 @@ def _string_lists(setting: str, value: object) -> dict[str, tuple[str, ...]]:
     return out
 
 
-def make_driver(platform: str, spec: str) -> PlatformDriver:
-    """The driver ``spec`` names for ``platform``: ``"loopback"`` or ``"module:factory"``.
+def make_driver(
+    platform: str, spec: str, matrix: Mapping[str, Any] | None = None
+) -> PlatformDriver:
+    """The driver ``spec`` names for ``platform``: ``"loopback"``, ``"matrix"`` (configured by
+    ``matrix``, the ``[matrix]`` settings) or ``"module:factory"``.
 
-    Raises :class:`ConfigError` when the module or factory cannot be found.
+    Raises :class:`ConfigError` when the module or factory cannot be found, or the matrix
+    settings are refused by the driver.
     """
     if spec == "loopback":
         return LoopbackPlatform(platform)
+    if spec == "matrix":
+        try:
+            from relay.matrix import MatrixDriver  # noqa: PLC0415  (needs statecore[matrix])
+        except ImportError as exc:
+            raise ConfigError(
+                f"drivers.{platform}: the matrix driver needs statecore[matrix]: {exc}"
+            ) from exc
+        settings = dict(matrix or {})
+        try:
+            return MatrixDriver(
+                settings.pop("homeserver"), settings.pop("user_id"), platform=platform, **settings
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"matrix: {exc}") from exc
     module_name, _, attr = spec.partition(":")
     try:
         factory: Callable[[str], PlatformDriver] = getattr(
@@ -223,7 +310,10 @@ async def serve(config: ConnectorConfig, stop: asyncio.Event) -> None:
     connections.  Raises :class:`ConfigError` for a driver that cannot be loaded and
     ``StoreError`` / ``ValueError`` for a store URL that cannot be opened (before serving).
     """
-    drivers = {platform: make_driver(platform, spec) for platform, spec in config.drivers.items()}
+    drivers = {
+        platform: make_driver(platform, spec, config.matrix)
+        for platform, spec in config.drivers.items()
+    }
     store = open_store(config.store)
     metrics, metrics_text = _prometheus()
     connector = Connector(

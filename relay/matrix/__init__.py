@@ -1,6 +1,10 @@
 """The Matrix platform driver: a bot's connector speaks the Matrix client-server API to a
-homeserver (``relay.matrix.testing`` starts a throwaway one for tests and examples)."""
+homeserver (:class:`MatrixDriver`; ``relay.matrix.testing`` starts a throwaway homeserver for
+tests and examples)."""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from relay.matrix._api import MatrixAuthError, MatrixError, MatrixUnreachable
+from relay.matrix.driver import MatrixDriver
+
+__all__ = ["MatrixAuthError", "MatrixDriver", "MatrixError", "MatrixUnreachable"]

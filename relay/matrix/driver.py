@@ -33,27 +33,25 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from relay.connector.intake import DriverIntake
-from relay.connector.platform import Intake, target_chat
-from relay.matrix._api import MatrixApi, MatrixAuthError, MatrixError, MatrixUnreachable, path
-from relay.matrix._content import edit_content, message_content
+from relay.connector.platform import Intake
+from relay.matrix._api import MatrixApi, MatrixAuthError, MatrixError, MatrixUnreachable
+from relay.matrix._outbound import OPS, Sender
 from relay.matrix._session import NOTE_NEXT_BATCH, Session
 from relay.matrix._sync import Rooms, SyncRound, describe
+from relay.wire.compat import IDEMPOTENT_SENDS
 from relay.wire.descriptor import CONTRACT_VERSION, CapabilityDescriptor
 from relay.wire.frames import OutboundOutcome
 from relay.wire.throttle import LogLimits
 from statecore.clock import Clock, SystemClock
 
-__all__ = ["DEDUPE_WINDOW_S", "IDEMPOTENT_SENDS", "MatrixDriver", "txn_id"]
+__all__ = ["DEDUPE_WINDOW_S", "MAX_MESSAGE_CHARS", "MatrixDriver", "txn_id"]
 
 log = logging.getLogger("relay.matrix")
 
-IDEMPOTENT_SENDS: Final = "idempotent_sends"
-"""The descriptor feature: a resend under the same idempotency key is one event."""
 DEDUPE_WINDOW_S: Final = 86_400
 """How long the homeserver keeps a transaction id (Synapse: 24 h, across its restarts)."""
 MAX_MESSAGE_CHARS: Final = 16_000
 """The longest text the descriptor announces: four bytes a character still fit one event."""
-_OPS: Final = ("send", "edit", "typing", "follow_up")
 _MSGTYPES: Final = frozenset(("m.text", "m.notice"))
 _BACKOFF_S: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
@@ -149,11 +147,19 @@ class MatrixDriver:
             supports_threads=True,
             markdown_dialect="commonmark" if markdown else "plain",
             len_unit="chars",
-            supported_ops=_OPS,
+            supported_ops=OPS,
             features=(IDEMPOTENT_SENDS,),
+            idempotency_window_s=DEDUPE_WINDOW_S,
+        )
+        self._sender = Sender(
+            self._api,
+            self._session,
+            clock=self.clock,
+            msgtype=msgtype,
+            markdown=markdown,
+            send_budget_s=send_budget_s,
         )
         self._task: asyncio.Task[None] | None = None
-        self._paused_until = 0.0  # monotonic: a rate limit holds every request until then
         self._log_limits = LogLimits(clock=self.clock)
         self.rounds = 0
         """Sync rounds whose token was saved."""
@@ -283,113 +289,17 @@ class MatrixDriver:
         """Perform one action under a transaction id of its own (a resend of it by the relay
         would be a new event: requests with an idempotency key go through
         :meth:`perform_once`).  Never raises for the homeserver's refusals."""
-        return await self._perform(action, "r" + secrets.token_hex(16))
+        return await self._sender.perform(action, "r" + secrets.token_hex(16))
 
     async def perform_once(self, action: Mapping[str, Any], key: str) -> OutboundOutcome:
         """Perform ``action`` so that every call with ``key`` is one event on the server (within
         :data:`DEDUPE_WINDOW_S`, on the same device).  Never raises for refusals."""
-        return await self._perform(action, txn_id(key))
+        return await self._sender.perform(action, txn_id(key))
 
-    async def _perform(self, action: Mapping[str, Any], txn: str) -> OutboundOutcome:
-        op = action.get("op")
-        if op not in _OPS:
-            return OutboundOutcome(
-                False, None, f"unsupported op {str(op)[:40]!r}", "unsupported_op"
-            )
-        room = target_chat(action)
-        if room is None or not room.startswith("!"):
-            return OutboundOutcome(False, None, "chat_id must be a Matrix room id", "bad_action")
-        content = action.get("content")
-        if op == "typing":
-            typing = not (isinstance(content, str) and content == "")
-            return await self._call(
-                "PUT",
-                path("rooms", room, "typing", self.user_id),
-                {"typing": typing, "timeout": 30_000} if typing else {"typing": False},
-            )
-        if not isinstance(content, str) or not content:
-            return OutboundOutcome(False, None, "content is required", "bad_action")
-        if op == "edit":
-            target = action.get("message_id")
-            if not isinstance(target, str) or not target.startswith("$"):
-                return OutboundOutcome(False, None, "message_id must be an event id", "bad_action")
-            body = edit_content(target, content, msgtype=self.msgtype, markdown=self.markdown)
-            outcome = await self._call("PUT", self._send_path(room, txn), body)
-            if outcome.success:
-                return OutboundOutcome(True, target)
-            return outcome
-        body = message_content(
-            content,
-            msgtype=self.msgtype,
-            reply_to=_event_id(action.get("reply_to")),
-            thread_id=_event_id(action.get("thread_id")),
-            markdown=self.markdown,
-        )
-        return await self._call("PUT", self._send_path(room, txn), body)
-
-    @staticmethod
-    def _send_path(room: str, txn: str) -> str:
-        return path("rooms", room, "send", "m.room.message", txn)
-
-    async def _call(self, method: str, url: str, body: Mapping[str, Any]) -> OutboundOutcome:
-        """One outbound request, asked again (the same request: same txnId) after a rate limit
-        or a failure without an answer, within ``send_budget_s``."""
-        clock = self.clock
-        deadline = clock.monotonic() + self.send_budget_s
-        relogged = False
-        failures = 0
-        while True:
-            wait = self._paused_until - clock.monotonic()
-            if wait > 0:
-                if clock.monotonic() + wait > deadline:
-                    return OutboundOutcome(False, None, "rate limited", "rate_limited")
-                await clock.sleep(wait)
-            token = self._api.token
-            try:
-                answer = await self._api.request(method, url, body=body)
-            except MatrixUnreachable as exc:
-                outcome = OutboundOutcome(False, None, str(exc)[:300], "platform_down")
-            except MatrixError as exc:
-                if exc.rate_limited:
-                    pause = (exc.retry_after_ms or 1000) / 1000
-                    self._paused_until = max(self._paused_until, clock.monotonic() + pause)
-                    continue
-                if exc.unknown_token and not relogged:
-                    relogged = True
-                    with contextlib.suppress(MatrixError, MatrixUnreachable, MatrixAuthError):
-                        if await self._session.relogin(token):
-                            continue
-                    return OutboundOutcome(False, None, "the bot's credentials are gone", "auth")
-                refused = _refusal(exc)
-                if refused is not None:
-                    return refused
-                outcome = OutboundOutcome(False, None, str(exc)[:300], "platform_down")
-            else:
-                event_id = answer.get("event_id")
-                return OutboundOutcome(True, event_id if isinstance(event_id, str) else None)
-            delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
-            failures += 1
-            if clock.monotonic() + delay > deadline:
-                return outcome
-            await clock.sleep(delay)
-
-
-def _refusal(exc: MatrixError) -> OutboundOutcome | None:
-    """The outcome of a definite refusal (None: a server error worth asking again)."""
-    if exc.status >= 500:
-        return None
-    text = str(exc)[:300]
-    if exc.status == 413 or exc.errcode == "M_TOO_LARGE":
-        return OutboundOutcome(False, None, text, "too_long")
-    if exc.status == 403 or exc.errcode == "M_FORBIDDEN":
-        return OutboundOutcome(False, None, text, "forbidden")
-    if exc.status == 404 or exc.errcode == "M_NOT_FOUND":
-        return OutboundOutcome(False, None, text, "not_found")
-    return OutboundOutcome(False, None, text, "bad_action")
-
-
-def _event_id(value: object) -> str | None:
-    return value if isinstance(value, str) and value.startswith("$") else None
+    @property
+    def rate_limited(self) -> int:
+        """Answers ``M_LIMIT_EXCEEDED`` the driver waited out (each asked again after it)."""
+        return self._sender.rate_limited
 
 
 def _check(

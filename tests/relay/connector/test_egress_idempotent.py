@@ -1,5 +1,6 @@
 """The connector's egress with a driver whose platform deduplicates sends by a key: a keyed
-request goes to ``perform_once`` with the gateway id and the request's key, joined without
+request goes to ``perform_once`` with a scope (the bot, for a gateway that announced our
+features; the gateway id, for an original one) and the request's key, joined without
 ambiguity; an unkeyed one, or any request to a plain driver, goes to ``perform`` as before; the
 connector's memory of outcomes still answers a retry within its process."""
 
@@ -32,8 +33,8 @@ async def h() -> AsyncIterator[Harness]:
         store.close()
 
 
-def test_the_platform_key_is_the_gateway_id_and_the_key_length_prefixed() -> None:
-    """The key names the gateway and the request, and no other pair spells the same one."""
+def test_the_platform_key_is_the_scope_and_the_key_length_prefixed() -> None:
+    """The key names the scope and the request, and no other pair spells the same one."""
     assert platform_key("gw-a", "obl-1") == "4:gw-a:obl-1"
     pairs = [("a:b", "c"), ("a", "b:c"), ("a", ":b:c"), ("4:a", "b"), ("", "4:a:b")]
     assert len({platform_key(*pair) for pair in pairs}) == len(pairs)
@@ -47,8 +48,8 @@ def test_the_double_is_an_idempotent_driver_and_loopback_is_not() -> None:
 
 @pytest.mark.asyncio
 async def test_a_keyed_send_goes_to_perform_once_with_the_gateways_key(h: Harness) -> None:
-    """The driver gets the action as sent and platform_key(gateway id, key); nothing reaches
-    its plain perform."""
+    """The driver gets the action as sent and platform_key(the bot it said hello as, key);
+    nothing reaches its plain perform."""
     platform = DedupingPlatform()
     connector = await h.start(drivers={"loopback": platform})
     gateway = await h.gateway(connector, "gw-a")
@@ -59,7 +60,7 @@ async def test_a_keyed_send_goes_to_perform_once_with_the_gateways_key(h: Harnes
 
     assert result.success
     [(action, key)] = platform.once
-    assert key == platform_key("gw-a", "obl-1")
+    assert key == platform_key("bot/bot-gw-a", "obl-1")
     assert (action["op"], action["chat_id"], action["content"]) == ("send", "c1", "hello")
     assert platform.plain == []
     assert platform.texts("c1") == ["hello"]
@@ -82,9 +83,9 @@ async def test_an_unkeyed_request_goes_to_perform(h: Harness) -> None:
 
 
 @pytest.mark.asyncio
-async def test_two_gateways_with_one_key_are_two_keys_to_the_platform(h: Harness) -> None:
-    """The same request key from two gateways is two requests: each performed, each with its
-    own gateway's key."""
+async def test_two_bots_with_one_key_are_two_keys_to_the_platform(h: Harness) -> None:
+    """The same request key from two gateways of two bots is two requests: each performed,
+    each with its own bot's key."""
     platform = DedupingPlatform()
     connector = await h.start(drivers={"loopback": platform})
     a = await h.gateway(connector, "gw-a")
@@ -94,10 +95,39 @@ async def test_two_gateways_with_one_key_are_two_keys_to_the_platform(h: Harness
     await b.request(send_action("c1", "same"), idempotency_key="k", timeout_s=BOUND)
 
     assert [key for _, key in platform.once] == [
-        platform_key("gw-a", "k"),
-        platform_key("gw-b", "k"),
+        platform_key("bot/bot-gw-a", "k"),
+        platform_key("bot/bot-gw-b", "k"),
     ]
     assert platform.texts("c1") == ["same", "same"]
+
+
+@pytest.mark.asyncio
+async def test_a_fleet_of_one_bot_resends_under_one_key_and_original_gateways_never_share(
+    h: Harness,
+) -> None:
+    """Two gateway ids saying hello as one bot (a fleet, one member resending what another
+    attempted) give the platform one key: it shows the reply once.  Two original gateways with
+    the same request key (their own counters, say) are two keys: both messages are shown."""
+    platform = DedupingPlatform()
+    connector = await h.start(drivers={"loopback": platform})
+    for gateway_id in ("gw-a", "gw-b"):
+        ws = await h.raw(connector, gateway_id)
+        await raw_hello(ws)
+        result = await raw_request(ws, "r1", send_action("c1", "fleet"), idempotencyKey="obl")
+        assert result["success"] is True
+        await ws.close()
+    for gateway_id in ("gw-a", "gw-b"):
+        ws = await h.raw(connector, gateway_id, announce=False)
+        await raw_hello(ws)
+        result = await raw_request(ws, "r1", send_action("c2", "own"), idempotencyKey="1")
+        assert result["success"] is True
+        await ws.close()
+
+    keys = [key for _, key in platform.once]
+    assert keys[:2] == [platform_key("bot/bot", "obl")] * 2
+    assert keys[2:] == [platform_key("gateway/gw-a", "1"), platform_key("gateway/gw-b", "1")]
+    assert platform.texts("c1") == ["fleet"]
+    assert platform.texts("c2") == ["own", "own"]
 
 
 @pytest.mark.asyncio
@@ -134,7 +164,7 @@ async def test_after_a_connector_restart_the_platform_deduplicates_the_resend(
 
     assert again.success
     assert again.message_id == first.message_id
-    assert [key for _, key in platform.once] == [platform_key("gw-a", "k")] * 2
+    assert [key for _, key in platform.once] == [platform_key("bot/bot-gw-a", "k")] * 2
     assert platform.texts("c1") == ["x"]
 
 
