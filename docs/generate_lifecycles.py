@@ -75,6 +75,27 @@ ROLES = {
         "`relay_chat_tenant`: the tenant the platform's own inbound traffic gave a chat, which "
         "the tenant guard trusts over a gateway's claim, so that a connector restart keeps it."
     ),
+    "inbound_seen": (
+        "Persisted by the connector (`relay.connector.seen.SeenKeys`) in table "
+        "`relay_inbound_seen`: a platform event id the connector took, written in the same "
+        "transaction as the event's buffer appends or hold, so that a redelivered copy is not "
+        "routed again, also after a restart; kept for `seen_retention_s`."
+    ),
+    "held_inbound": (
+        "Persisted by the connector (`relay.connector.held.HeldEvents`) in table "
+        "`relay_held_inbound`: an event no gateway listened to, held (at most `max_held`) "
+        "until the first gateway of its audience says hello, then copied into its buffer."
+    ),
+    "rejected_inbound": (
+        "Persisted by the connector (`relay.connector.rejected.RejectedEvents`) in table "
+        "`relay_rejected_inbound`: an event a platform driver could not map, with its raw form "
+        "and the reason, for an operator (`statecore buffer rejected`)."
+    ),
+    "driver_note": (
+        "Persisted by the connector (`relay.connector.driver_notes.DriverNotes`) in table "
+        "`relay_driver_notes`: a small named value a platform driver keeps across restarts "
+        "(its cursor, its device), saved through `intake.save`."
+    ),
 }
 
 HEADER = """\

@@ -10,7 +10,11 @@ from relay.client.lifecycle import TRANSPORT
 from relay.connector.buffer import BUFFER
 from relay.connector.chat_tenants import CHAT_TENANT
 from relay.connector.connection import CONNECTION
+from relay.connector.driver_notes import NOTE
+from relay.connector.held import HOLD
 from relay.connector.provenance import PROVENANCE
+from relay.connector.rejected import REJECTED
+from relay.connector.seen import SEEN
 from relay.connector.subscriptions import SUBSCRIPTION
 from statecore.lifecycle import Lifecycle
 
@@ -25,5 +29,9 @@ RELAY_LIFECYCLES: tuple[Lifecycle[Any], ...] = (
     PROVENANCE,
     SUBSCRIPTION,
     UNDELIVERABLE,
+    SEEN,
+    HOLD,
+    REJECTED,
+    NOTE,
 )
 """Every lifecycle the relay declares."""

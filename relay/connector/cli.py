@@ -3,7 +3,10 @@ instances (registered through the ``statecore.cli`` entry point group).
 
 ``buffer ls`` lists entries (unacked by default), ``buffer stats`` counts them per state and,
 for each gateway instance, its unacked depth and the age of its oldest unacked entry: a depth
-that keeps growing is an instance that never comes back for its backlog.  Both only read.
+that keeps growing is an instance that never comes back for its backlog.  ``buffer held``
+counts, per platform, the events held because no gateway listened to them (and the oldest
+one's age) and lists them in the order they were held; ``buffer rejected`` lists the events
+drivers could not map, with the reason and the raw form.  All of them only read.
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ import argparse
 from typing import Any
 
 from relay.connector.buffer import BUFFER, BUFFER_KIND, BufferState
-from statecore.cli.output import age, duration, table
+from relay.connector.held import HOLD_KIND, HeldState
+from relay.connector.rejected import REJECTED_KIND, RejectedState
+from statecore.cli.output import age, duration, shorten, table
 from statecore.cli.plugin import EXIT_OK, Command, Context, add_leaf
 from statecore.store import Row
 
-__all__ = ["BUFFER_COMMAND", "entry_json"]
+__all__ = ["BUFFER_COMMAND", "entry_json", "held_json", "rejected_json"]
 
 _UNACKED = BUFFER.sources("ack")
 _GROUPS: dict[str, frozenset[BufferState]] = {
@@ -117,6 +122,125 @@ def _stats(args: argparse.Namespace, ctx: Context) -> int:
     return EXIT_OK
 
 
+def held_json(row: Row[HeldState], now: float) -> dict[str, Any]:
+    """One held event as a JSON-ready object (the event as its kept JSON text)."""
+    return {
+        "held_id": row.id,
+        "state": row.state.value,
+        "platform": row["platform"],
+        "seq": row["seq"],
+        "created_at": row["created_at"],
+        "age_s": max(0.0, now - row["created_at"]),
+        "event_json": row["event_json"],
+    }
+
+
+def _held(args: argparse.Namespace, ctx: Context) -> int:
+    store = ctx.open_store()
+    store.register(HOLD_KIND)
+    now = ctx.now()
+    where = None if args.platform is None else {"platform": args.platform}
+    waiting = (HeldState.HELD,)
+    platforms: dict[str, dict[str, Any]] = {}
+    for row in store.select(HOLD_KIND, states=waiting, where=where, order_by="created_at"):
+        entry = platforms.setdefault(
+            row["platform"], {"held": 0, "oldest_age_s": max(0.0, now - row["created_at"])}
+        )
+        entry["held"] += 1
+    total = sum(p["held"] for p in platforms.values())
+    limit = args.limit or None
+    rows = store.select(HOLD_KIND, states=waiting, where=where, order_by="seq", limit=limit)
+    data = {
+        "total": total,
+        "platforms": platforms,
+        "entries": [held_json(r, now) for r in rows],
+    }
+
+    def text() -> str:
+        if not platforms:
+            return "no events are held\n"
+        shown = table(
+            ("PLATFORM", "HELD", "OLDEST"),
+            [(p, v["held"], duration(v["oldest_age_s"])) for p, v in sorted(platforms.items())],
+        )
+        shown += "\n" + table(
+            ("ID", "PLATFORM", "SEQ", "AGE", "EVENT"),
+            [
+                (r.id, r["platform"], r["seq"], age(r["created_at"], now), shorten(r["event_json"]))
+                for r in rows
+            ],
+        )
+        if len(rows) < total:
+            shown += f"{len(rows)} of {total} shown (--limit 0 shows all)\n"
+        return shown
+
+    ctx.emit(data, text)
+    return EXIT_OK
+
+
+def rejected_json(row: Row[RejectedState]) -> dict[str, Any]:
+    """One rejected-event record as a JSON-ready object (its raw form as kept, maybe cut)."""
+    return {
+        "record_id": row.id,
+        "state": row.state.value,
+        "platform": row["platform"],
+        "event_id": row["event_id"],
+        "reason": row["reason"],
+        "raw": row["raw"],
+        "raw_chars": row["raw_chars"],
+        "recorded_at": row["recorded_at"],
+        "dismissed_at": row["dismissed_at"],
+    }
+
+
+def _rejected(args: argparse.Namespace, ctx: Context) -> int:
+    store = ctx.open_store()
+    store.register(REJECTED_KIND)
+    now = ctx.now()
+    states = tuple(RejectedState) if args.all else (RejectedState.RECORDED,)
+    where = None if args.platform is None else {"platform": args.platform}
+    limit = args.limit or None
+    rows = store.select(
+        REJECTED_KIND, states=states, where=where, order_by="recorded_at", limit=limit
+    )
+    total = store.count(REJECTED_KIND, states=states, where=where)
+
+    def text() -> str:
+        if not rows:
+            return "no rejected events\n"
+        shown = table(
+            ("ID", "STATE", "PLATFORM", "EVENT", "AGE", "REASON", "RAW"),
+            [
+                (
+                    shorten(r.id),
+                    r.state.value,
+                    r["platform"],
+                    shorten(r["event_id"]),
+                    age(r["recorded_at"], now),
+                    shorten(r["reason"]),
+                    shorten(r["raw"]),
+                )
+                for r in rows
+            ],
+        )
+        if len(rows) < total:
+            shown += f"{len(rows)} of {total} shown (--limit 0 shows all)\n"
+        return shown
+
+    ctx.emit({"total": total, "records": [rejected_json(r) for r in rows]}, text)
+    return EXIT_OK
+
+
+def _limit(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=50,
+        metavar="N",
+        help=f"show at most N {what} (default 50; 0: all)",
+    )
+
+
 def _build(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="buffer_command", metavar="COMMAND")
     ls = add_leaf(commands, "ls", "list buffer entries in replay order", _ls)
@@ -135,6 +259,20 @@ def _build(parser: argparse.ArgumentParser) -> None:
         help="show at most N entries (default 50; 0: all)",
     )
     add_leaf(commands, "stats", "count entries per state, and unacked ones per gateway", _stats)
+    held = add_leaf(
+        commands,
+        "held",
+        "count and list the events held because no gateway listened to them",
+        _held,
+    )
+    held.add_argument("--platform", metavar="NAME", help="only this platform's events")
+    _limit(held, "events")
+    rejected = add_leaf(
+        commands, "rejected", "list the events drivers could not map, with why", _rejected
+    )
+    rejected.add_argument("--platform", metavar="NAME", help="only this platform's records")
+    rejected.add_argument("--all", action="store_true", help="dismissed records too")
+    _limit(rejected, "records")
 
 
 BUFFER_COMMAND = Command(
