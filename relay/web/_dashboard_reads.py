@@ -6,8 +6,8 @@ Every function here is a plain blocking read, to be called on the dashboard's on
 (never on the event loop); none writes, apart from registering a kind (idempotent).  What a
 browser receives is chosen here, field by field: ids, states, times, and of an obligation its
 platform, chat and content (the bot's own reply, which the page shows as text) and, of a failed
-one, its error kind, its last error (cut) and what it waits for.  Buffered user
-messages, delegation payloads and owner tokens are never sent.
+one, its error kind, its last error (cut) and what it waits for.  Buffered and held user
+messages, rejected events' raw forms, delegation payloads and owner tokens are never sent.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from typing import Any
 import attrs
 
 from relay.connector.buffer import BUFFER_KIND
+from relay.connector.held import HOLD_KIND
+from relay.connector.rejected import REJECTED_KIND
 from statecore.entity import EntityKind
 from statecore.gateway.delegations import DELEGATION_KIND
 from statecore.gateway.sessions import SESSION_KIND
@@ -91,6 +93,10 @@ WATCHED: tuple[Watched, ...] = (
     # flag move changes neither, and is not streamed).
     Watched(SESSION_KIND, "sessions", ("started_at", "ended_at"), "started_at"),
     Watched(DELEGATION_KIND, "delegations", ("updated_at",), "created_at"),
+    # The connector's intake: events held for a gateway that has not said hello (owed: held)
+    # and events its drivers could not map (owed: recorded, until an operator dismisses them).
+    Watched(HOLD_KIND, "held events", ("updated_at",), "created_at"),
+    Watched(REJECTED_KIND, "rejected events", ("recorded_at", "dismissed_at"), "recorded_at"),
 )
 """The kinds the dashboard counts and streams, in the order the page shows them."""
 

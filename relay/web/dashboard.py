@@ -6,7 +6,8 @@ gets, over its WebSocket (JSON messages, see :mod:`relay.web._dashboard_requests
 may send):
 
 * ``hello`` -- the store's label, whether actions are possible, per kind (obligations, buffer
-  entries, sessions, delegations) its counts per state, how many are owed and the oldest owed
+  entries, sessions, delegations, and of a connector's store its held and rejected inbound
+  events) its counts per state, how many are owed and the oldest owed
   row, of the obligations also how many owed replies keep failing (``keep_failing``: a
   permanent refusal, a retry that failed again, retries spent, as ``statecore doctor`` reads
   them), the owed obligations (``obligations``), the latest changed ones whatever their state
