@@ -52,7 +52,8 @@ class InboundRouter:
     ) -> None:
         self._connector = connector
         self._holding = holding
-        holding.audience = self.audience
+        # One audience rule for the intake and the release of held events.
+        holding.audience = self._audience
         self._log_limits = log_limits
         self._served = served
         self._subscribed = subscribed
@@ -100,17 +101,17 @@ class InboundRouter:
             await self._store.run(
                 functools.partial(chat_tenants.learn, platform, source.chat_id, tenant)
             )
-        audience = self.audience(platform, event)
+        audience = self._audience(platform, event)
         if not audience and self.refresh is not None:
             # A cluster node: a peer may have recorded the first hello of a gateway moments
             # ago (its notice still on the way); the shared table decides.
             await self.refresh()
-            audience = self.audience(platform, event)
+            audience = self._audience(platform, event)
         if not audience:
             async with self._holding.lock:
                 # Decided again under the lock a hello's subscription takes: either this event
                 # is held before that hello releases the hold, or it sees the new subscriber.
-                audience = self.audience(platform, event)
+                audience = self._audience(platform, event)
                 if not audience:
                     await self._hold(platform, event, key)
                     return
@@ -228,7 +229,7 @@ class InboundRouter:
                 more,
             )
 
-    def audience(self, platform: str, event: InboundEvent) -> list[str]:
+    def _audience(self, platform: str, event: InboundEvent) -> list[str]:
         """The gateways that should see ``event``: those approved for its scope (or, without
         one, its user) in the tenants table; without a table, those subscribed to its
         platform."""

@@ -216,8 +216,8 @@ class StoreThread:
                 )
             loop.call_soon_threadsafe(_fail_all, [take.future for take in appends], exc)
             return
-        # Committed: only now may the cache say these keys are taken.
-        connector.seen.remember(keys)
+        if keys:  # committed: only now may the cache say these keys are taken
+            connector.seen.remember(keys)
         loop.call_soon_threadsafe(_resolve_all, [take.future for take in appends], outcomes)
         for instance, count in ignored:
             loop.call_soon_threadsafe(_ignored_acks, instance, count)
@@ -232,7 +232,6 @@ class StoreThread:
         appends of the round in one batch); return each event's outcome, the keys written and
         the platforms that held."""
         connector = self._connector
-        seen, hold = connector.seen, connector.hold
         outcomes: list[_Taken | Exception] = []
         spans: list[tuple[int, int] | None] = []
         items: list[tuple[str, str, InboundEvent]] = []
@@ -243,20 +242,20 @@ class StoreThread:
             spans.append(None)
             if take.hold:
                 if room is None:
-                    room = connector.max_held - hold.count()
+                    room = connector.max_held - connector.hold.count()
                 if room <= 0:
                     # A copy of an event taken before is still a copy, full or not.
-                    copy = take.key is not None and seen.known(take.key)
+                    copy = take.key is not None and connector.seen.known(take.key)
                     outcomes.append(None if copy else IntakeFull(_full(connector.max_held)))
                     continue
             if take.key is not None:
                 assert take.event.message_id is not None  # a key is made of it
-                if not seen.take(take.key, take.platform, take.event.message_id):
+                if not connector.seen.take(take.key, take.platform, take.event.message_id):
                     outcomes.append(None)  # taken before: route nothing for it
                     continue
                 keys.append(take.key)
             if take.hold:
-                hold.hold(take.platform, take.event)
+                connector.hold.hold(take.platform, take.event)
                 held.add(take.platform)
                 room = (room or 0) - 1
                 outcomes.append([])
