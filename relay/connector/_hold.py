@@ -19,10 +19,11 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from relay.connector._delivery import Delivery
 from relay.connector._instance import Instance
-from relay.connector._settings import StoreSettings
+from relay.connector._settings import GuardSettings, StoreSettings
 from relay.connector._store_thread import StoreThread
 from relay.connector._tasks import Tasks
 from relay.connector.held import HeldEvent
@@ -36,6 +37,11 @@ log = logging.getLogger("relay.connector.server")
 _Line = tuple[str, int, str]
 
 
+class HoldingSettings(StoreSettings, GuardSettings, Protocol):
+    """What the release reads of the connector: the hold and the buffer, and the guard's
+    settings (a released event teaches the provenance, as a routed one does)."""
+
+
 class Holding:
     """The connector's release of held events (see the module docs).
 
@@ -44,7 +50,7 @@ class Holding:
 
     def __init__(
         self,
-        connector: StoreSettings,
+        connector: HoldingSettings,
         *,
         store: StoreThread,
         delivery: Delivery,
@@ -70,6 +76,16 @@ class Holding:
         mine = [h for h in waiting if gateway_id in self.audience(platform, h.event)]
         if not mine:
             return 0
+        connector = self._connector
+        if connector.tenants is None and not connector.open_egress:
+            # Provenance first, durably, as for a routed event: the gateway may answer these
+            # chats (and users) as soon as it sees the events.
+            targets = [t for h in mine for t in (h.event.source.chat_id, h.event.source.user_id)]
+            fresh = connector.provenance.unknown(gateway_id, platform, targets)
+            if fresh:
+                await self._store.run(
+                    functools.partial(connector.provenance.learn, gateway_id, platform, fresh)
+                )
         if instance.is_replaying():
             # Counted before the write is queued: the replay then knows to read again.
             instance.appended += 1

@@ -28,7 +28,7 @@ from tests.relay.connector.connector_harness import (
     recv_frame,
     send_line,
 )
-from tests.waiting import eventually
+from tests.waiting import BOUND, eventually
 
 CONNECTOR_LOGGER = "relay.connector.server"
 
@@ -91,6 +91,31 @@ async def test_held_events_go_to_the_first_gateway_that_says_hello_in_order(
     await mh.platform.inject("c1", "both", user_id="u1")
     await eventually(lambda: second.texts == ["both"], "only what came after its hello")
     await eventually(lambda: connector.buffered("gw-a") == 0, "everything acked")
+
+
+@pytest.mark.asyncio
+async def test_the_gateway_a_held_event_is_released_to_may_answer_its_chat(mh: Harness) -> None:
+    """Released events teach the provenance as routed ones do: the gateway's answer to the
+    held chat (and to its user) is performed, not declined by the egress guard."""
+    connector = await mh.start(open_egress=False)  # the provenance guard, as by default
+    await mh.platform.inject("c-held", "anyone there?", user_id="u-held")
+    recorder = Recorder()
+    gateway = await mh.gateway(connector, "gw-a", recorder)
+    await eventually(lambda: recorder.texts == ["anyone there?"], "the held event")
+
+    to_chat = await gateway.request(
+        {"op": "send", "chat_id": "c-held", "content": "yes"}, timeout_s=BOUND
+    )
+    to_user = await gateway.request(
+        {"op": "send", "chat_id": "u-held", "content": "and you"}, timeout_s=BOUND
+    )
+    never_seen = await gateway.request(
+        {"op": "send", "chat_id": "c-other", "content": "no"}, timeout_s=BOUND
+    )
+
+    assert (to_chat.success, to_user.success) == (True, True)
+    assert not never_seen.success  # the guard still declines what nobody wrote from
+    assert mh.platform.texts("c-held") == ["yes"]
 
 
 @pytest.mark.asyncio

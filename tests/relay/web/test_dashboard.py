@@ -120,6 +120,8 @@ async def test_a_new_browser_gets_counts_of_every_kind_and_the_diagrams(tmp_path
         "buffer_entry",
         "session",
         "delegation",
+        "held_inbound",
+        "rejected_inbound",
     ]
     obligations = counts_of(hello)
     assert obligations["states"] == {
@@ -145,6 +147,8 @@ async def test_a_new_browser_gets_counts_of_every_kind_and_the_diagrams(tmp_path
         "buffer": "buffer_entry",
         "session": "session",
         "delegation": "delegation",
+        "held_inbound": "held_inbound",
+        "rejected_inbound": "rejected_inbound",
     }
     assert all(d["svg"].startswith("<svg") for d in hello["diagrams"])
     assert {o["content"] for o in hello["obligations"]} == {"one", "two"}

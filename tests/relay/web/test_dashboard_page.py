@@ -460,6 +460,8 @@ def test_every_declared_lifecycle_is_drawn_with_counts_where_counted(
         "buffer": "buffer_entry",
         "session": "session",
         "delegation": "delegation",
+        "held_inbound": "held_inbound",
+        "rejected_inbound": "rejected_inbound",
     }
     for figure in figures:
         captions = figure.find_elements(By.CSS_SELECTOR, "figcaption td[data-state]")
