@@ -307,7 +307,7 @@ async def serve(config: ConnectorConfig, stop: asyncio.Event) -> None:
     """Serve ``config`` until ``stop`` is set, then stop the connector and close its store.
 
     Prints one ``listening on URL`` line to standard output once the connector accepts
-    connections.  Raises :class:`ConfigError` for a driver that cannot be loaded and
+    connections.  Raises :class:`ConfigError` for a driver that cannot be loaded or started and
     ``StoreError`` / ``ValueError`` for a store URL that cannot be opened (before serving).
     """
     drivers = {
@@ -328,6 +328,14 @@ async def serve(config: ConnectorConfig, stop: asyncio.Event) -> None:
     )
     try:
         await connector.start(config.host, config.port, reuse_port=config.cluster)
+        if connector.driver_failures:
+            # Credentials a platform refuses for good: the operator must fix the configuration.
+            raise ConfigError(
+                "; ".join(
+                    f"drivers.{platform}: could not start: {why}"
+                    for platform, why in sorted(connector.driver_failures.items())
+                )
+            )
         print(f"statecore connector listening on {connector.url}", flush=True)
         log.info("connector listening on %s", connector.url, extra={"url": connector.url})
         await stop.wait()

@@ -352,6 +352,9 @@ class Connector:
         """What every driver's ``attach`` gets: a :class:`~relay.connector.intake.DriverIntake`
         (callable as the plain intake)."""
         self._running: list[str] = []  # the running drivers started, in start order
+        self.driver_failures: dict[str, str] = {}
+        """Platform -> why its running driver's ``start`` failed (logged at ERROR too); the
+        connector serves the other platforms.  A runner may refuse to go on with failures."""
         for driver in self.drivers.values():
             driver.attach(self.driver_intake)
 
@@ -429,6 +432,8 @@ class Connector:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if what == "start":
+                self.driver_failures[platform] = f"{type(exc).__name__}: {str(exc)[:300]}"
             # One line, the text escaped: a driver's error may quote what its platform said.
             log.error(
                 "connector: the %s driver failed to %s: %s: %s",
