@@ -19,7 +19,8 @@ from nio import AsyncClient
 
 from relay.matrix._api import MatrixAuthError
 from relay.matrix.driver import MatrixDriver, txn_id
-from relay.matrix.testing import Homeserver, MatrixAccount
+from relay.matrix.testing import Homeserver, MatrixAccount, start_homeserver
+from tests.relay.matrix.fault_proxy import FaultProxy
 from tests.relay.matrix.notes_intake import NotesIntake
 
 pytestmark = pytest.mark.asyncio
@@ -449,3 +450,57 @@ async def test_a_gap_in_a_limited_timeline_is_filled_in_order(
     async with running(make_driver(bot, timeline_limit=2), notes):
         await notes.wait_for(7)
     assert notes.texts() == [f"while down {n}" for n in range(7)]
+
+
+@pytest.mark.parametrize("fault", ["502", "malformed", "not-json", "drop"])
+async def test_a_homeserver_misbehaving_mid_sync_never_moves_the_cursor_nor_loses_a_message(
+    homeserver: Homeserver, new_account: NewAccount, fault: str
+) -> None:
+    bot, ann = new_account("bot"), new_account("ann")
+    proxy = await FaultProxy(homeserver.url).start()
+    notes = NotesIntake()
+    try:
+        driver = MatrixDriver(proxy.url, bot.user_id, password=bot.password, sync_timeout_ms=1000)
+        async with running(driver, notes):
+            room = await a_room_with_the_bot(homeserver, driver, ann)
+            saved = len(notes.saves)
+            proxy.faults = [fault, fault]
+            async with asyncio.timeout(20):
+                while proxy.spoiled < 1:  # the next sync was spoiled: the driver backs off
+                    await asyncio.sleep(0.01)
+            homeserver.send_text(ann, room, "through the trouble")  # in the second's answer
+            await notes.wait_for(1, timeout_s=30)
+            await rounds(driver)
+    finally:
+        await proxy.stop()
+    assert proxy.spoiled == 2
+    # (A dropped connection may be asked again at once by the HTTP client: one round.)
+    assert driver.failed_rounds >= 1
+    assert notes.texts() == ["through the trouble"]
+    # The spoiled rounds saved nothing; the round that took the message moved the token.
+    assert [name for name, _ in notes.saves[saved:]] == ["next_batch"] * (len(notes.saves) - saved)
+
+
+async def test_the_servers_rate_limit_is_waited_out_and_every_send_lands_once(
+    new_account: NewAccount,
+) -> None:
+    limits = {"rc_message": {"per_second": 4, "burst_count": 2}}
+    with start_homeserver(config_overrides=limits) as limited:
+        bot, ann = limited.register("bot"), limited.register("ann")
+        notes = NotesIntake()
+        async with running(make_driver(bot), notes) as driver:
+            room = await a_room_with_the_bot(limited, driver, ann)
+            outcomes = [
+                await driver.perform_once(
+                    {"op": "send", "chat_id": room, "content": f"n{n}"}, f"gw\x1fk{n}"
+                )
+                for n in range(8)
+            ]
+        bodies = [
+            e["content"]["body"]
+            for e in limited.messages(ann, room, event_type="m.room.message")
+            if e["sender"] == bot.user_id
+        ]
+    assert all(o.success for o in outcomes)
+    assert driver.rate_limited >= 1  # the server did say M_LIMIT_EXCEEDED
+    assert bodies == [f"n{n}" for n in range(8)]
