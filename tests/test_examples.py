@@ -223,6 +223,79 @@ async def test_chat_example_serves_a_bot_to_talk_to_until_ctrl_c(tmp_path: Path)
             await proc.wait()
 
 
+@pytest.mark.asyncio
+async def test_matrix_example_serves_a_person_on_any_matrix_client_until_ctrl_c(
+    tmp_path: Path,
+) -> None:
+    """``make matrix``: it starts a throwaway homeserver, prints its address, the person's login
+    and the dashboard; a person logging in there with a real Matrix client (matrix-nio) and
+    writing to the bot gets its answer; SIGINT stops it with exit 0 and the homeserver with it."""
+    import urllib.error  # noqa: PLC0415
+
+    from nio import AsyncClient, LoginResponse, RoomCreateResponse  # noqa: PLC0415
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "examples/matrix_bot.py",
+        "--data",
+        str(tmp_path / "matrix-data"),
+        "--port",
+        "0",
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        assert proc.stdout is not None
+        printed: list[str] = []
+        async with asyncio.timeout(TIMEOUT_S * 2):
+            while not printed or not printed[-1].startswith("the bot is listening"):
+                printed.append((await proc.stdout.readline()).decode().strip())
+        homeserver = next(line.split()[1] for line in printed if line.startswith("homeserver:"))
+        person_line = next(line.split() for line in printed if line.startswith("person:"))
+        person, password = person_line[1], person_line[3]
+        bot = next(line.split()[1] for line in printed if line.startswith("bot:"))
+        dashboard_url = next(line.split()[-1] for line in printed if line.startswith("dash"))
+        assert b"dashboard.js" in await asyncio.to_thread(_get, dashboard_url)
+        client = AsyncClient(homeserver, person)
+        try:
+            assert isinstance(await client.login(password), LoginResponse)
+            created = await client.room_create(invite=[bot], is_direct=True)
+            assert isinstance(created, RoomCreateResponse)
+            answers: list[str] = []
+            sent = False
+            async with asyncio.timeout(TIMEOUT_S):
+                while not answers:
+                    events = await asyncio.to_thread(
+                        _timeline, homeserver, str(client.access_token), created.room_id
+                    )
+                    joined = any(
+                        e.get("state_key") == bot and e["content"].get("membership") == "join"
+                        for e in events
+                    )
+                    if joined and not sent:
+                        body = {"msgtype": "m.text", "body": "hello bot"}
+                        await client.room_send(created.room_id, "m.room.message", body)
+                        sent = True
+                    answers = [
+                        e["content"]["body"]
+                        for e in events
+                        if e["sender"] == bot and e["type"] == "m.room.message"
+                    ]
+                    await asyncio.sleep(0.1)
+        finally:
+            await client.close()
+        assert answers == ["You said: *hello bot*\n\n(2 words)"]
+        proc.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(proc.wait(), TIMEOUT_S) == 0
+        with pytest.raises(urllib.error.URLError, match="refused"):  # the homeserver is gone
+            await asyncio.to_thread(_get, homeserver + "/_matrix/client/versions")
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
 async def _edits_typing_and_long_answers(chat_url: str) -> None:
     """What the chat bot's docstring promises, as the page sees it: ``/edit`` edits a draft
     into the answer, ``/slow`` types first, and an answer longer than the page takes arrives
@@ -265,6 +338,18 @@ async def _next(ws: Any, kind: str, **fields: object) -> dict[str, Any]:
             message: dict[str, Any] = json.loads(await ws.recv())
             if message["type"] == kind and all(message.get(k) == v for k, v in fields.items()):
                 return message
+
+
+def _timeline(homeserver: str, token: str, room: str) -> list[dict[str, Any]]:
+    """A room's latest events, read back from the homeserver as its member ``token``."""
+    import urllib.parse  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
+    url = f"{homeserver}/_matrix/client/v3/rooms/{urllib.parse.quote(room)}/messages?dir=b"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        chunk: list[dict[str, Any]] = json.loads(response.read())["chunk"]
+        return chunk
 
 
 def _get(url: str) -> bytes:
