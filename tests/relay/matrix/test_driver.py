@@ -504,3 +504,36 @@ async def test_the_servers_rate_limit_is_waited_out_and_every_send_lands_once(
     assert all(o.success for o in outcomes)
     assert driver.rate_limited >= 1  # the server did say M_LIMIT_EXCEEDED
     assert bodies == [f"n{n}" for n in range(8)]
+
+
+async def test_a_room_someone_joins_turns_from_direct_to_group(
+    homeserver: Homeserver, new_account: NewAccount
+) -> None:
+    bot, ann, bob = new_account("bot"), new_account("ann"), new_account("bob")
+    notes = NotesIntake()
+    async with running(make_driver(bot), notes) as driver:
+        room = await a_room_with_the_bot(homeserver, driver, ann, direct=False)
+        homeserver.send_text(ann, room, "two of us")
+        await notes.wait_for(1)
+        homeserver.invite(ann, room, bob.user_id)
+        homeserver.join(bob, room)
+        homeserver.send_text(bob, room, "three of us")
+        await notes.wait_for(2)
+    assert [(e.text, e.source.chat_type) for e in notes.events] == [
+        ("two of us", "dm"),
+        ("three of us", "group"),
+    ]
+
+
+async def test_without_auto_join_an_invitation_is_left_alone(
+    homeserver: Homeserver, new_account: NewAccount
+) -> None:
+    bot, ann = new_account("bot"), new_account("ann")
+    notes = NotesIntake()
+    async with running(make_driver(bot, auto_join=False), notes) as driver:
+        room = homeserver.create_room(ann, invite=[bot.user_id])
+        await rounds(driver, 2)
+        assert room not in joined_rooms(homeserver, driver)
+        homeserver.send_text(ann, room, "not for you yet")
+        await rounds(driver, 2)
+    assert notes.texts() == []
