@@ -399,6 +399,11 @@ class Gateway:
         return self._path.labelled
 
     @property
+    def deduped(self) -> int:
+        """Redeliveries sent without the label: the platform shows one copy per key."""
+        return self._path.deduped
+
+    @property
     def settle_retry_delays_s(self) -> tuple[float, ...]:
         """Delays (gateway clock seconds) before each retry of a send-path ledger write that
         raised ``StoreError``; one try plus one per delay, then the row is left for

@@ -56,8 +56,8 @@ class DedupingAdapter(FakeAdapter):
 
 
 def deduped(gateway: Gateway) -> int:
-    """The send path's count of resends sent without a label because the platform dedupes."""
-    return gateway._path.deduped
+    """The gateway's count of resends sent without a label because the platform dedupes."""
+    return gateway.deduped
 
 
 async def recover(rig: Rig, clock: FakeClock, adapter: FakeAdapter) -> Gateway:
