@@ -1,6 +1,9 @@
 """The Discord platform driver: a bot's connector speaks Discord's gateway and REST API
-(``relay.discord.testing`` is a fake Discord for tests and examples)."""
+(:class:`DiscordDriver`; ``relay.discord.testing`` is a fake Discord for tests and examples)."""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from relay.discord._api import DiscordAuthError, DiscordError, DiscordUnreachable
+from relay.discord.driver import DiscordDriver
+
+__all__ = ["DiscordAuthError", "DiscordDriver", "DiscordError", "DiscordUnreachable"]

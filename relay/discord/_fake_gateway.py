@@ -114,6 +114,10 @@ class GatewayState:
         self.closes: list[int] = []
         """Close codes the fake sent."""
 
+    def sessions_seq(self) -> int:
+        """The highest seq any valid session is at (what a caught-up client has taken)."""
+        return max((s.seq for s in self.sessions.values() if s.valid), default=0)
+
     # -- dispatching ---------------------------------------------------------------------------
 
     def dispatch(self, event: str, data: dict[str, Any], *, wants: int = 0) -> None:
