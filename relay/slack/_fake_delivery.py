@@ -99,6 +99,11 @@ class Deliverer:
         """Deliveries (copies) neither acknowledged nor given up yet."""
         return len(self._tasks)
 
+    @property
+    def awaiting_ack(self) -> int:
+        """Envelopes sent whose ack window is still open."""
+        return len(self._waiting)
+
     def open_sockets(self) -> list[Socket]:
         """The connections new envelopes may go to."""
         return [s for s in self.sockets if not s.draining and not s.ws.closed]
