@@ -102,6 +102,7 @@ class UpdateQueue:
         """``getUpdates`` calls answered."""
         self.webhook_retry_s = webhook_retry_s
         self._next_id = first_update_id
+        self._ids: dict[int, int] = {}
         self._changed = asyncio.Event()
         self._poller = 0  # the generation of the getUpdates call that may wait
 
@@ -112,6 +113,9 @@ class UpdateQueue:
             return None
         if isinstance(update, dict) and "update_id" not in update:
             update = {"update_id": self._next_id, **update}
+        # The queue's own id decides confirmation, whatever the body says (a hostile body may
+        # carry no update_id, or a wrong one).
+        self._ids[id(update)] = self._next_id
         self._next_id += 1
         self.pending.append(update)
         self._changed.set()
@@ -123,10 +127,14 @@ class UpdateQueue:
 
     def _confirm(self, offset: int) -> None:
         if offset < 0:
-            self.pending = self.pending[offset:]
+            kept = self.pending[offset:]
         else:
             self.confirmed_below = max(self.confirmed_below, offset)
-        self.pending = [u for u in self.pending if (_id(u) or offset) >= offset]
+            kept = [u for u in self.pending if self._ids[id(u)] >= offset]
+        for update in self.pending:
+            if not any(update is k for k in kept):
+                self._ids.pop(id(update), None)
+        self.pending = kept
 
     async def get_updates(
         self, offset: int | None, limit: int, timeout_s: float, allowed: Sequence[str] | None
@@ -144,6 +152,7 @@ class UpdateQueue:
             self._confirm(offset)
         self._poller += 1
         me = self._poller
+        self._changed.set()  # a call still waiting ends (409)
         deadline = time.monotonic() + timeout_s
         while not self.pending:
             left = deadline - time.monotonic()
@@ -165,11 +174,17 @@ class UpdateQueue:
             answer.insert(1, answer[0])
         return answer
 
+    def close(self) -> None:
+        """End every waiting ``getUpdates`` (the server stops)."""
+        self._poller += 1
+        self._changed.set()
+
     def set_webhook(self, webhook: Webhook | None, *, drop_pending: bool) -> None:
         """Set (or, with None, delete) the webhook; ``drop_pending`` forgets every update."""
         self.webhook = webhook
         if drop_pending:
             self.pending.clear()
+            self._ids.clear()
         self._poller += 1  # a waiting getUpdates ends
         self._changed.set()
 
@@ -209,7 +224,7 @@ class UpdateQueue:
                     await self._post(session, hook, update)  # a copy: as after a lost answer
                 if self.pending and self.pending[0] is update:
                     self.pending.pop(0)
-                    uid = _id(update)
+                    uid = self._ids.pop(id(update), None)
                     if uid is not None:
                         self.confirmed_below = max(self.confirmed_below, uid + 1)
                 continue

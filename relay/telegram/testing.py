@@ -70,8 +70,8 @@ _STATUS_TEXT: Final = {500: "Internal Server Error", 502: "Bad Gateway", 503: "S
 
 @attrs.frozen
 class ApiCall:
-    """One request the bot made: the method, its parameters, the status answered (None: no
-    answer, an :meth:`FakeTelegram.act_then_timeout`)."""
+    """One request the bot made: the method, its parameters, the status answered (None: not
+    answered yet, or never: an :meth:`FakeTelegram.act_then_timeout`)."""
 
     method: str
     params: Mapping[str, Any]
@@ -137,6 +137,7 @@ class FakeTelegram:
         """Stop serving (hanging answers end with the connection); idempotent."""
         for event in list(self._hanging):
             event.set()
+        self.updates.close()
         pusher, self._pusher = self._pusher, None
         if pusher is not None:
             pusher.cancel()
@@ -289,32 +290,37 @@ class FakeTelegram:
             params = await _params(request)
         except ApiRefusal as bad:
             return web.json_response(bad.body(), status=bad.status)
+        # Recorded as it comes in (status None until answered): a long poll shows at once.
+        index = len(self.calls)
+        self.calls.append(ApiCall(method, params, None))
+
+        def answered(status: int | None) -> None:
+            self.calls[index] = ApiCall(method, params, status)
+
         if request.match_info["token"] != self.token or self.revoked:
-            refusal = ApiRefusal(401, "Unauthorized")
-            self.calls.append(ApiCall(method, params, 401))
-            return web.json_response(refusal.body(), status=401)
+            answered(401)
+            return web.json_response(ApiRefusal(401, "Unauthorized").body(), status=401)
         handler = _METHODS.get(method.lower())
         if handler is None:
-            self.calls.append(ApiCall(method, params, 404))
+            answered(404)
             return web.json_response(ApiRefusal(404, "Not Found").body(), status=404)
         faults = self._faults.get(method)
         fault = faults.pop(0) if faults else None
         if fault is not None and fault.kind == "body":
-            self.calls.append(ApiCall(method, params, 200))
+            answered(200)
             return web.Response(body=fault.body, content_type="application/json")
         if fault is not None and fault.kind == "fail":
             refusal = ApiRefusal(
                 fault.status, fault.description or "", retry_after=fault.retry_after
             )
-            self.calls.append(ApiCall(method, params, fault.status))
+            answered(fault.status)
             return web.json_response(refusal.body(), status=fault.status)
         try:
             result = await handler(self, params)
         except ApiRefusal as refused:
-            self.calls.append(ApiCall(method, params, refused.status))
+            answered(refused.status)
             return web.json_response(refused.body(), status=refused.status)
         if fault is not None and fault.kind == "hang":
-            self.calls.append(ApiCall(method, params, None))
             hang = asyncio.Event()
             self._hanging.add(hang)
             try:
@@ -322,7 +328,7 @@ class FakeTelegram:
             finally:
                 self._hanging.discard(hang)
             raise ConnectionResetError("the fake server never answers this call")
-        self.calls.append(ApiCall(method, params, 200))
+        answered(200)
         return web.json_response({"ok": True, "result": result})
 
     # -- the methods ------------------------------------------------------------------------
