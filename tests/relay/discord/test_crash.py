@@ -1,0 +1,552 @@
+"""The Discord driver's guarantee under SIGKILL, against the fake Discord.
+
+The fake Discord (``relay.discord.testing``) lives in the test process; the connector with the
+Discord driver on a SQLite file runs in a child process
+(``tests/relay/discord/connector_child.py``, on a fixed loopback port so that the gateway
+redials the same URL after a restart), and so does the gateway, an echo bot whose ledger is a
+SQLite file (``tests/relay/discord/gateway_child.py``), answering every message ``text`` with
+``echo: <text>`` in its thread and as a reply to it.
+
+Six channels (two DMs, two guild channels, two threads of a guild channel) get ``RATE_PER_S``
+unique messages a second together (``m-<channel>-<n>``) for the whole run, after one answered
+warm-up message in each.  Meanwhile faults drawn from a seed SIGKILL the connector and the
+gateway, shuffled, each restarted at once on its database, ``LIFE_S`` after the previous
+restart was READY; every second kill of each kind waits (at most ``MOMENT_WAIT_S``) for its
+moment: a connector whose output says it took an event whose seq is not saved yet (half
+taken), a gateway with messages unanswered (replies in flight).  After the last kill the load
+goes on for ``TAIL_S``, then the run waits (bounded) until every message is answered, the
+gateway's ledger owes nothing and the connector's buffer is empty.
+
+Then what every channel shows (the fake's record) is checked: every person message has exactly
+one bot message answering it (its ``message_reference`` is the message, its text ``echo:
+<text>`` after any "possible repeat" banner) in the same channel; no message without a reply,
+no second bot message for the same message (Discord deduplicates the sends by their nonce:
+**no duplicates at all**, labelled or not), nothing in the wrong channel, no stray bot message.
+
+``STATECORE_DISCORD_CRASH_KILLS`` sets the kills of each kind (default 3, the normal suite);
+``STATECORE_DISCORD_CRASH_SEED`` the seed (printed with the results).  Every wait is bounded
+and every child is killed and reaped in a ``finally``; the children exit on their own when
+orphaned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import aiohttp
+import attrs
+import pytest
+
+from relay.discord.testing import FakeDiscord, FakeMessage
+from statecore import RECONNECTED_MARKER, RECOVERED_MARKER, Ledger
+from statecore.lifecycles import ObligationState
+from statecore.obligation import OBLIGATION_KIND
+from stores import SQLiteStore
+from tests.process_lives import Lives, Quiet
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="kills real processes with SIGKILL")
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+KILLS_ENV = "STATECORE_DISCORD_CRASH_KILLS"
+SEED_ENV = "STATECORE_DISCORD_CRASH_SEED"
+DEFAULT_KILLS = 3
+DEFAULT_SEED = 20_261_204
+SECRET = "discord-crash-secret"
+RATE_PER_S = 5.0
+LIFE_S = (0.3, 2.5)
+MOMENT_WAIT_S = 3.0
+HANDLER_SLEEP_S = 0.2
+TAIL_S = 3.0
+READY_S = 40.0
+SETUP_S = 40.0
+QUIET_MAX_S = 120.0
+STABLE_S = 2.0
+BANNERS = (f"{RECOVERED_MARKER}\n\n", f"{RECONNECTED_MARKER}\n\n")
+CHANNELS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("1001", {}),
+    ("1002", {}),
+    ("2001", {"guild_id": "77"}),
+    ("2002", {"guild_id": "77"}),
+    ("3001", {"guild_id": "88", "thread": True, "parent_id": "3000"}),
+    ("3002", {"guild_id": "88", "thread": True, "parent_id": "3000"}),
+)
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    return int(raw) if raw else default
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def split_banner(text: str) -> tuple[bool, str]:
+    for banner in BANNERS:
+        if text.startswith(banner):
+            return True, text[len(banner) :]
+    return False, text
+
+
+@attrs.frozen
+class Analysis:
+    messages: int
+    replies: int
+    without_reply: tuple[str, ...]
+    duplicates: int
+    labelled: int
+    wrong_channel: int
+    stray: int
+
+
+def analyse(channels: Mapping[str, Sequence[FakeMessage]], bot_id: str) -> Analysis:
+    """Check what every channel shows (see the module docs)."""
+    people = {m.id: m for msgs in channels.values() for m in msgs if m.author_id != bot_id}
+    by_text = {m.content: m for m in people.values()}
+    copies: Counter[str] = Counter()
+    replies = labelled = wrong = stray = 0
+    for channel_id, messages in channels.items():
+        for message in messages:
+            if message.author_id != bot_id:
+                continue
+            replies += 1
+            flagged, rest = split_banner(message.content)
+            labelled += flagged
+            echoed = by_text.get(rest[len("echo: ") :]) if rest.startswith("echo: ") else None
+            target = people.get(message.reply_to or "")
+            found = echoed or target
+            if found is None:
+                stray += 1
+            elif found.channel_id != channel_id:
+                wrong += 1
+            elif echoed is not target:
+                stray += 1
+            else:
+                copies[found.id] += 1
+    return Analysis(
+        messages=len(people),
+        replies=replies,
+        without_reply=tuple(m.content for m in people.values() if not copies[m.id]),
+        duplicates=sum(n - 1 for n in copies.values() if n > 1),
+        labelled=labelled,
+        wrong_channel=wrong,
+        stray=stray,
+    )
+
+
+def test_the_analysis_counts_missing_duplicates_wrong_channels_and_labels() -> None:
+    """The harness's reading: a repeat is a duplicate labelled or not, a reply in another
+    channel or to the wrong message is never an answer."""
+
+    def msg(mid: str, ch: str, author: str, text: str, reply: str | None = None) -> FakeMessage:
+        return FakeMessage(mid, ch, author, author, text, author == "bot", reply_to=reply)
+
+    a = [msg("1", "a", "p", "m-a-0"), msg("2", "a", "p", "m-a-1"), msg("3", "a", "p", "m-a-2")]
+    b = [msg("4", "b", "q", "m-b-0")]
+    a += [
+        msg("10", "a", "bot", "echo: m-a-0", "1"),
+        msg("11", "a", "bot", f"{RECOVERED_MARKER}\n\necho: m-a-0", "1"),
+        msg("12", "a", "bot", "echo: m-a-1", "3"),
+        msg("13", "a", "bot", "echo: m-b-0", "4"),
+    ]
+    result = analyse({"a": a, "b": b}, "bot")
+    assert (result.messages, result.replies) == (4, 4)
+    assert result.without_reply == ("m-a-1", "m-a-2", "m-b-0")
+    assert (result.duplicates, result.labelled, result.wrong_channel, result.stray) == (1, 1, 1, 1)
+
+
+@attrs.define(eq=False)
+class Life:
+    proc: asyncio.subprocess.Process
+    ready: asyncio.Event = attrs.field(factory=asyncio.Event)
+    taken: list[str] = attrs.field(factory=list)
+    unsaved: int = 0
+    saving: bool = False
+    took: asyncio.Event = attrs.field(factory=asyncio.Event)
+    reader: asyncio.Task[None] | None = None
+
+    @property
+    def half_taken(self) -> bool:
+        return self.unsaved > 0 and not self.saving
+
+
+async def read_output(life: Life, log: IO[bytes]) -> None:
+    stream = life.proc.stdout
+    assert stream is not None
+    async for raw in stream:
+        log.write(raw)
+        line = raw.decode(errors="replace").rstrip("\n")
+        if line.startswith("READY "):
+            life.ready.set()
+        elif line.startswith("T "):
+            life.taken.append(line[2:])
+            life.unsaved += 1
+            life.took.set()
+        elif line == "s":
+            life.saving = True
+            life.took.clear()
+        elif line == "S":
+            life.unsaved, life.saving = 0, False
+
+
+class Processes(Lives):
+    """The successive lives of one kind of child."""
+
+    def __init__(self, name: str, argv: list[str], log: IO[bytes]) -> None:
+        super().__init__()
+        self.name, self.argv, self.log = name, argv, log
+        self.by_proc: dict[int, Life] = {}
+        self.ready_times: list[float] = []
+
+    @property
+    def current(self) -> Life | None:
+        if self.lives and self.lives[-1].returncode is None:
+            return self.by_proc[id(self.lives[-1])]
+        return None
+
+    def all_lives(self) -> list[Life]:
+        return [self.by_proc[id(proc)] for proc in self.lives]
+
+    async def spawn(self) -> Life:
+        began = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            *self.argv,
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+        )
+        self.lives.append(proc)
+        life = Life(proc)
+        self.by_proc[id(proc)] = life
+        life.reader = asyncio.create_task(read_output(life, self.log))
+        waits = [asyncio.create_task(life.ready.wait()), asyncio.create_task(proc.wait())]
+        await asyncio.wait(waits, timeout=READY_S, return_when=asyncio.FIRST_COMPLETED)
+        for task in waits:
+            task.cancel()
+        if not life.ready.is_set():
+            raise AssertionError(f"a {self.name} life was not READY within {READY_S:g} s")
+        self.ready_times.append(time.monotonic() - began)
+        return life
+
+    async def kill(self, life: Life, *, crash: bool = True) -> None:
+        await self.kill_one(life.proc, crash=crash)
+        if life.reader is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(life.reader, 5.0)
+
+    async def stop_all(self) -> None:
+        await self.kill_all()
+        for life in self.all_lives():
+            if life.reader is not None and not life.reader.done():
+                life.reader.cancel()
+                with contextlib.suppress(BaseException):
+                    await life.reader
+
+
+async def healthz(session: aiohttp.ClientSession, port: int) -> dict[str, Any] | None:
+    try:
+        async with session.get(
+            f"http://127.0.0.1:{port}/healthz", timeout=aiohttp.ClientTimeout(total=2)
+        ) as response:
+            body = await response.json()
+            return body if isinstance(body, dict) else None
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+
+
+def ledger_counts(db: Path) -> tuple[int, int, int]:
+    """(owed, abandoned, sent more than once) in the bot's ledger."""
+    if not db.exists():
+        return -1, -1, -1
+    store = SQLiteStore(db)
+    try:
+        ledger = Ledger(store)
+        rows = store.select(OBLIGATION_KIND, states=tuple(ObligationState))
+        resent = sum(int(row["attempts"]) > 1 for row in rows)
+        return len(ledger.owed()), len(ledger.abandoned()), resent
+    finally:
+        store.close()
+
+
+@attrs.frozen
+class Kill:
+    kind: str
+    at: float
+    targeted: bool
+    in_flight: int
+
+
+class CrashRun:
+    """One run: the channels, the processes, the load, the faults, the quiet period."""
+
+    def __init__(self, fake: FakeDiscord, workdir: Path, wanted: int, seed: int) -> None:
+        self.fake = fake
+        self.workdir = workdir
+        self.wanted = wanted
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.port = free_port()
+        self.gateway_db = workdir / "gateway.db"
+        self.written: dict[str, int] = {c: 0 for c, _ in CHANNELS}
+        self.sent: list[FakeMessage] = []
+        self.kills: list[Kill] = []
+        self.stop_load = asyncio.Event()
+
+    def argv(self, kind: str) -> list[str]:
+        if kind == "connector":
+            return [
+                *("tests.relay.discord.connector_child", "--api-base", self.fake.api_base),
+                *("--token", self.fake.token, "--db", str(self.workdir / "connector.db")),
+                *("--secret", SECRET, "--port", str(self.port)),
+            ]
+        return [
+            *("tests.relay.discord.gateway_child", "--url", f"ws://127.0.0.1:{self.port}"),
+            *("--db", str(self.gateway_db), "--secret", SECRET),
+            *("--handler-sleep", str(HANDLER_SLEEP_S)),
+        ]
+
+    def answered(self) -> set[str]:
+        return {
+            m.reply_to
+            for c, _ in CHANNELS
+            for m in self.fake.bot_messages(c)
+            if m.reply_to is not None
+        }
+
+    def in_flight(self) -> int:
+        return len({m.id for m in self.sent} - self.answered())
+
+    def write(self, index: int, suffix: str | None = None) -> None:
+        channel, options = CHANNELS[index]
+        n = self.written[channel]
+        self.written[channel] += 1
+        text = f"m-{channel}-{suffix or n}"
+        self.sent.append(self.fake.user_writes(channel, text, author=f"p{index}", **options))
+
+    async def load(self) -> None:
+        interval, next_at, n = 1.0 / RATE_PER_S, time.monotonic(), 0
+        while not self.stop_load.is_set():
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self.write(n % len(CHANNELS))
+            n += 1
+            next_at += interval
+
+    async def faults(self, connectors: Processes, gateways: Processes) -> None:
+        kinds = ["connector"] * self.wanted + ["gateway"] * self.wanted
+        self.rng.shuffle(kinds)
+        for kind in kinds:
+            await asyncio.sleep(self.rng.uniform(*LIFE_S))
+            lives = connectors if kind == "connector" else gateways
+            life = lives.current
+            assert life is not None, f"no {kind} life is running"
+            aim = lives.kills % 2 == 1
+            with contextlib.suppress(TimeoutError):
+                if aim and kind == "connector":
+                    await asyncio.wait_for(life.took.wait(), MOMENT_WAIT_S)
+                elif aim:
+                    await bounded(lambda: self.in_flight() > 0, MOMENT_WAIT_S)
+            self.kills.append(Kill(kind, time.monotonic(), aim, self.in_flight()))
+            await lives.kill(life)
+            await lives.spawn()
+
+    async def quiet(self, http: aiohttp.ClientSession) -> Quiet:
+        quiet = Quiet()
+        began = time.monotonic()
+        last_count, calm_since = -1, time.monotonic()
+        while time.monotonic() - began < QUIET_MAX_S:
+            quiet.owed = ledger_counts(self.gateway_db)[0]
+            health = await healthz(http, self.port)
+            quiet.buffered = None if health is None else health.get("buffered")
+            count = sum(len(self.fake.bot_messages(c)) for c, _ in CHANNELS)
+            if count != last_count:
+                last_count, calm_since = count, time.monotonic()
+            calm = time.monotonic() - calm_since >= STABLE_S
+            if not self.in_flight() and quiet.owed == 0 and quiet.buffered == 0 and calm:
+                quiet.settled = True
+                break
+            await asyncio.sleep(0.25)
+        quiet.seconds = time.monotonic() - began
+        return quiet
+
+    async def run(self) -> dict[str, Any]:
+        workdir = self.workdir
+        with (
+            (workdir / "connector.log").open("ab") as connector_log,
+            (workdir / "gateway.log").open("ab") as gateway_log,
+        ):
+            connectors = Processes("connector", self.argv("connector"), connector_log)
+            gateways = Processes("gateway", self.argv("gateway"), gateway_log)
+            http = aiohttp.ClientSession()
+            try:
+                await connectors.spawn()
+                await gateways.spawn()
+
+                async def connected() -> bool:
+                    health = await healthz(http, self.port)
+                    return health is not None and health.get("gateways") == 1
+
+                await bounded_async(connected, SETUP_S)
+                for index in range(len(CHANNELS)):
+                    self.write(index, "warm")
+                await bounded(lambda: not self.in_flight(), SETUP_S)
+                began = time.monotonic()
+                load = asyncio.create_task(self.load())
+                try:
+                    async with asyncio.timeout(self.wanted * 2 * (READY_S + 10) + 60):
+                        await self.faults(connectors, gateways)
+                        await asyncio.sleep(TAIL_S)
+                finally:
+                    self.stop_load.set()
+                    await asyncio.wait_for(load, 5)
+                load_s = time.monotonic() - began
+                quiet = await self.quiet(http)
+                for lives in (connectors, gateways):
+                    final = lives.current
+                    if final is not None:
+                        await lives.kill(final, crash=False)
+            finally:
+                await connectors.stop_all()
+                await gateways.stop_all()
+                await http.close()
+        channels = {c: self.fake.channel(c) for c, _ in CHANNELS}
+        lives = connectors.all_lives()
+        taken = Counter(e for life in lives for e in set(life.taken))
+        owed, abandoned, resent = ledger_counts(self.gateway_db)
+        return {
+            "analysis": analyse(channels, self.fake.bot_id),
+            "load_s": load_s,
+            "sent": len(self.sent),
+            "connector_kills": connectors.kills,
+            "gateway_kills": gateways.kills,
+            "half_taken": sum(life.half_taken for life in lives[:-1]),
+            "while_saving": sum(life.saving for life in lives[:-1]),
+            "redelivered": sum(n > 1 for n in taken.values()),
+            "other_exits": connectors.other_exits + gateways.other_exits,
+            "quiet": quiet,
+            "owed": owed,
+            "abandoned": abandoned,
+            "resent": resent,
+            "in_flight_at_gateway_kills": [k.in_flight for k in self.kills if k.kind == "gateway"],
+            "resumes": len(self.fake.gateway.resumes),
+            "identifies": self.fake.gateway.identifies,
+            "nonce_repeats": sum(
+                1 for r in self.fake.requests if r.route.endswith("/messages") and r.status == 200
+            )
+            - sum(len(self.fake.bot_messages(c)) for c, _ in CHANNELS),
+            "ready_s": (connectors.ready_times[1:], gateways.ready_times[1:]),
+        }
+
+
+async def bounded(check: Any, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError
+        await asyncio.sleep(0.1)
+
+
+async def bounded_async(check: Any, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        if time.monotonic() > deadline:
+            raise TimeoutError
+        await asyncio.sleep(0.1)
+
+
+def summary(seed: int, r: Mapping[str, Any]) -> str:
+    a: Analysis = r["analysis"]
+    quiet: Quiet = r["quiet"]
+
+    def spread(values: Sequence[float]) -> str:
+        if not values:
+            return "-"
+        ordered = sorted(values)
+        return f"p50 {statistics.median(ordered):.2f} s, max {ordered[-1]:.2f} s"
+
+    flights = r["in_flight_at_gateway_kills"]
+    rows = [
+        ("seed", str(seed)),
+        ("channels", "6 (2 DMs, 2 guild channels, 2 threads)"),
+        ("load", f"{r['load_s']:.1f} s, {(r['sent'] - 6) / r['load_s']:.2f} messages/s"),
+        ("messages written", str(r["sent"])),
+        ("bot replies in the channels", str(a.replies)),
+        ("connector kills (SIGKILL)", str(r["connector_kills"])),
+        ("  with a dispatch half taken", str(r["half_taken"])),
+        ("  while saving the seq", str(r["while_saving"])),
+        ("  events replayed and recognised", str(r["redelivered"])),
+        ("gateway RESUMEs / IDENTIFYs", f"{r['resumes']} / {r['identifies']}"),
+        ("gateway kills (SIGKILL)", str(r["gateway_kills"])),
+        (
+            "  messages in flight at a kill",
+            f"mean {statistics.mean(flights):.1f}, {sum(n > 0 for n in flights)} of "
+            f"{len(flights)} kills with some"
+            if flights
+            else "-",
+        ),
+        ("  replies sent more than once (ledger)", str(r["resent"])),
+        ("  creates answered with an earlier message (nonce)", str(r["nonce_repeats"])),
+        ("lives ended otherwise", str(r["other_exits"])),
+        ("MISSING (no reply)", str(len(a.without_reply))),
+        ("DUPLICATES (labelled or not)", str(a.duplicates)),
+        ("WRONG CHANNEL", str(a.wrong_channel)),
+        ("stray bot messages", str(a.stray)),
+        ("labelled (possible repeat banner)", str(a.labelled)),
+        ("connector restart to READY", spread(r["ready_s"][0])),
+        ("gateway restart to READY", spread(r["ready_s"][1])),
+        (
+            "quiet period",
+            f"{quiet.seconds:.1f} s ({'settled' if quiet.settled else 'NOT settled'}); "
+            f"owed {r['owed']}, abandoned {r['abandoned']}, unacked buffered {quiet.buffered}",
+        ),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = ["discord crash run"] + [f"  {name:<{width}}  {value}" for name, value in rows]
+    return "\n".join(lines)
+
+
+@pytest.mark.asyncio
+async def test_every_message_is_answered_exactly_once_across_sigkills_of_both_processes(
+    tmp_path: Path,
+) -> None:
+    """Under steady load in six channels, with the connector and the gateway SIGKILLed again
+    and again, every message has exactly one answer in its own channel: no duplicates at all."""
+    wanted, seed = env_int(KILLS_ENV, DEFAULT_KILLS), env_int(SEED_ENV, DEFAULT_SEED)
+    print(f"\ndiscord crash run: seed {seed}, {wanted} kills of each kind", flush=True)
+    async with FakeDiscord(route_limit=(50, 1.0), session_timeout_s=300.0) as fake:
+        result = await CrashRun(fake, tmp_path, wanted, seed).run()
+    text = summary(seed, result)
+    print(text)
+    a: Analysis = result["analysis"]
+    problems = []
+    if result["connector_kills"] < wanted or result["gateway_kills"] < wanted:
+        problems.append("the harness did not kill enough")
+    if result["sent"] - 6 < 4 * result["load_s"]:
+        problems.append("the load fell below 4 messages/s")
+    if result["other_exits"]:
+        problems.append(f"lives that ended other than by SIGKILL: {result['other_exits']}")
+    if a.without_reply:
+        problems.append(f"messages without a reply: {list(a.without_reply)[:10]}")
+    if a.duplicates or a.wrong_channel or a.stray:
+        problems.append(f"duplicates {a.duplicates}, wrong {a.wrong_channel}, stray {a.stray}")
+    if result["owed"] or result["abandoned"] or not result["quiet"].settled:
+        problems.append("not settled: the ledger owes or the buffer holds entries")
+    assert not problems, text + "\n" + "\n".join(problems)
