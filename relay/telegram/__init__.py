@@ -5,6 +5,13 @@ examples)."""
 from __future__ import annotations
 
 from relay.telegram._api import TelegramAuthError, TelegramError, TelegramUnreachable
+from relay.telegram._env import driver_from_env
 from relay.telegram.driver import TelegramDriver
 
-__all__ = ["TelegramAuthError", "TelegramDriver", "TelegramError", "TelegramUnreachable"]
+__all__ = [
+    "TelegramAuthError",
+    "TelegramDriver",
+    "TelegramError",
+    "TelegramUnreachable",
+    "driver_from_env",
+]

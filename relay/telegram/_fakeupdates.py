@@ -131,8 +131,9 @@ class UpdateQueue:
         else:
             self.confirmed_below = max(self.confirmed_below, offset)
             kept = [u for u in self.pending if self._ids[id(u)] >= offset]
+        alive = {id(update) for update in kept}
         for update in self.pending:
-            if not any(update is k for k in kept):
+            if id(update) not in alive:
                 self._ids.pop(id(update), None)
         self.pending = kept
 
