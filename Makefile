@@ -55,6 +55,12 @@ sim: $(STAMP)
 sim-real: $(STAMP)
 	$(BIN)/python -m relay.sim --real --seeds $(SEEDS)
 
+# The Matrix crash run, long: the connector (Matrix driver) and the gateway SIGKILLed KILLS times
+# each under load against a throwaway Synapse, its summary table printed (make test runs 3 each).
+KILLS ?= 50
+matrix-crash: $(STAMP)
+	STATECORE_MATRIX_CRASH_KILLS=$(KILLS) $(BIN)/pytest -q -s tests/relay/matrix/test_crash.py
+
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python benchmarks/run_all.py

@@ -1,10 +1,12 @@
-"""The bot process of tests/relay/test_crash_under_load.py (run as a module, never collected).
+"""The bot process of the crash tests (tests/relay/test_crash_under_load.py and
+tests/relay/matrix/test_crash.py; run as a module, never collected).
 
-``python -m tests.relay.crash_child --url URL --db DB --secret SECRET [--handler-sleep S]``
-(from the repository root) runs an echo bot: a ``Gateway`` whose ledger, sessions and handled
-bufferIds live in the SQLite file ``DB``, connected to the connector at ``URL`` as gateway
-``gw`` on the ``loopback`` platform.  Every message ``text`` is answered with the ledgered
-reply ``echo: <text>``, after ``S`` seconds of work.
+``python -m tests.relay.crash_child --url URL --db DB --secret SECRET [--handler-sleep S]
+[--platform NAME]`` (from the repository root) runs an echo bot: a ``Gateway`` whose ledger,
+sessions and handled bufferIds live in the SQLite file ``DB``, connected to the connector at
+``URL`` as gateway ``gw`` on the platform ``NAME`` (default ``loopback``; the Matrix crash test
+runs it on ``matrix``).  Every message ``text`` is answered with the ledgered reply
+``echo: <text>`` (in the message's thread, as a reply to it), after ``S`` seconds of work.
 
 It prints ``READY pid=<pid> claimed=<n>`` once ``gateway.start()`` returned and then serves
 until it is killed.  It exits on its own (status 3) if its parent goes away or after
@@ -34,6 +36,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--url", required=True, help="the connector's ws:// URL")
     parser.add_argument("--db", required=True, help="the bot's SQLite file")
     parser.add_argument("--secret", required=True, help="the gateway's shared secret")
+    parser.add_argument("--platform", default=PLATFORM, help="the platform the bot serves")
     parser.add_argument("--handler-sleep", type=float, default=0.0, help="seconds of work")
     parser.add_argument("--backoff", type=float, default=0.05, help="reconnect backoff base (s)")
     parser.add_argument("--max-life", type=float, default=900.0, help="exit after this (s)")
@@ -46,7 +49,7 @@ async def serve(args: argparse.Namespace) -> int:
     store = SQLiteStore(args.db)
     transport = WebSocketRelayTransport(
         args.url,
-        PLATFORM,
+        args.platform,
         BOT_ID,
         gateway_id=GATEWAY_ID,
         secret=args.secret,
@@ -56,7 +59,7 @@ async def serve(args: argparse.Namespace) -> int:
     )
     adapter = RelayAdapter(transport)
     gateway = Gateway(store)
-    gateway.add_adapter(PLATFORM, adapter)
+    gateway.add_adapter(args.platform, adapter)
     handler_sleep: float = args.handler_sleep
 
     async def echo(turn: Turn) -> None:
