@@ -30,6 +30,8 @@ class NotesIntake:
         self.refuse = 0
         """Refuse this many intake calls (IntakeFull) before taking again."""
         self.refused = 0
+        self.break_takes = 0
+        """Fail this many intake calls with a StoreError (the store is failing)."""
         self.fail_saves = 0
         """Fail this many note saves (StoreError) before saving again."""
         self.saves: list[tuple[str, str]] = []
@@ -43,6 +45,9 @@ class NotesIntake:
             self.refuse -= 1
             self.refused += 1
             raise IntakeFull("the test refuses this event")
+        if self.break_takes:
+            self.break_takes -= 1
+            raise StoreError("the test's store fails")
         self.events.append(event)
         self.taken_after_calls.append(self._calls())
         self.arrived.set()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -205,6 +206,26 @@ async def test_a_restarted_connector_resumes_from_its_offset_and_hands_nothing_o
         "echo: while the connector was down",
         "echo: after",
     ]
+
+
+async def test_a_webhook_bot_answers_what_telegram_pushes(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    hook = {
+        "mode": "webhook",
+        "webhook_url": f"http://127.0.0.1:{port}/telegram",
+        "webhook_port": port,
+    }
+    async with a_bot(tmp_path, **hook) as bot:
+        fake = bot.fake
+        await until(lambda: fake.updates.webhook is not None, "the webhook set")
+        asked = fake.user_writes(42, "pushed")["message"]["message_id"]
+        await until(lambda: len(bot_messages(fake, 42)) == 1, "the answer")
+    (answer,) = bot_messages(fake, 42)
+    assert (answer.text, answer.reply_to) == ("echo: pushed", asked)
+    assert fake.calls_of("getUpdates") == []
+    assert [d.status for d in fake.updates.deliveries] == [200]
 
 
 async def test_a_reply_over_the_limit_is_split_by_utf16_units(tmp_path: Path) -> None:
