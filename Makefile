@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 # Every Python tree that the gates check (those that exist in this checkout).
 CODE := $(wildcard statecore stores relay tests benchmarks examples docs)
 
-.PHONY: demo chat matrix matrix-crash sim sim-real test lint typecheck pytest bench clean
+.PHONY: demo chat matrix telegram slack discord matrix-crash telegram-crash slack-crash \
+	discord-crash sim sim-real test lint typecheck pytest bench clean
 
 $(BIN)/python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need Python 3.11+ on PATH (or make PYTHON=...)"; exit 1; }
@@ -31,6 +32,17 @@ chat: $(STAMP)
 # with the person's login printed for any Matrix client, until Ctrl-C.
 matrix: $(STAMP)
 	$(BIN)/python examples/matrix_bot.py $(ARGS)
+
+# A bot on a fake Telegram, Slack or Discord on loopback, where you play the person (or the real
+# platform with its token in the environment: see docs/telegram.md, slack.md, discord.md).
+telegram: $(STAMP)
+	$(BIN)/python examples/telegram_bot.py $(ARGS)
+
+slack: $(STAMP)
+	$(BIN)/python examples/slack_bot.py $(ARGS)
+
+discord: $(STAMP)
+	$(BIN)/python examples/discord_bot.py $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(CODE)
@@ -60,6 +72,16 @@ sim-real: $(STAMP)
 KILLS ?= 50
 matrix-crash: $(STAMP)
 	STATECORE_MATRIX_CRASH_KILLS=$(KILLS) $(BIN)/pytest -q -s tests/relay/matrix/test_crash.py
+
+# The same crash runs against the fake Telegram, Slack and Discord (make test runs 3 kills each).
+telegram-crash: $(STAMP)
+	STATECORE_TELEGRAM_CRASH_KILLS=$(KILLS) $(BIN)/pytest -q -s tests/relay/telegram/test_crash.py
+
+slack-crash: $(STAMP)
+	STATECORE_SLACK_CRASH_KILLS=$(KILLS) $(BIN)/pytest -q -s tests/relay/slack/test_crash.py
+
+discord-crash: $(STAMP)
+	STATECORE_DISCORD_CRASH_KILLS=$(KILLS) $(BIN)/pytest -q -s tests/relay/discord/test_crash.py
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'

@@ -28,6 +28,9 @@ def imported(module_dir: Path, *, recursive: bool = True) -> dict[str, set[str]]
     return found
 
 
+DRIVERS = ("matrix", "slack", "discord", "telegram")
+"""The platform drivers' packages (relay/<name>): none imports another."""
+
 RULES: list[tuple[str, tuple[str, ...]]] = [
     ("statecore", ("relay", "stores", "sqlite3", "websockets")),
     ("statecore/gateway", ("relay", "stores", "sqlite3", "websockets")),
@@ -41,16 +44,20 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("relay/web", ("relay.client",)),
     # A platform driver: the connector's driver protocol and the wire, never the gateway side,
     # another driver, or the connector's server itself.
-    (
-        "relay/matrix",
+    *(
         (
-            "relay.client",
-            "relay.web",
-            "relay.connector.server",
-            "statecore.gateway",
-            "stores",
-            "websockets",
-        ),
+            f"relay/{driver}",
+            (
+                "relay.client",
+                "relay.web",
+                "relay.connector.server",
+                "statecore.gateway",
+                "stores",
+                "websockets",
+                *(f"relay.{other}" for other in DRIVERS if other != driver),
+            ),
+        )
+        for driver in DRIVERS
     ),
 ]
 

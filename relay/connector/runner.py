@@ -13,8 +13,8 @@ environment, then the command line, each overriding the one before::
     my-bot = ["s3cret"]
 
     [drivers]                         # STATECORE_CONNECTOR_DRIVERS="loopback=loopback"
-    loopback = "loopback"             # or "matrix", or "package.module:factory"
-                                      # (factory(platform) -> driver)
+    loopback = "loopback"             # or "matrix", "telegram", "slack", "discord", or
+                                      # "package.module:factory" (factory(platform) -> driver)
 
     [matrix]                          # the settings of every "matrix" driver (relay.matrix)
     homeserver = "https://matrix.example.org"  # STATECORE_MATRIX_HOMESERVER
@@ -24,6 +24,13 @@ environment, then the command line, each overriding the one before::
     device_id = "BOTDEVICE"           # STATECORE_MATRIX_DEVICE_ID (optional)
     auto_join = true                  # STATECORE_MATRIX_AUTO_JOIN (1/0): join when invited
     msgtype = "m.text"                # STATECORE_MATRIX_MSGTYPE: or "m.notice"
+
+The ``telegram``, ``slack`` and ``discord`` drivers are configured by the environment only (their
+tokens stay out of files): ``STATECORE_TELEGRAM_TOKEN`` (and ``_MODE``, ``_WEBHOOK_*``,
+``_API_URL``: :func:`relay.telegram.driver_from_env`); ``STATECORE_SLACK_BOT_TOKEN``,
+``_APP_TOKEN`` (Socket Mode), ``_SIGNING_SECRET`` (the Events API), ``_MODE`` (``socket`` or
+``events``), ``_CONNECTIONS``, ``_EVENTS_HOST``, ``_EVENTS_PORT``, ``_API_URL``;
+``STATECORE_DISCORD_TOKEN`` and ``STATECORE_DISCORD_API_BASE``.
 
     [tenants]                         # STATECORE_CONNECTOR_TENANTS="my-bot=scope-a,scope-b"
     my-bot = ["scope-a"]
@@ -95,6 +102,9 @@ class ConnectorConfig:
     matrix: Mapping[str, Any] = attrs.field(factory=dict)
     """The ``[matrix]`` table: the keyword arguments of every ``matrix`` driver."""
 
+
+_BUILT_IN = ("loopback", "matrix", "telegram", "slack", "discord")
+"""The driver specs ``[drivers]`` names without a factory."""
 
 _MATRIX_ENV = "STATECORE_MATRIX_"
 _MATRIX_SETTINGS: dict[str, type] = {
@@ -187,10 +197,10 @@ def _checked(values: Mapping[str, Any]) -> ConnectorConfig:
     if not isinstance(drivers, Mapping) or not drivers:
         raise ConfigError('drivers: no platform is fronted (e.g. loopback = "loopback")')
     for platform, spec in drivers.items():
-        if not isinstance(spec, str) or not (spec in ("loopback", "matrix") or ":" in spec):
+        if not isinstance(spec, str) or not (spec in _BUILT_IN or ":" in spec):
             raise ConfigError(
-                f'drivers.{platform}: expected "loopback", "matrix" or "package.module:factory", '
-                f"not {spec!r}"
+                f"drivers.{platform}: expected one of {', '.join(map(repr, _BUILT_IN))} or "
+                f'"package.module:factory", not {spec!r}'
             )
     matrix = _matrix_settings(values.get("matrix", {}), "matrix" in drivers.values())
     store = str(values.get("store", "sqlite:///connector.db"))
@@ -257,16 +267,27 @@ def _string_lists(setting: str, value: object) -> dict[str, tuple[str, ...]]:
 
 
 def make_driver(
-    platform: str, spec: str, matrix: Mapping[str, Any] | None = None
+    platform: str,
+    spec: str,
+    matrix: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> PlatformDriver:
     """The driver ``spec`` names for ``platform``: ``"loopback"``, ``"matrix"`` (configured by
-    ``matrix``, the ``[matrix]`` settings) or ``"module:factory"``.
+    ``matrix``, the ``[matrix]`` settings), ``"telegram"``, ``"slack"``, ``"discord"``
+    (configured by ``env``, default ``os.environ``) or ``"module:factory"``.
 
-    Raises :class:`ConfigError` when the module or factory cannot be found, or the matrix
-    settings are refused by the driver.
+    Raises :class:`ConfigError` when the module or factory cannot be found, or the driver
+    refuses its settings (naming the setting, never quoting a token).
     """
     if spec == "loopback":
         return LoopbackPlatform(platform)
+    if spec in ("telegram", "slack", "discord"):
+        try:
+            return _env_driver(platform, spec, os.environ if env is None else env)
+        except ImportError as exc:
+            raise ConfigError(f"drivers.{platform}: the {spec} driver cannot load: {exc}") from exc
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"drivers.{platform} ({spec}): {exc}") from exc
     if spec == "matrix":
         try:
             from relay.matrix import MatrixDriver  # noqa: PLC0415  (needs statecore[matrix])
@@ -289,6 +310,46 @@ def make_driver(
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"drivers.{platform}: cannot load {spec!r}: {exc}") from exc
     return factory(platform)
+
+
+def _env_driver(platform: str, spec: str, env: Mapping[str, str]) -> PlatformDriver:
+    """A telegram, slack or discord driver from the environment (see the module docs)."""
+
+    def get(name: str) -> str | None:
+        value = env.get(f"STATECORE_{spec.upper()}_{name}", "").strip()
+        return value or None
+
+    def required(name: str) -> str:
+        value = get(name)
+        if value is None:
+            raise ValueError(f"STATECORE_{spec.upper()}_{name} is not set")
+        return value
+
+    if spec == "telegram":
+        from relay.telegram import driver_from_env  # noqa: PLC0415
+
+        return driver_from_env(platform, env)
+    if spec == "discord":
+        from relay.discord import DiscordDriver  # noqa: PLC0415
+
+        base = get("API_BASE")
+        if base is None:
+            return DiscordDriver(required("TOKEN"), platform=platform)
+        return DiscordDriver(required("TOKEN"), platform=platform, api_base=base)
+    from relay.slack import SlackDriver  # noqa: PLC0415
+
+    options: dict[str, Any] = {"platform": platform}
+    for name in ("APP_TOKEN", "SIGNING_SECRET", "MODE", "EVENTS_HOST", "API_URL"):
+        value = get(name)
+        if value is not None:
+            options[name.lower()] = value
+    for name in ("CONNECTIONS", "EVENTS_PORT"):
+        value = get(name)
+        if value is not None:
+            if not value.isdigit():
+                raise ValueError(f"STATECORE_SLACK_{name} must be a whole number")
+            options[name.lower()] = int(value)
+    return SlackDriver(required("BOT_TOKEN"), **options)
 
 
 def _prometheus() -> tuple[Metrics, Callable[[], bytes] | None]:

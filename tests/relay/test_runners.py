@@ -128,6 +128,21 @@ def test_a_connector_and_a_gateway_run_are_probed_and_stop_on_sigterm(
         ),
         (["connector", "--config", "/nonexistent/connector.toml"], {}, "connector.toml"),
         (
+            ["connector", "--port", "0"],
+            {"STATECORE_CONNECTOR_SECRETS": "bot=s", "STATECORE_CONNECTOR_DRIVERS": "tg=telegram"},
+            "STATECORE_TELEGRAM_TOKEN",
+        ),
+        (
+            ["connector", "--port", "0"],
+            {"STATECORE_CONNECTOR_SECRETS": "bot=s", "STATECORE_CONNECTOR_DRIVERS": "sl=slack"},
+            "STATECORE_SLACK_BOT_TOKEN",
+        ),
+        (
+            ["connector", "--port", "0"],
+            {"STATECORE_CONNECTOR_SECRETS": "bot=s", "STATECORE_CONNECTOR_DRIVERS": "dc=discord"},
+            "STATECORE_DISCORD_TOKEN",
+        ),
+        (
             ["connector", "--port", "0", "--store", "mysql://nowhere/db"],
             {
                 "STATECORE_CONNECTOR_SECRETS": "bot=s",
@@ -160,6 +175,9 @@ def test_a_connector_and_a_gateway_run_are_probed_and_stop_on_sigterm(
         "no-secrets",
         "unknown-driver",
         "missing-config",
+        "telegram-no-token",
+        "slack-no-token",
+        "discord-no-token",
         "unknown-store",
         "cluster-on-sqlite",
         "no-connector",
