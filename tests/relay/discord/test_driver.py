@@ -1,5 +1,5 @@
 """The Discord driver against the fake Discord (real sockets on loopback), its connector side
-played in memory (tests/relay/discord/notes_intake.py).
+played in memory (tests/relay/notes_intake.py).
 
 Inbound: what a person writes is mapped (DMs, guild channels, threads, replies, edits), the
 bot's own messages are passed over, the seq moves only after the intake returned, a restarted
@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import json
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -24,7 +24,8 @@ import pytest_asyncio
 from relay.discord import DiscordAuthError, DiscordDriver
 from relay.discord.driver import nonce_of
 from relay.discord.testing import SEND_ROUTE, FakeDiscord
-from tests.relay.discord.notes_intake import NotesIntake
+from tests.relay import notes_intake
+from tests.relay.notes_intake import NotesIntake, until
 
 pytestmark = pytest.mark.asyncio
 BOUND_S = 15.0
@@ -44,22 +45,9 @@ def make_driver(fake: FakeDiscord, **options: Any) -> DiscordDriver:
 
 @contextlib.asynccontextmanager
 async def running(driver: DiscordDriver, notes: NotesIntake) -> AsyncIterator[DiscordDriver]:
-    driver.attach(notes)
-    await driver.start()
-    try:
-        await until(driver.gateway.connected.is_set, "a live gateway session")
+    async with notes_intake.running(driver, notes):
+        await until(driver.gateway.connected.is_set, "a live gateway session", BOUND_S)
         yield driver
-    finally:
-        await driver.stop()
-
-
-async def until(check: Callable[[], bool], what: str, timeout_s: float = BOUND_S) -> None:
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not check():
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout_s} s: {what}") from None
 
 
 def stored_seq(notes: NotesIntake) -> int:

@@ -21,7 +21,7 @@ from relay.matrix._api import MatrixAuthError
 from relay.matrix.driver import MatrixDriver, txn_id
 from relay.matrix.testing import Homeserver, MatrixAccount, start_homeserver
 from tests.relay.matrix.fault_proxy import FaultProxy
-from tests.relay.matrix.notes_intake import NotesIntake
+from tests.relay.notes_intake import NotesIntake, running
 
 pytestmark = pytest.mark.asyncio
 
@@ -31,16 +31,6 @@ NewAccount = Callable[..., MatrixAccount]
 def make_driver(account: MatrixAccount, **options: Any) -> MatrixDriver:
     options.setdefault("sync_timeout_ms", 1000)
     return MatrixDriver(account.homeserver, account.user_id, password=account.password, **options)
-
-
-@contextlib.asynccontextmanager
-async def running(driver: MatrixDriver, notes: NotesIntake) -> AsyncIterator[MatrixDriver]:
-    driver.attach(notes)
-    await driver.start()
-    try:
-        yield driver
-    finally:
-        await driver.stop()
 
 
 @contextlib.asynccontextmanager

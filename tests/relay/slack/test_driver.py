@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -18,11 +18,13 @@ import pytest_asyncio
 
 from relay.slack import SlackAuthError, SlackDriver
 from relay.slack.testing import FakeSlack, sign
-from tests.relay.slack.notes_intake import NotesIntake
+from tests.relay.notes_intake import NotesIntake, until_within
 
 pytestmark = pytest.mark.asyncio
 
 ACK_BUDGET_S = 0.6
+BOUND_S = 10.0
+"""The bound of every wait."""
 
 
 @pytest_asyncio.fixture
@@ -47,7 +49,7 @@ def socket_driver(fake: FakeSlack, **options: object) -> SlackDriver:
 
 @pytest_asyncio.fixture
 async def running(fake: FakeSlack) -> AsyncIterator[tuple[SlackDriver, NotesIntake]]:
-    driver, intake = socket_driver(fake), NotesIntake()
+    driver, intake = socket_driver(fake), NotesIntake(wait_s=BOUND_S)
     driver.attach(intake)
     await driver.start()
     try:
@@ -57,13 +59,7 @@ async def running(fake: FakeSlack) -> AsyncIterator[tuple[SlackDriver, NotesInta
         await driver.stop()
 
 
-async def until(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not check():
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout_s} s: {what}") from None
+until = until_within(BOUND_S)
 
 
 async def test_a_message_is_taken_with_its_ids_and_acked_once_and_the_bots_own_is_passed_over(
@@ -146,7 +142,7 @@ async def test_a_refresh_opens_the_new_connection_first_and_acks_on_the_old_one(
 async def test_several_connections_take_events_from_any_and_a_duplicate_is_offered_twice(
     fake: FakeSlack,
 ) -> None:
-    driver, intake = socket_driver(fake, connections=3), NotesIntake()
+    driver, intake = socket_driver(fake, connections=3), NotesIntake(wait_s=BOUND_S)
     driver.attach(intake)
     await driver.start()
     try:
@@ -315,7 +311,7 @@ async def test_refused_tokens_are_a_clear_error_and_an_unreachable_slack_is_retr
 
 
 async def test_a_restarted_driver_gets_what_slack_kept_unacked(fake: FakeSlack) -> None:
-    driver, intake = socket_driver(fake), NotesIntake()
+    driver, intake = socket_driver(fake), NotesIntake(wait_s=BOUND_S)
     driver.attach(intake)
     await driver.start()
     await until(lambda: bool(fake.delivery.open_sockets()), "a connection")
@@ -323,7 +319,7 @@ async def test_a_restarted_driver_gets_what_slack_kept_unacked(fake: FakeSlack) 
     await until(lambda: not fake.delivery.open_sockets(), "the connection closed")
     fake.user_writes("D1", "while down")
     await until(lambda: bool(fake.delivery.deliveries), "a failed attempt")
-    again, later = socket_driver(fake), NotesIntake()
+    again, later = socket_driver(fake), NotesIntake(wait_s=BOUND_S)
     again.attach(later)
     await again.start()
     try:
@@ -347,7 +343,7 @@ async def test_the_events_api_checks_signatures_refuses_replays_and_answers_5xx_
         api_url=fake.api_url,
         ack_budget_s=ACK_BUDGET_S,
     )
-    intake = NotesIntake()
+    intake = NotesIntake(wait_s=BOUND_S)
     driver.attach(intake)
     await driver.start()
     try:

@@ -20,9 +20,11 @@ import pytest_asyncio
 
 from relay.telegram import TelegramAuthError, TelegramDriver
 from relay.telegram.testing import FakeTelegram, TelegramUser
-from tests.relay.telegram.notes_intake import NotesIntake, running, until
+from tests.relay.notes_intake import NotesIntake, running, until
 
 pytestmark = pytest.mark.asyncio
+WAIT_S = 15.0
+"""The bound of the intake's waits."""
 
 
 @pytest_asyncio.fixture
@@ -50,7 +52,7 @@ def offsets(fake: FakeTelegram) -> list[int]:
 async def test_a_person_writes_and_the_driver_takes_it_then_confirms_it(
     fake: FakeTelegram,
 ) -> None:
-    notes = NotesIntake(lambda: polls(fake))
+    notes = NotesIntake(lambda: polls(fake), wait_s=WAIT_S)
     async with running(make_driver(fake), notes) as driver:
         update = fake.user_writes(42, "hello <b>bot</b>")
         await notes.wait_for(1)
@@ -77,7 +79,7 @@ async def test_a_person_writes_and_the_driver_takes_it_then_confirms_it(
 async def test_the_offset_stays_while_the_intake_refuses_and_moves_once_it_takes(
     fake: FakeTelegram,
 ) -> None:
-    notes = NotesIntake(lambda: polls(fake))
+    notes = NotesIntake(lambda: polls(fake), wait_s=WAIT_S)
     notes.refuse = 3
     async with running(make_driver(fake), notes) as driver:
         first = fake.user_writes(42, "one")
@@ -95,7 +97,7 @@ async def test_the_offset_stays_while_the_intake_refuses_and_moves_once_it_takes
 async def test_a_restart_resumes_from_the_stored_offset_and_hands_nothing_over_twice(
     fake: FakeTelegram,
 ) -> None:
-    notes = NotesIntake(lambda: polls(fake))
+    notes = NotesIntake(lambda: polls(fake), wait_s=WAIT_S)
     async with running(make_driver(fake), notes):
         fake.user_writes(42, "before")
         await notes.wait_for(1)
@@ -116,7 +118,7 @@ async def test_a_restart_resumes_from_the_stored_offset_and_hands_nothing_over_t
 async def test_an_offset_not_saved_means_the_same_update_again_under_the_same_id(
     fake: FakeTelegram,
 ) -> None:
-    notes = NotesIntake(lambda: polls(fake))
+    notes = NotesIntake(lambda: polls(fake), wait_s=WAIT_S)
     notes.fail_saves = 1  # the store fails once, after the intake took the event
     async with running(make_driver(fake), notes) as driver:
         update = fake.user_writes(42, "once")
@@ -129,7 +131,7 @@ async def test_an_offset_not_saved_means_the_same_update_again_under_the_same_id
 async def test_hostile_updates_are_rejected_or_passed_over_and_never_block_what_follows(
     fake: FakeTelegram,
 ) -> None:
-    notes = NotesIntake()
+    notes = NotesIntake(wait_s=WAIT_S)
     fake.user_writes(42, "first")
     ann = TelegramUser(5, "Ann", "ann")
     group = fake.user_writes(-100, "group hi", user=ann, chat_type="group")
@@ -187,7 +189,7 @@ async def test_hostile_updates_are_rejected_or_passed_over_and_never_block_what_
 
 
 async def test_a_garbled_or_refused_getupdates_keeps_the_offset(fake: FakeTelegram) -> None:
-    notes = NotesIntake()
+    notes = NotesIntake(wait_s=WAIT_S)
     fake.malformed_next_answer("getUpdates", b"<html>502</html>")
     fake.malformed_next_answer("getUpdates", b'{"ok": true, "result": {"not": "a list"}}')
     fake.fail_next("getUpdates", 429, retry_after=1)
@@ -201,7 +203,7 @@ async def test_a_garbled_or_refused_getupdates_keeps_the_offset(fake: FakeTelegr
 
 
 async def test_topics_replies_edits_and_typing_go_where_they_belong(fake: FakeTelegram) -> None:
-    notes = NotesIntake()
+    notes = NotesIntake(wait_s=WAIT_S)
     ann = TelegramUser(5, "Ann", "ann")
     async with running(make_driver(fake), notes) as driver:
         asked = fake.user_writes(
@@ -241,7 +243,7 @@ async def test_topics_replies_edits_and_typing_go_where_they_belong(fake: FakeTe
 async def test_refusals_come_back_with_codes_and_the_limit_counts_utf16(
     fake: FakeTelegram,
 ) -> None:
-    notes = NotesIntake()
+    notes = NotesIntake(wait_s=WAIT_S)
     fake.user_writes(42, "hello")
     fake.user_writes(43, "hello")
     async with running(make_driver(fake), notes) as driver:
@@ -273,7 +275,7 @@ async def test_a_send_that_may_have_reached_telegram_is_never_asked_again(
 ) -> None:
     fake.user_writes(42, "hello")
     driver = make_driver(fake, request_timeout_s=0.5)
-    async with running(driver, NotesIntake()):
+    async with running(driver, NotesIntake(wait_s=WAIT_S)):
         fake.act_then_timeout("sendMessage")
         lost = await driver.perform({"op": "send", "chat_id": "42", "content": "maybe"})
         fake.fail_next("sendMessage", 502)
@@ -288,7 +290,7 @@ async def test_a_send_that_may_have_reached_telegram_is_never_asked_again(
 
 async def test_a_429_is_waited_out_and_the_send_lands_once(fake: FakeTelegram) -> None:
     fake.user_writes(42, "hello")
-    async with running(make_driver(fake), NotesIntake()) as driver:
+    async with running(make_driver(fake), NotesIntake(wait_s=WAIT_S)) as driver:
         fake.fail_next("sendMessage", 429, retry_after=1, times=2)
         began = time.monotonic()
         sent = await driver.perform({"op": "send", "chat_id": "42", "content": "patient"})
@@ -313,7 +315,7 @@ async def test_a_refused_token_is_a_clear_error_and_an_unreachable_api_is_retrie
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         dead = sock.getsockname()[1]
-    notes = NotesIntake()
+    notes = NotesIntake(wait_s=WAIT_S)
     away = TelegramDriver(fake.token, api_url=f"http://127.0.0.1:{dead}/bot", send_budget_s=1.0)
     async with running(away, notes):
         await until(lambda: away.failed_rounds >= 1, "a failed round")
@@ -321,7 +323,7 @@ async def test_a_refused_token_is_a_clear_error_and_an_unreachable_api_is_retrie
     assert (down.success, down.code) == (False, "platform_down")
     assert "cannot connect" in (down.error or "")
     assert notes.saves == []
-    notes = NotesIntake()
+    notes = NotesIntake(wait_s=WAIT_S)
     fake.user_writes(42, "hello")
     async with running(make_driver(fake), notes) as driver:
         await notes.wait_for(1)
@@ -335,7 +337,7 @@ async def test_drop_pending_on_first_start_confirms_the_backlog_without_taking_i
     fake: FakeTelegram,
 ) -> None:
     fake.user_writes(42, "old")
-    notes = NotesIntake()
+    notes = NotesIntake(wait_s=WAIT_S)
     async with running(make_driver(fake, drop_pending_on_first_start=True), notes):
         await until(lambda: ("telegram", "offset") in notes.notes, "the offset saved")
         fake.user_writes(42, "new")

@@ -15,7 +15,7 @@ from relay.telegram import TelegramDriver
 from relay.telegram._outbound import Pacer
 from relay.telegram.testing import FakeTelegram
 from statecore.clock import FakeClock
-from tests.relay.telegram.notes_intake import NotesIntake, running
+from tests.relay.notes_intake import NotesIntake, running
 
 
 def pacer(clock: FakeClock, **options: float) -> Pacer:

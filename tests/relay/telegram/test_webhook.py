@@ -18,9 +18,11 @@ import pytest_asyncio
 
 from relay.telegram import TelegramDriver
 from relay.telegram.testing import SECRET_HEADER, FakeTelegram
-from tests.relay.telegram.notes_intake import NotesIntake, running, until
+from tests.relay.notes_intake import NotesIntake, running, until
 
 pytestmark = pytest.mark.asyncio
+WAIT_S = 15.0
+"""The bound of the intake's waits."""
 
 SECRET = "the-webhook-secret_1"
 
@@ -55,7 +57,7 @@ def statuses(fake: FakeTelegram) -> list[int | None]:
 
 
 async def test_updates_are_answered_200_only_once_the_intake_took_them(fake: FakeTelegram) -> None:
-    notes = NotesIntake()
+    notes = NotesIntake(wait_s=WAIT_S)
     notes.refuse = 2
     notes.break_takes = 1
     async with running(webhook_driver(fake), notes) as driver:
@@ -86,7 +88,7 @@ async def test_updates_are_answered_200_only_once_the_intake_took_them(fake: Fak
 async def test_a_wrong_secret_a_malformed_body_and_an_oversized_one_are_refused(
     fake: FakeTelegram,
 ) -> None:
-    notes = NotesIntake()
+    notes = NotesIntake(wait_s=WAIT_S)
     driver = webhook_driver(fake, max_body_bytes=2048)
     async with running(driver, notes), aiohttp.ClientSession() as http:
         url = f"http://127.0.0.1:{driver.webhook.port}/telegram"
