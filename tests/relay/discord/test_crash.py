@@ -4,8 +4,8 @@ The fake Discord (``relay.discord.testing``) lives in the test process; the conn
 Discord driver on a SQLite file runs in a child process
 (``tests/relay/discord/connector_child.py``, on a fixed loopback port so that the gateway
 redials the same URL after a restart), and so does the gateway, an echo bot whose ledger is a
-SQLite file (``tests/relay/discord/gateway_child.py``), answering every message ``text`` with
-``echo: <text>`` in its thread and as a reply to it.
+SQLite file (``tests/relay/crash_child.py --platform discord``), answering every message
+``text`` with ``echo: <text>`` in its thread and as a reply to it.
 
 Six channels (two DMs, two guild channels, two threads of a guild channel) get ``RATE_PER_S``
 unique messages a second together (``m-<channel>-<n>``) for the whole run, after one answered
@@ -317,8 +317,8 @@ class CrashRun:
                 *("--secret", SECRET, "--port", str(self.port)),
             ]
         return [
-            *("tests.relay.discord.gateway_child", "--url", f"ws://127.0.0.1:{self.port}"),
-            *("--db", str(self.gateway_db), "--secret", SECRET),
+            *("tests.relay.crash_child", "--url", f"ws://127.0.0.1:{self.port}"),
+            *("--db", str(self.gateway_db), "--secret", SECRET, "--platform", "discord"),
             *("--handler-sleep", str(HANDLER_SLEEP_S)),
         ]
 

@@ -5,8 +5,7 @@ Slack's 3 s ack window and ``RETRY_DELAYS_S`` between its (at most three) retrie
 child process: the connector with the Slack driver in Socket Mode (two connections) on a SQLite
 file (``tests/relay/slack/connector_child.py``, on a fixed loopback port so that the gateway
 redials the same URL after a restart), and the gateway, an echo bot whose ledger is a SQLite
-file (``tests/relay/slack/gateway_child.py``, the bot of ``tests/relay/crash_child.py`` on the
-``slack`` platform), answering every message ``text`` with
+file (``tests/relay/crash_child.py --platform slack``), answering every message ``text`` with
 ``echo: <text>``.
 
 Six people write in six chats (three direct, three channels) ``RATE_PER_S`` unique messages a
@@ -300,8 +299,8 @@ class CrashRun:
                 *("--port", str(self.port)),
             ]
         return [
-            *("tests.relay.slack.gateway_child", "--url", f"ws://127.0.0.1:{self.port}"),
-            *("--db", str(self.gateway_db), "--secret", SECRET),
+            *("tests.relay.crash_child", "--url", f"ws://127.0.0.1:{self.port}"),
+            *("--db", str(self.gateway_db), "--secret", SECRET, "--platform", "slack"),
             *("--handler-sleep", str(HANDLER_SLEEP_S)),
         ]
 

@@ -4,8 +4,9 @@ Three parts: the fake Bot API server (``relay.telegram.testing``) in this test p
 fixed loopback port for the whole run; the connector with the Telegram driver on a SQLite file,
 in a child process (``tests/relay/telegram/connector_child.py``, on a fixed port so that the
 gateway redials the same URL after a restart); and the gateway, an echo bot whose ledger is a
-SQLite file, in a child process (``tests/relay/telegram/gateway_child.py``), answering every
-message ``text`` with ``echo: <text>`` in the message's topic and as a reply to it.
+SQLite file, in a child process (``tests/relay/crash_child.py --platform telegram``),
+answering every message ``text`` with ``echo: <text>`` in the message's topic and as a reply to
+it.
 
 Six chats (three private, two groups, one forum topic); people write ``RATE_PER_S`` unique
 messages a second (``m-<chat>-<n>``) round-robin for the whole run, after one answered warm-up
@@ -64,7 +65,15 @@ pytestmark = pytest.mark.skipif(os.name != "posix", reason="kills real processes
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 CONNECTOR_MODULE = "tests.relay.telegram.connector_child"
-GATEWAY_MODULE = "tests.relay.telegram.gateway_child"
+GATEWAY_MODULE = "tests.relay.crash_child"
+GATEWAY_LEDGER = (
+    *("--max-attempts", "10"),
+    *("--retry-backoff", "0.5,1,1,1,1"),
+    *("--retry-interval", "0.5"),
+)
+"""The gateway's ledger retries a failed send after 0.5 s and 1 s (and its sweep runs every
+0.5 s), up to 10 attempts: the run's platform faults (a send that reached Telegram without an
+answer) are resent within the run, labelled."""
 KILLS_ENV = "STATECORE_TELEGRAM_CRASH_KILLS"
 SEED_ENV = "STATECORE_TELEGRAM_CRASH_SEED"
 DEFAULT_KILLS = 3
@@ -543,8 +552,9 @@ class CrashRun:
             ]
         return [
             *(GATEWAY_MODULE, "--url", f"ws://127.0.0.1:{self.port}"),
-            *("--db", str(self.gateway_db), "--secret", SECRET),
+            *("--db", str(self.gateway_db), "--secret", SECRET, "--platform", "telegram"),
             *("--handler-sleep", str(HANDLER_SLEEP_S)),
+            *GATEWAY_LEDGER,
         ]
 
     def write(self, plan: ChatPlan, text: str) -> None:
