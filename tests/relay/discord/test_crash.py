@@ -32,33 +32,45 @@ orphaned.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
-import socket
-import statistics
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import aiohttp
 import attrs
 import pytest
 
 from relay.discord.testing import FakeDiscord, FakeMessage
-from statecore import RECONNECTED_MARKER, RECOVERED_MARKER, Ledger
-from statecore.lifecycles import ObligationState
-from statecore.obligation import OBLIGATION_KIND
-from stores import SQLiteStore
-from tests.process_lives import Lives, Quiet
+from statecore import RECOVERED_MARKER
+from tests.crash_analysis import split_banner
+from tests.process_lives import Quiet
+from tests.relay.platform_crash import (
+    Calm,
+    Kill,
+    bounded,
+    children,
+    free_port,
+    gateway_connected,
+    in_flight_at_kills,
+    kill_and_restart,
+    kills_problems,
+    ledger_counts,
+    quiet_period,
+    quiet_row,
+    setting,
+    spread,
+    table,
+    taken_in_more_than_one_life,
+    took,
+    under_load,
+)
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="kills real processes with SIGKILL")
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 KILLS_ENV = "STATECORE_DISCORD_CRASH_KILLS"
 SEED_ENV = "STATECORE_DISCORD_CRASH_SEED"
 DEFAULT_KILLS = 3
@@ -66,14 +78,11 @@ DEFAULT_SEED = 20_261_204
 SECRET = "discord-crash-secret"
 RATE_PER_S = 5.0
 LIFE_S = (0.3, 2.5)
-MOMENT_WAIT_S = 3.0
 HANDLER_SLEEP_S = 0.2
 TAIL_S = 3.0
-READY_S = 40.0
 SETUP_S = 40.0
 QUIET_MAX_S = 120.0
 STABLE_S = 2.0
-BANNERS = (f"{RECOVERED_MARKER}\n\n", f"{RECONNECTED_MARKER}\n\n")
 CHANNELS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("1001", {}),
     ("1002", {}),
@@ -82,24 +91,6 @@ CHANNELS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("3001", {"guild_id": "88", "thread": True, "parent_id": "3000"}),
     ("3002", {"guild_id": "88", "thread": True, "parent_id": "3000"}),
 )
-
-
-def env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    return int(raw) if raw else default
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def split_banner(text: str) -> tuple[bool, str]:
-    for banner in BANNERS:
-        if text.startswith(banner):
-            return True, text[len(banner) :]
-    return False, text
 
 
 @attrs.frozen
@@ -169,130 +160,6 @@ def test_the_analysis_counts_missing_duplicates_wrong_channels_and_labels() -> N
     assert (result.duplicates, result.labelled, result.wrong_channel, result.stray) == (1, 1, 1, 1)
 
 
-@attrs.define(eq=False)
-class Life:
-    proc: asyncio.subprocess.Process
-    ready: asyncio.Event = attrs.field(factory=asyncio.Event)
-    taken: list[str] = attrs.field(factory=list)
-    unsaved: int = 0
-    saving: bool = False
-    took: asyncio.Event = attrs.field(factory=asyncio.Event)
-    reader: asyncio.Task[None] | None = None
-
-    @property
-    def half_taken(self) -> bool:
-        return self.unsaved > 0 and not self.saving
-
-
-async def read_output(life: Life, log: IO[bytes]) -> None:
-    stream = life.proc.stdout
-    assert stream is not None
-    async for raw in stream:
-        log.write(raw)
-        line = raw.decode(errors="replace").rstrip("\n")
-        if line.startswith("READY "):
-            life.ready.set()
-        elif line.startswith("T "):
-            life.taken.append(line[2:])
-            life.unsaved += 1
-            life.took.set()
-        elif line == "s":
-            life.saving = True
-            life.took.clear()
-        elif line == "S":
-            life.unsaved, life.saving = 0, False
-
-
-class Processes(Lives):
-    """The successive lives of one kind of child."""
-
-    def __init__(self, name: str, argv: list[str], log: IO[bytes]) -> None:
-        super().__init__()
-        self.name, self.argv, self.log = name, argv, log
-        self.by_proc: dict[int, Life] = {}
-        self.ready_times: list[float] = []
-
-    @property
-    def current(self) -> Life | None:
-        if self.lives and self.lives[-1].returncode is None:
-            return self.by_proc[id(self.lives[-1])]
-        return None
-
-    def all_lives(self) -> list[Life]:
-        return [self.by_proc[id(proc)] for proc in self.lives]
-
-    async def spawn(self) -> Life:
-        began = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            *self.argv,
-            cwd=REPO_ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-        )
-        self.lives.append(proc)
-        life = Life(proc)
-        self.by_proc[id(proc)] = life
-        life.reader = asyncio.create_task(read_output(life, self.log))
-        waits = [asyncio.create_task(life.ready.wait()), asyncio.create_task(proc.wait())]
-        await asyncio.wait(waits, timeout=READY_S, return_when=asyncio.FIRST_COMPLETED)
-        for task in waits:
-            task.cancel()
-        if not life.ready.is_set():
-            raise AssertionError(f"a {self.name} life was not READY within {READY_S:g} s")
-        self.ready_times.append(time.monotonic() - began)
-        return life
-
-    async def kill(self, life: Life, *, crash: bool = True) -> None:
-        await self.kill_one(life.proc, crash=crash)
-        if life.reader is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(life.reader, 5.0)
-
-    async def stop_all(self) -> None:
-        await self.kill_all()
-        for life in self.all_lives():
-            if life.reader is not None and not life.reader.done():
-                life.reader.cancel()
-                with contextlib.suppress(BaseException):
-                    await life.reader
-
-
-async def healthz(session: aiohttp.ClientSession, port: int) -> dict[str, Any] | None:
-    try:
-        async with session.get(
-            f"http://127.0.0.1:{port}/healthz", timeout=aiohttp.ClientTimeout(total=2)
-        ) as response:
-            body = await response.json()
-            return body if isinstance(body, dict) else None
-    except (aiohttp.ClientError, TimeoutError, ValueError):
-        return None
-
-
-def ledger_counts(db: Path) -> tuple[int, int, int]:
-    """(owed, abandoned, sent more than once) in the bot's ledger."""
-    if not db.exists():
-        return -1, -1, -1
-    store = SQLiteStore(db)
-    try:
-        ledger = Ledger(store)
-        rows = store.select(OBLIGATION_KIND, states=tuple(ObligationState))
-        resent = sum(int(row["attempts"]) > 1 for row in rows)
-        return len(ledger.owed()), len(ledger.abandoned()), resent
-    finally:
-        store.close()
-
-
-@attrs.frozen
-class Kill:
-    kind: str
-    at: float
-    targeted: bool
-    in_flight: int
-
-
 class CrashRun:
     """One run: the channels, the processes, the load, the faults, the quiet period."""
 
@@ -350,86 +217,48 @@ class CrashRun:
             n += 1
             next_at += interval
 
-    async def faults(self, connectors: Processes, gateways: Processes) -> None:
-        kinds = ["connector"] * self.wanted + ["gateway"] * self.wanted
-        self.rng.shuffle(kinds)
-        for kind in kinds:
-            await asyncio.sleep(self.rng.uniform(*LIFE_S))
-            lives = connectors if kind == "connector" else gateways
-            life = lives.current
-            assert life is not None, f"no {kind} life is running"
-            aim = lives.kills % 2 == 1
-            with contextlib.suppress(TimeoutError):
-                if aim and kind == "connector":
-                    await asyncio.wait_for(life.took.wait(), MOMENT_WAIT_S)
-                elif aim:
-                    await bounded(lambda: self.in_flight() > 0, MOMENT_WAIT_S)
-            self.kills.append(Kill(kind, time.monotonic(), aim, self.in_flight()))
-            await lives.kill(life)
-            await lives.spawn()
+    def record(self, kind: str, aim: bool) -> None:
+        self.kills.append(Kill(kind, time.monotonic(), aim, self.in_flight()))
 
     async def quiet(self, http: aiohttp.ClientSession) -> Quiet:
-        quiet = Quiet()
-        began = time.monotonic()
-        last_count, calm_since = -1, time.monotonic()
-        while time.monotonic() - began < QUIET_MAX_S:
-            quiet.owed = ledger_counts(self.gateway_db)[0]
-            health = await healthz(http, self.port)
-            quiet.buffered = None if health is None else health.get("buffered")
-            count = sum(len(self.fake.bot_messages(c)) for c, _ in CHANNELS)
-            if count != last_count:
-                last_count, calm_since = count, time.monotonic()
-            calm = time.monotonic() - calm_since >= STABLE_S
-            if not self.in_flight() and quiet.owed == 0 and quiet.buffered == 0 and calm:
-                quiet.settled = True
-                break
-            await asyncio.sleep(0.25)
-        quiet.seconds = time.monotonic() - began
-        return quiet
+        calm = Calm(STABLE_S)
+
+        def settled() -> bool:
+            still = calm.see(sum(len(self.fake.bot_messages(c)) for c, _ in CHANNELS))
+            return not self.in_flight() and still
+
+        return await quiet_period(http, self.port, self.gateway_db, settled, QUIET_MAX_S)
 
     async def run(self) -> dict[str, Any]:
-        workdir = self.workdir
-        with (
-            (workdir / "connector.log").open("ab") as connector_log,
-            (workdir / "gateway.log").open("ab") as gateway_log,
-        ):
-            connectors = Processes("connector", self.argv("connector"), connector_log)
-            gateways = Processes("gateway", self.argv("gateway"), gateway_log)
-            http = aiohttp.ClientSession()
-            try:
-                await connectors.spawn()
-                await gateways.spawn()
-
-                async def connected() -> bool:
-                    health = await healthz(http, self.port)
-                    return health is not None and health.get("gateways") == 1
-
-                await bounded_async(connected, SETUP_S)
-                for index in range(len(CHANNELS)):
-                    self.write(index, "warm")
-                await bounded(lambda: not self.in_flight(), SETUP_S)
-                began = time.monotonic()
-                load = asyncio.create_task(self.load())
-                try:
-                    async with asyncio.timeout(self.wanted * 2 * (READY_S + 10) + 60):
-                        await self.faults(connectors, gateways)
-                        await asyncio.sleep(TAIL_S)
-                finally:
-                    self.stop_load.set()
-                    await asyncio.wait_for(load, 5)
-                load_s = time.monotonic() - began
-                quiet = await self.quiet(http)
-                for lives in (connectors, gateways):
-                    final = lives.current
-                    if final is not None:
-                        await lives.kill(final, crash=False)
-            finally:
-                await connectors.stop_all()
-                await gateways.stop_all()
-                await http.close()
+        async with children(self.workdir, self.argv("connector"), self.argv("gateway")) as lives:
+            connectors, gateways, http = lives.connectors, lives.gateways, lives.http
+            await connectors.spawn()
+            await gateways.spawn()
+            await bounded(
+                lambda: gateway_connected(http, self.port),
+                "the gateway's first connection",
+                SETUP_S,
+            )
+            for index in range(len(CHANNELS)):
+                self.write(index, "warm")
+            await bounded(lambda: not self.in_flight(), "the warm-up answers", SETUP_S)
+            faults = kill_and_restart(
+                self.rng,
+                self.wanted,
+                LIFE_S,
+                lives,
+                connector_moment=took,
+                in_flight=self.in_flight,
+                record=self.record,
+            )
+            began = await under_load(
+                self.load(), self.stop_load, faults, wanted=self.wanted, tail_s=TAIL_S
+            )
+            load_s = time.monotonic() - began
+            quiet = await self.quiet(http)
+            await lives.stop_finals()
         channels = {c: self.fake.channel(c) for c, _ in CHANNELS}
-        lives = connectors.all_lives()
-        taken = Counter(e for life in lives for e in set(life.taken))
+        connector_lives = connectors.all_lives()
         owed, abandoned, resent = ledger_counts(self.gateway_db)
         return {
             "analysis": analyse(channels, self.fake.bot_id),
@@ -437,15 +266,15 @@ class CrashRun:
             "sent": len(self.sent),
             "connector_kills": connectors.kills,
             "gateway_kills": gateways.kills,
-            "half_taken": sum(life.half_taken for life in lives[:-1]),
-            "while_saving": sum(life.saving for life in lives[:-1]),
-            "redelivered": sum(n > 1 for n in taken.values()),
+            "half_taken": sum(life.half_taken for life in connector_lives[:-1]),
+            "while_saving": sum(life.saving for life in connector_lives[:-1]),
+            "redelivered": taken_in_more_than_one_life(connector_lives),
             "other_exits": connectors.other_exits + gateways.other_exits,
             "quiet": quiet,
             "owed": owed,
             "abandoned": abandoned,
             "resent": resent,
-            "in_flight_at_gateway_kills": [k.in_flight for k in self.kills if k.kind == "gateway"],
+            "kills": self.kills,
             "resumes": len(self.fake.gateway.resumes),
             "identifies": self.fake.gateway.identifies,
             "nonce_repeats": sum(
@@ -456,33 +285,9 @@ class CrashRun:
         }
 
 
-async def bounded(check: Any, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError
-        await asyncio.sleep(0.1)
-
-
-async def bounded_async(check: Any, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        if time.monotonic() > deadline:
-            raise TimeoutError
-        await asyncio.sleep(0.1)
-
-
 def summary(seed: int, r: Mapping[str, Any]) -> str:
     a: Analysis = r["analysis"]
     quiet: Quiet = r["quiet"]
-
-    def spread(values: Sequence[float]) -> str:
-        if not values:
-            return "-"
-        ordered = sorted(values)
-        return f"p50 {statistics.median(ordered):.2f} s, max {ordered[-1]:.2f} s"
-
-    flights = r["in_flight_at_gateway_kills"]
     rows = [
         ("seed", str(seed)),
         ("channels", "6 (2 DMs, 2 guild channels, 2 threads)"),
@@ -495,13 +300,7 @@ def summary(seed: int, r: Mapping[str, Any]) -> str:
         ("  events replayed and recognised", str(r["redelivered"])),
         ("gateway RESUMEs / IDENTIFYs", f"{r['resumes']} / {r['identifies']}"),
         ("gateway kills (SIGKILL)", str(r["gateway_kills"])),
-        (
-            "  messages in flight at a kill",
-            f"mean {statistics.mean(flights):.1f}, {sum(n > 0 for n in flights)} of "
-            f"{len(flights)} kills with some"
-            if flights
-            else "-",
-        ),
+        ("  messages in flight at a kill", in_flight_at_kills(r["kills"])),
         ("  replies sent more than once (ledger)", str(r["resent"])),
         ("  creates answered with an earlier message (nonce)", str(r["nonce_repeats"])),
         ("lives ended otherwise", str(r["other_exits"])),
@@ -510,17 +309,11 @@ def summary(seed: int, r: Mapping[str, Any]) -> str:
         ("WRONG CHANNEL", str(a.wrong_channel)),
         ("stray bot messages", str(a.stray)),
         ("labelled (possible repeat banner)", str(a.labelled)),
-        ("connector restart to READY", spread(r["ready_s"][0])),
-        ("gateway restart to READY", spread(r["ready_s"][1])),
-        (
-            "quiet period",
-            f"{quiet.seconds:.1f} s ({'settled' if quiet.settled else 'NOT settled'}); "
-            f"owed {r['owed']}, abandoned {r['abandoned']}, unacked buffered {quiet.buffered}",
-        ),
+        ("connector restart to READY", spread(r["ready_s"][0], p99=False)),
+        ("gateway restart to READY", spread(r["ready_s"][1], p99=False)),
+        ("quiet period", quiet_row(quiet, r["owed"], r["abandoned"])),
     ]
-    width = max(len(name) for name, _ in rows)
-    lines = ["discord crash run"] + [f"  {name:<{width}}  {value}" for name, value in rows]
-    return "\n".join(lines)
+    return table("discord crash run", rows)
 
 
 @pytest.mark.asyncio
@@ -529,16 +322,14 @@ async def test_every_message_is_answered_exactly_once_across_sigkills_of_both_pr
 ) -> None:
     """Under steady load in six channels, with the connector and the gateway SIGKILLed again
     and again, every message has exactly one answer in its own channel: no duplicates at all."""
-    wanted, seed = env_int(KILLS_ENV, DEFAULT_KILLS), env_int(SEED_ENV, DEFAULT_SEED)
+    wanted, seed = setting(KILLS_ENV, DEFAULT_KILLS), setting(SEED_ENV, DEFAULT_SEED)
     print(f"\ndiscord crash run: seed {seed}, {wanted} kills of each kind", flush=True)
     async with FakeDiscord(route_limit=(50, 1.0), session_timeout_s=300.0) as fake:
         result = await CrashRun(fake, tmp_path, wanted, seed).run()
     text = summary(seed, result)
     print(text)
     a: Analysis = result["analysis"]
-    problems = []
-    if result["connector_kills"] < wanted or result["gateway_kills"] < wanted:
-        problems.append("the harness did not kill enough")
+    problems = kills_problems(result["connector_kills"], result["gateway_kills"], wanted)
     if result["sent"] - 6 < 4 * result["load_s"]:
         problems.append("the load fell below 4 messages/s")
     if result["other_exits"]:

@@ -47,16 +47,12 @@ import asyncio
 import contextlib
 import os
 import random
-import socket
-import statistics
-import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import aiohttp
 import attrs
@@ -69,13 +65,34 @@ from relay.matrix.testing import (
     MatrixAccount,
     MatrixRequestError,
 )
-from statecore import RECONNECTED_MARKER, RECOVERED_MARKER, Ledger
-from stores import SQLiteStore
-from tests.process_lives import Lives, Quiet
+from statecore import RECONNECTED_MARKER, RECOVERED_MARKER
+from tests.crash_analysis import split_banner
+from tests.process_lives import Quiet
+from tests.relay.platform_crash import (
+    Children,
+    Kill,
+    Life,
+    bounded,
+    children,
+    free_port,
+    gateway_connected,
+    in_flight_at_kills,
+    kill_and_restart,
+    kills_problems,
+    ledger_counts,
+    quiet_period,
+    quiet_row,
+    ready_spreads,
+    setting,
+    spread,
+    table,
+    taken_in_more_than_one_life,
+    took,
+    under_load,
+)
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="kills real processes with SIGKILL")
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 CONNECTOR_MODULE = "tests.relay.matrix.connector_child"
 GATEWAY_MODULE = "tests.relay.crash_child"
 KILLS_ENV = "STATECORE_MATRIX_CRASH_KILLS"
@@ -90,16 +107,12 @@ BURST = 3
 """Messages one person writes at once."""
 LIFE_S = (0.3, 2.5)
 """A fault comes uniformly this long after the previous restart was READY."""
-MOMENT_WAIT_S = 3.0
-"""A targeted kill waits at most this long for its moment (see the module docs)."""
 HANDLER_SLEEP_S = 0.2
 """The bot's work per message before it replies."""
 INTAKE_DELAY_S = 0.02
 """The connector's pause after the intake took an event, before the driver goes on."""
 TAIL_S = 3.0
 """The load goes on this long after the last restart was READY."""
-READY_S = 40.0
-"""The bound on a restarted process's READY."""
 SETUP_S = 60.0
 """The bound on joins, the first connection and the warm-up answers."""
 QUIET_MAX_S = 120.0
@@ -108,7 +121,6 @@ STABLE_S = 2.0
 """Settled: every message answered, nothing owed or buffered, no new bot event this long."""
 SEND_TRIES = 20
 """A person's send is asked again (the same transaction id) this many times at most."""
-BANNERS = (f"{RECOVERED_MARKER}\n\n", f"{RECONNECTED_MARKER}\n\n")
 OBSERVER_FILTER = {
     "presence": {"types": []},
     "account_data": {"types": []},
@@ -121,34 +133,7 @@ OBSERVER_FILTER = {
 }
 
 
-def kills_of_each_kind() -> int:
-    """``STATECORE_MATRIX_CRASH_KILLS``, default 3."""
-    raw = os.environ.get(KILLS_ENV, "").strip()
-    return int(raw) if raw else DEFAULT_KILLS
-
-
-def run_seed() -> int:
-    """``STATECORE_MATRIX_CRASH_SEED``, default fixed."""
-    raw = os.environ.get(SEED_ENV, "").strip()
-    return int(raw) if raw else DEFAULT_SEED
-
-
-def free_port() -> int:
-    """A loopback port free now (the connector's lives all listen on it)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 # -- the analysis of the timelines ----------------------------------------------------------------
-
-
-def split_banner(body: str) -> tuple[bool, str]:
-    """(labelled, the rest): whether ``body`` starts with a "possible repeat" banner."""
-    for banner in BANNERS:
-        if body.startswith(banner):
-            return True, body[len(banner) :]
-    return False, body
 
 
 def reply_target(event: Mapping[str, Any]) -> str | None:
@@ -292,124 +277,6 @@ def test_the_analysis_counts_missing_duplicates_wrong_rooms_and_labels() -> None
 # -- the processes --------------------------------------------------------------------------------
 
 
-@attrs.define(eq=False)
-class Life:
-    """One child process and what its output said."""
-
-    proc: asyncio.subprocess.Process
-    ready: asyncio.Event = attrs.field(factory=asyncio.Event)
-    taken: list[str] = attrs.field(factory=list)
-    """Event ids the connector's intake returned for (connector lives)."""
-    unsaved: int = 0
-    """Events taken since the sync token was last saved."""
-    saving: bool = False
-    """The save of the sync token has begun and not yet returned."""
-    took: asyncio.Event = attrs.field(factory=asyncio.Event)
-    """Set while events are taken and the token's save has not begun."""
-    asked: list[str] = attrs.field(factory=list)
-    """Transaction ids of the sends under a key begun (connector lives)."""
-    done: list[str] = attrs.field(factory=list)
-    """Transaction ids of the sends under a key the server accepted."""
-
-    reader: asyncio.Task[None] | None = None
-
-    @property
-    def half_taken(self) -> bool:
-        """Events taken, and the save of the sync token that covers them not begun."""
-        return self.unsaved > 0 and not self.saving
-
-
-async def read_output(life: Life, log: IO[bytes]) -> None:
-    """Copy a child's output to ``log`` and follow its lines (READY, and the connector's
-    ``T``, ``s``, ``S``, ``P`` and ``D``: see ``connector_child``)."""
-    stream = life.proc.stdout
-    assert stream is not None
-    async for raw in stream:
-        log.write(raw)
-        line = raw.decode(errors="replace").rstrip("\n")
-        if line.startswith("READY "):
-            life.ready.set()
-        elif line.startswith("T "):
-            life.taken.append(line[2:])
-            life.unsaved += 1
-            life.took.set()
-        elif line == "s":
-            life.saving = True
-            life.took.clear()
-        elif line == "S":
-            life.unsaved, life.saving = 0, False
-        elif line.startswith("P "):
-            life.asked.append(line[2:])
-        elif line.startswith("D "):
-            life.done.append(line[2:])
-
-
-class Processes(Lives):
-    """The successive lives of one kind of child, each spawned with ``argv``."""
-
-    def __init__(self, name: str, argv: list[str], log: IO[bytes]) -> None:
-        super().__init__()
-        self.name = name
-        self.argv = argv
-        self.log = log
-        self.by_proc: dict[int, Life] = {}
-        self.ready_times: list[float] = []
-        """Seconds from spawn to READY of every restart."""
-
-    @property
-    def current(self) -> Life | None:
-        """The newest life, if it still runs."""
-        if self.lives and self.lives[-1].returncode is None:
-            return self.by_proc[id(self.lives[-1])]
-        return None
-
-    def all_lives(self) -> list[Life]:
-        return [self.by_proc[id(proc)] for proc in self.lives]
-
-    async def spawn(self) -> Life:
-        """Start a new life and wait (bounded) for its READY."""
-        began = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            *self.argv,
-            cwd=REPO_ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-        )
-        self.lives.append(proc)
-        life = Life(proc)
-        self.by_proc[id(proc)] = life
-        life.reader = asyncio.create_task(read_output(life, self.log))
-        waits = [asyncio.create_task(life.ready.wait()), asyncio.create_task(proc.wait())]
-        await asyncio.wait(waits, timeout=READY_S, return_when=asyncio.FIRST_COMPLETED)
-        for task in waits:
-            task.cancel()
-        if not life.ready.is_set():
-            raise AssertionError(
-                f"a {self.name} life was not READY within {READY_S:g} s "
-                f"(exit status {proc.returncode}); see its log"
-            )
-        self.ready_times.append(time.monotonic() - began)
-        return life
-
-    async def kill(self, life: Life, *, crash: bool = True) -> None:
-        """SIGKILL ``life``, reap it and read the rest of its output (bounded)."""
-        await self.kill_one(life.proc, crash=crash)
-        if life.reader is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(life.reader, 5.0)
-
-    async def stop_all(self) -> None:
-        await self.kill_all()
-        for life in self.all_lives():
-            if life.reader is not None and not life.reader.done():
-                life.reader.cancel()
-                with contextlib.suppress(BaseException):
-                    await life.reader
-
-
 # -- the people and the observer ------------------------------------------------------------------
 
 
@@ -491,17 +358,6 @@ class Observer:
 
 
 @attrs.frozen
-class Kill:
-    """One fault: which process, when (wall clock), and what it hit."""
-
-    kind: str
-    at: float
-    targeted: bool
-    in_flight: int
-    """Messages written and not yet answered (as the observer saw it) at the kill."""
-
-
-@attrs.frozen
 class Run:
     """Everything one Matrix crash run measured."""
 
@@ -546,14 +402,6 @@ class Run:
         """The table of the run."""
         r = self.result
 
-        def spread(values: Sequence[float]) -> str:
-            if not values:
-                return "-"
-            ordered = sorted(values)
-            p50 = statistics.median(ordered)
-            p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-            return f"p50 {p50:.2f} s, p99 {p99:.2f} s, max {ordered[-1]:.2f} s"
-
         rows = [
             ("seed", str(self.seed)),
             ("rooms", f"{ROOMS} (half nio clients, half plain HTTP)"),
@@ -570,7 +418,7 @@ class Run:
                 f"{self.resent[0]} ({self.resent[1]} seen accepted before)",
             ),
             ("gateway kills (SIGKILL)", str(self.gateway_kills)),
-            ("  messages in flight at a kill", self.in_flight_at_gateway_kills()),
+            ("  messages in flight at a kill", in_flight_at_kills(self.kills)),
             ("lives ended otherwise", str(list(self.other_exits))),
             ("MISSING (no reply)", str(len(r.without_reply))),
             ("DUPLICATES (labelled or not)", str(r.duplicates)),
@@ -583,35 +431,15 @@ class Run:
             ("gateway restart to READY", spread(self.ready_s["gateway"])),
             ("reply latency", spread(self.latencies_s())),
             ("observer's sync gaps (limited timelines)", str(self.observer_gaps)),
-            (
-                "quiet period",
-                f"{self.quiet.seconds:.1f} s "
-                f"({'settled' if self.quiet.settled else 'NOT settled'}); "
-                f"owed {self.owed}, abandoned {self.abandoned}, "
-                f"unacked buffered {self.quiet.buffered}",
-            ),
+            ("quiet period", quiet_row(self.quiet, self.owed, self.abandoned)),
         ]
-        width = max(len(name) for name, _ in rows)
-        lines = ["matrix crash run (recovery: kill -> first answer to a message written after it)"]
-        lines += [f"  {name:<{width}}  {value}" for name, value in rows]
-        return "\n".join(lines)
-
-    def in_flight_at_gateway_kills(self) -> str:
-        counts = [k.in_flight for k in self.kills if k.kind == "gateway"]
-        if not counts:
-            return "-"
-        hit = sum(n > 0 for n in counts)
-        return f"mean {statistics.mean(counts):.1f}, {hit} of {len(counts)} kills with some"
+        title = "matrix crash run (recovery: kill -> first answer to a message written after it)"
+        return table(title, rows)
 
     def problems(self, wanted: int) -> list[str]:
         """Every check that failed, the harness's own first."""
-        found = []
+        found = kills_problems(self.connector_kills, self.gateway_kills, wanted)
         r = self.result
-        if self.connector_kills < wanted or self.gateway_kills < wanted:
-            found.append(
-                f"the harness did not kill enough: {self.connector_kills} connector and "
-                f"{self.gateway_kills} gateway kills, {wanted} of each wanted"
-            )
         if self.loaded < 4 * self.load_s:
             found.append(f"the load fell below 4 messages/s ({self.loaded} in {self.load_s:.1f} s)")
         if self.other_exits:
@@ -638,44 +466,6 @@ class Run:
                 f"buffered {self.quiet.buffered} at its end)"
             )
         return found
-
-
-async def healthz(session: aiohttp.ClientSession, port: int) -> dict[str, Any] | None:
-    """The connector's ``/healthz`` answer, None while it cannot be had."""
-    try:
-        async with session.get(
-            f"http://127.0.0.1:{port}/healthz", timeout=aiohttp.ClientTimeout(total=2)
-        ) as response:
-            body = await response.json()
-            return body if isinstance(body, dict) else None
-    except (aiohttp.ClientError, TimeoutError, ValueError):
-        return None
-
-
-async def bounded(predicate: Callable[[], Any], what: str, timeout_s: float) -> None:
-    """Poll (sync or async) ``predicate`` until true; AssertionError after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        await asyncio.sleep(0.1)
-
-
-def ledger_counts(db: Path) -> tuple[int, int]:
-    """(owed, abandoned) in the bot's ledger (a connection of its own)."""
-    if not db.exists():
-        return -1, -1
-    store = SQLiteStore(db)
-    try:
-        ledger = Ledger(store)
-        return len(ledger.owed()), len(ledger.abandoned())
-    finally:
-        store.close()
 
 
 def resent_sends(lives: Sequence[Life]) -> tuple[int, int]:
@@ -779,78 +569,56 @@ class CrashRun:
             n += 1
             next_at += interval
 
-    async def faults(self, connectors: Processes, gateways: Processes) -> None:
-        """The seed's faults: ``wanted`` SIGKILLs of each kind, shuffled, each restarted."""
-        kinds = ["connector"] * self.wanted + ["gateway"] * self.wanted
-        self.rng.shuffle(kinds)
-        for kind in kinds:
-            await asyncio.sleep(self.rng.uniform(*LIFE_S))
-            lives = connectors if kind == "connector" else gateways
-            life = lives.current
-            assert life is not None, f"no {kind} life is running"
-            # Every second kill of each kind waits for its moment: a connector with a sync
-            # batch half taken, a gateway with replies in flight.
-            aim = lives.kills % 2 == 1
-            with contextlib.suppress(AssertionError, TimeoutError):
-                if aim and kind == "connector":
-                    await asyncio.wait_for(life.took.wait(), MOMENT_WAIT_S)
-                elif aim:
-                    await bounded(self.in_flight, "replies in flight", MOMENT_WAIT_S)
-            self.kills.append(Kill(kind, time.time(), aim, self.in_flight()))
-            await lives.kill(life)
-            await lives.spawn()
+    def record(self, kind: str, aim: bool) -> None:
+        """A kill, at the wall clock (the server's timestamps are compared with it)."""
+        self.kills.append(Kill(kind, time.time(), aim, self.in_flight()))
 
     async def quiet(self, http: aiohttp.ClientSession) -> Quiet:
         """Wait (at most ``QUIET_MAX_S``) until every message is answered, the bot's ledger
         owes nothing, the connector buffers nothing and no bot event came for ``STABLE_S``."""
-        quiet = Quiet()
-        began = time.monotonic()
-        while time.monotonic() - began < QUIET_MAX_S:
+
+        def settled() -> bool:
             if self.observing is not None and self.observing.done():
                 self.observing.result()  # the observer failed: its error, not a quiet period
-            quiet.owed = ledger_counts(self.gateway_db)[0]
-            health = await healthz(http, self.port)
-            quiet.buffered = None if health is None else health.get("buffered")
             calm = time.monotonic() - self.observer.last_bot_event >= STABLE_S
-            if not self.in_flight() and quiet.owed == 0 and quiet.buffered == 0 and calm:
-                quiet.settled = True
-                break
-            await asyncio.sleep(0.25)
-        quiet.seconds = time.monotonic() - began
-        return quiet
+            return not self.in_flight() and calm
 
-    async def serve(
-        self, connectors: Processes, gateways: Processes, http: aiohttp.ClientSession
-    ) -> tuple[float, Quiet]:
+        return await quiet_period(http, self.port, self.gateway_db, settled, QUIET_MAX_S)
+
+    async def serve(self, lives: Children) -> tuple[float, Quiet]:
         """Start both processes, warm up, load under faults, then the quiet period; returns
         the load's duration and how the quiet period ended."""
-        await connectors.spawn()
+        await lives.connectors.spawn()
         await self.rooms()
-        await gateways.spawn()
-
-        async def connected() -> bool:
-            health = await healthz(http, self.port)
-            return health is not None and health.get("gateways") == 1
-
-        await bounded(connected, "the gateway's first connection", SETUP_S)
+        await lives.gateways.spawn()
+        await bounded(
+            lambda: gateway_connected(lives.http, self.port),
+            "the gateway's first connection",
+            SETUP_S,
+        )
         observing = self.observing = asyncio.create_task(self.observer.run())
         try:
             # Warm-up: one answered message in every room before any fault.
             await asyncio.gather(*(self.write(p, f"m-{p.index}-warm") for p in self.people))
             await bounded(lambda: not self.in_flight(), "the warm-up answers", SETUP_S)
-            began = time.monotonic()
-            load = asyncio.create_task(self.load())
-            try:
-                async with asyncio.timeout(self.wanted * 2 * (READY_S + 10) + 60):
-                    await self.faults(connectors, gateways)
-                    await asyncio.sleep(TAIL_S)
-            finally:
-                self.stop_load.set()
-                await asyncio.wait_for(load, 5)
+            # Every second kill of each kind waits for its moment: a connector with a sync
+            # batch half taken, a gateway with replies in flight.
+            faults = kill_and_restart(
+                self.rng,
+                self.wanted,
+                LIFE_S,
+                lives,
+                connector_moment=took,
+                in_flight=self.in_flight,
+                record=self.record,
+            )
+            began = await under_load(
+                self.load(), self.stop_load, faults, wanted=self.wanted, tail_s=TAIL_S
+            )
             if self.writes:
                 await asyncio.wait_for(asyncio.gather(*self.writes), 60)
             load_s = time.monotonic() - began
-            quiet = await self.quiet(http)
+            quiet = await self.quiet(lives.http)
         finally:
             observing.cancel()
             with contextlib.suppress(BaseException):
@@ -860,33 +628,20 @@ class CrashRun:
     async def run(self) -> Run:
         """The whole run; the children are killed and reaped, the clients closed, however it
         ends."""
-        workdir = self.workdir
-        with (
-            (workdir / "connector.log").open("ab") as connector_log,
-            (workdir / "gateway.log").open("ab") as gateway_log,
-        ):
-            connectors = Processes("connector", self.argv("connector"), connector_log)
-            gateways = Processes("gateway", self.argv("gateway"), gateway_log)
-            http = aiohttp.ClientSession()
-            try:
-                load_s, quiet = await self.serve(connectors, gateways, http)
-                for lives in (connectors, gateways):
-                    final = lives.current
-                    if final is not None:
-                        await lives.kill(final, crash=False)
-            finally:
-                await connectors.stop_all()
-                await gateways.stop_all()
-                await http.close()
-                await self.observer.client.close()
-                for person in self.people:
-                    if person.client is not None:
-                        await person.client.close()
-        return await self.results(connectors, gateways, load_s, quiet)
+        try:
+            async with children(
+                self.workdir, self.argv("connector"), self.argv("gateway")
+            ) as lives:
+                load_s, quiet = await self.serve(lives)
+                await lives.stop_finals()
+        finally:
+            await self.observer.client.close()
+            for person in self.people:
+                if person.client is not None:
+                    await person.client.close()
+        return await self.results(lives, load_s, quiet)
 
-    async def results(
-        self, connectors: Processes, gateways: Processes, load_s: float, quiet: Quiet
-    ) -> Run:
+    async def results(self, lives: Children, load_s: float, quiet: Quiet) -> Run:
         """Read every room's timeline back from the server and put the run together."""
         timelines = {
             p.room_id: await asyncio.to_thread(
@@ -896,18 +651,18 @@ class CrashRun:
         }
         people = {p.room_id: p.account.user_id for p in self.people}
         result = analyse(timelines, people, self.bot.user_id)
-        lives = connectors.all_lives()
-        taken = Counter(e for life in lives for e in set(life.taken))
-        owed, abandoned = ledger_counts(self.gateway_db)
+        connectors, gateways = lives.connectors, lives.gateways
+        connector_lives = connectors.all_lives()
+        owed, abandoned, _ = ledger_counts(self.gateway_db)
         return Run(
             seed=self.seed,
             kills=tuple(self.kills),
             connector_kills=connectors.kills,
             gateway_kills=gateways.kills,
             # Every life but the last was killed under load.
-            half_taken=sum(life.half_taken for life in lives[:-1]),
-            while_saving=sum(life.saving for life in lives[:-1]),
-            redelivered=sum(n > 1 for n in taken.values()),
+            half_taken=sum(life.half_taken for life in connector_lives[:-1]),
+            while_saving=sum(life.saving for life in connector_lives[:-1]),
+            redelivered=taken_in_more_than_one_life(connector_lives),
             other_exits=tuple(connectors.other_exits + gateways.other_exits),
             load_s=load_s,
             sent=len(self.sent),
@@ -915,13 +670,10 @@ class CrashRun:
             quiet=quiet,
             owed=owed,
             abandoned=abandoned,
-            resent=resent_sends(lives),
+            resent=resent_sends(connector_lives),
             result=result,
             recovery_s={k: recoveries(result, self.kills, k) for k in ("connector", "gateway")},
-            ready_s={
-                "connector": tuple(connectors.ready_times[1:]),
-                "gateway": tuple(gateways.ready_times[1:]),
-            },
+            ready_s=ready_spreads(lives),
             observer_gaps=self.observer.gaps,
         )
 
@@ -950,7 +702,7 @@ async def test_every_message_is_answered_exactly_once_across_sigkills_of_both_pr
 ) -> None:
     """Under steady load in six rooms, with the connector and the gateway SIGKILLed again and
     again, every message has exactly one answer in its own room on the server."""
-    wanted, seed = kills_of_each_kind(), run_seed()
+    wanted, seed = setting(KILLS_ENV, DEFAULT_KILLS), setting(SEED_ENV, DEFAULT_SEED)
     print(f"\nmatrix crash run: seed {seed}, {wanted} kills of each kind", flush=True)
     run = await CrashRun(homeserver, tmp_path, wanted, seed).run()
     summary = run.summary()

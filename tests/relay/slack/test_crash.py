@@ -31,33 +31,45 @@ every child is killed and reaped in a ``finally``; the children exit on their ow
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
-import socket
-import statistics
-import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import aiohttp
 import attrs
 import pytest
 
 from relay.slack.testing import FakeSlack
-from statecore import RECONNECTED_MARKER, RECOVERED_MARKER, Ledger
-from statecore.lifecycles import ObligationState
-from statecore.obligation import OBLIGATION_KIND
-from stores import SQLiteStore
-from tests.process_lives import Lives, Quiet
+from statecore import RECOVERED_MARKER
+from tests.crash_analysis import split_banner
+from tests.process_lives import Quiet
+from tests.relay.platform_crash import (
+    MOMENT_WAIT_S,
+    Calm,
+    Kill,
+    Life,
+    bounded,
+    children,
+    free_port,
+    gateway_connected,
+    in_flight_at_kills,
+    kill_and_restart,
+    kills_problems,
+    ledger_counts,
+    quiet_period,
+    quiet_row,
+    setting,
+    spread,
+    table,
+    taken_in_more_than_one_life,
+    under_load,
+)
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="kills real processes with SIGKILL")
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 KILLS_ENV = "STATECORE_SLACK_CRASH_KILLS"
 SEED_ENV = "STATECORE_SLACK_CRASH_SEED"
 DEFAULT_KILLS = 3
@@ -66,35 +78,13 @@ SECRET = "slack-crash-secret"
 CHATS = ("D00", "C01", "D02", "C03", "D04", "C05")
 RATE_PER_S = 5.0
 LIFE_S = (0.3, 2.5)
-MOMENT_WAIT_S = 3.0
 HANDLER_SLEEP_S = 0.2
 TAIL_S = 3.0
-READY_S = 40.0
 SETUP_S = 30.0
 QUIET_MAX_S = 90.0
 STABLE_S = 2.0
 RETRY_DELAYS_S = (1.0, 5.0, 15.0)
 """The fake's delays before each of its three retries (Slack: at once, 1 min, 5 min)."""
-BANNERS = (f"{RECOVERED_MARKER}\n\n", f"{RECONNECTED_MARKER}\n\n")
-
-
-def setting(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    return int(raw) if raw else default
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def split_banner(text: str) -> tuple[bool, str]:
-    """(labelled, the rest)."""
-    for banner in BANNERS:
-        if text.startswith(banner):
-            return True, text[len(banner) :]
-    return False, text
 
 
 @attrs.frozen
@@ -161,117 +151,6 @@ def test_the_analysis_counts_missing_unlabelled_repeats_wrong_chats_and_strays()
     assert (result.unlabelled_duplicates, result.wrong_chat, result.stray) == (1, 1, 1)
 
 
-@attrs.define(eq=False)
-class Life:
-    proc: asyncio.subprocess.Process
-    ready: asyncio.Event = attrs.field(factory=asyncio.Event)
-    taken: list[str] = attrs.field(factory=list)
-    reader: asyncio.Task[None] | None = None
-
-
-async def read_output(life: Life, log: IO[bytes]) -> None:
-    stream = life.proc.stdout
-    assert stream is not None
-    async for raw in stream:
-        log.write(raw)
-        line = raw.decode(errors="replace").rstrip("\n")
-        if line.startswith("READY "):
-            life.ready.set()
-        elif line.startswith("T "):
-            life.taken.append(line[2:])
-
-
-class Processes(Lives):
-    """The successive lives of one kind of child."""
-
-    def __init__(self, argv: list[str], log: IO[bytes]) -> None:
-        super().__init__()
-        self.argv = argv
-        self.log = log
-        self.all: list[Life] = []
-        self.ready_times: list[float] = []
-
-    @property
-    def current(self) -> Life | None:
-        return self.all[-1] if self.all and self.all[-1].proc.returncode is None else None
-
-    async def spawn(self) -> Life:
-        began = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            *self.argv,
-            cwd=REPO_ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-        )
-        self.lives.append(proc)
-        life = Life(proc)
-        self.all.append(life)
-        life.reader = asyncio.create_task(read_output(life, self.log))
-        waits = [asyncio.create_task(life.ready.wait()), asyncio.create_task(proc.wait())]
-        await asyncio.wait(waits, timeout=READY_S, return_when=asyncio.FIRST_COMPLETED)
-        for task in waits:
-            task.cancel()
-        if not life.ready.is_set():
-            raise AssertionError(f"a life was not READY within {READY_S:g} s ({self.argv[0]})")
-        self.ready_times.append(time.monotonic() - began)
-        return life
-
-    async def kill(self, life: Life, *, crash: bool = True) -> None:
-        await self.kill_one(life.proc, crash=crash)
-        if life.reader is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(life.reader, 5.0)
-
-    async def stop_all(self) -> None:
-        await self.kill_all()
-        for life in self.all:
-            if life.reader is not None and not life.reader.done():
-                life.reader.cancel()
-                with contextlib.suppress(BaseException):
-                    await life.reader
-
-
-async def bounded(predicate: Callable[[], Any], what: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        await asyncio.sleep(0.1)
-
-
-async def healthz(session: aiohttp.ClientSession, port: int) -> dict[str, Any] | None:
-    try:
-        async with session.get(
-            f"http://127.0.0.1:{port}/healthz", timeout=aiohttp.ClientTimeout(total=2)
-        ) as response:
-            body = await response.json()
-            return body if isinstance(body, dict) else None
-    except (aiohttp.ClientError, TimeoutError, ValueError):
-        return None
-
-
-def ledger_counts(db: Path) -> tuple[int, int, int]:
-    """(owed, abandoned, attempted more than once) in the bot's ledger."""
-    if not db.exists():
-        return -1, -1, -1
-    store = SQLiteStore(db)
-    try:
-        ledger = Ledger(store)
-        rows = store.select(OBLIGATION_KIND, states=tuple(ObligationState))
-        resent = sum(int(row["attempts"]) > 1 for row in rows)
-        return len(ledger.owed()), len(ledger.abandoned()), resent
-    finally:
-        store.close()
-
-
 class CrashRun:
     """One run: the fake, the processes, the load, the faults, the quiet period."""
 
@@ -286,7 +165,8 @@ class CrashRun:
         self.sent: dict[str, str] = {}
         """Text -> chat of every person message."""
         self.written = Counter[str]()
-        self.kills: list[tuple[str, bool, int]] = []
+        self.kills: list[Kill] = []
+        """Every kill; ``in_flight`` is, for a connector, the envelopes awaiting their ack."""
         self.stop_load = asyncio.Event()
 
     def argv(self, kind: str) -> list[str]:
@@ -334,100 +214,65 @@ class CrashRun:
             n += 1
             next_at += interval
 
-    async def half_taken(self) -> None:
+    async def half_taken(self, life: Life) -> None:
         """Until an envelope is out whose ack has not come (the event in the connector's
         intake, or taken and not yet acked), polled closely; bounded by ``MOMENT_WAIT_S``."""
         deadline = time.monotonic() + MOMENT_WAIT_S
         while not self.fake.delivery.awaiting_ack and time.monotonic() < deadline:
             await asyncio.sleep(0.002)
 
-    async def faults(self, connectors: Processes, gateways: Processes) -> None:
-        kinds = ["connector"] * self.wanted + ["gateway"] * self.wanted
-        self.rng.shuffle(kinds)
-        for kind in kinds:
-            await asyncio.sleep(self.rng.uniform(*LIFE_S))
-            lives = connectors if kind == "connector" else gateways
-            life = lives.current
-            assert life is not None, f"no {kind} life is running"
-            aim = lives.kills % 2 == 1
-            with contextlib.suppress(AssertionError):
-                if aim and kind == "connector":
-                    await self.half_taken()
-                elif aim:
-                    await bounded(self.in_flight, "replies in flight", MOMENT_WAIT_S)
-            awaiting = self.fake.delivery.awaiting_ack
-            self.kills.append((kind, aim, awaiting if kind == "connector" else self.in_flight()))
-            await lives.kill(life)
-            await lives.spawn()
+    def record(self, kind: str, aim: bool) -> None:
+        """A kill: for a connector the envelopes awaiting their ack, for a gateway the
+        messages in flight."""
+        awaiting = self.fake.delivery.awaiting_ack
+        counted = awaiting if kind == "connector" else self.in_flight()
+        self.kills.append(Kill(kind, time.monotonic(), aim, counted))
 
     async def quiet(self, http: aiohttp.ClientSession) -> Quiet:
-        quiet, began = Quiet(), time.monotonic()
-        last_count, last_change = -1, time.monotonic()
-        while time.monotonic() - began < QUIET_MAX_S:
-            quiet.owed = ledger_counts(self.gateway_db)[0]
-            health = await healthz(http, self.port)
-            quiet.buffered = None if health is None else health.get("buffered")
+        calm = Calm(STABLE_S)
+
+        def settled() -> bool:
             count = sum(len(self.fake.channel(c).bot_texts()) for c in CHATS)
-            if count != last_count:
-                last_count, last_change = count, time.monotonic()
-            calm = time.monotonic() - last_change >= STABLE_S
+            still = calm.see(count)
             idle = self.fake.delivery.in_flight == 0
-            if not self.in_flight() and quiet.owed == 0 and quiet.buffered == 0 and calm and idle:
-                quiet.settled = True
-                break
-            await asyncio.sleep(0.25)
-        quiet.seconds = time.monotonic() - began
-        return quiet
+            return not self.in_flight() and still and idle
+
+        return await quiet_period(http, self.port, self.gateway_db, settled, QUIET_MAX_S)
 
     async def run(self) -> dict[str, Any]:
-        workdir = self.workdir
-        with (
-            (workdir / "connector.log").open("ab") as connector_log,
-            (workdir / "gateway.log").open("ab") as gateway_log,
-        ):
-            connectors = Processes(self.argv("connector"), connector_log)
-            gateways = Processes(self.argv("gateway"), gateway_log)
-            http = aiohttp.ClientSession()
-            try:
-                await connectors.spawn()
-                await gateways.spawn()
-
-                async def connected() -> bool:
-                    health = await healthz(http, self.port)
-                    return health is not None and health.get("gateways") == 1
-
-                await bounded(connected, "the gateway's first connection", SETUP_S)
-                await bounded(
-                    lambda: len(self.fake.delivery.open_sockets()) == 2, "sockets", SETUP_S
-                )
-                for chat in CHATS:
-                    self.write(chat, f"m-{chat}-warm")
-                await bounded(lambda: not self.in_flight(), "the warm-up answers", SETUP_S)
-                began = time.monotonic()
-                load = asyncio.create_task(self.load())
-                try:
-                    async with asyncio.timeout(self.wanted * 2 * (READY_S + 10) + 60):
-                        await self.faults(connectors, gateways)
-                        await asyncio.sleep(TAIL_S)
-                finally:
-                    self.stop_load.set()
-                    await asyncio.wait_for(load, 5)
-                load_s = time.monotonic() - began
-                quiet = await self.quiet(http)
-                for lives in (connectors, gateways):
-                    final = lives.current
-                    if final is not None:
-                        await lives.kill(final, crash=False)
-            finally:
-                await connectors.stop_all()
-                await gateways.stop_all()
-                await http.close()
+        async with children(self.workdir, self.argv("connector"), self.argv("gateway")) as lives:
+            connectors, gateways, http = lives.connectors, lives.gateways, lives.http
+            await connectors.spawn()
+            await gateways.spawn()
+            await bounded(
+                lambda: gateway_connected(http, self.port),
+                "the gateway's first connection",
+                SETUP_S,
+            )
+            await bounded(lambda: len(self.fake.delivery.open_sockets()) == 2, "sockets", SETUP_S)
+            for chat in CHATS:
+                self.write(chat, f"m-{chat}-warm")
+            await bounded(lambda: not self.in_flight(), "the warm-up answers", SETUP_S)
+            faults = kill_and_restart(
+                self.rng,
+                self.wanted,
+                LIFE_S,
+                lives,
+                connector_moment=self.half_taken,
+                in_flight=self.in_flight,
+                record=self.record,
+            )
+            began = await under_load(
+                self.load(), self.stop_load, faults, wanted=self.wanted, tail_s=TAIL_S
+            )
+            load_s = time.monotonic() - began
+            quiet = await self.quiet(http)
+            await lives.stop_finals()
         chats = {
             c: [(m.bot, m.text) for m in self.fake.channel(c).messages]
             for c in CHATS
             if c in self.fake.channels()
         }
-        taken = Counter(e for life in connectors.all for e in set(life.taken))
         owed, abandoned, resent = ledger_counts(self.gateway_db)
         deliveries = self.fake.delivery.deliveries
         return {
@@ -441,7 +286,7 @@ class CrashRun:
             "owed": owed,
             "abandoned": abandoned,
             "resent": resent,
-            "redelivered": sum(n > 1 for n in taken.values()),
+            "redelivered": taken_in_more_than_one_life(connectors.all_lives()),
             "retries": sum(d.attempt > 0 for d in deliveries),
             "no_ack": sum(d.outcome == "no_ack" for d in deliveries),
             "no_connection": sum(d.outcome == "no_connection" for d in deliveries),
@@ -455,8 +300,7 @@ class CrashRun:
 def summary(run: dict[str, Any], seed: int) -> str:
     r: Analysis = run["analysis"]
     quiet: Quiet = run["quiet"]
-    gateway_in_flight = [n for kind, _, n in run["kills"] if kind == "gateway"]
-    ready = sorted(run["ready_s"]) or [0.0]
+    kills: list[Kill] = run["kills"]
     rows = [
         ("seed", str(seed)),
         ("chats", f"{len(CHATS)} (3 direct, 3 channels), 2 Socket Mode connections"),
@@ -466,17 +310,14 @@ def summary(run: dict[str, Any], seed: int) -> str:
         ("connector kills (SIGKILL)", str(run["connector_kills"])),
         (
             "  with envelopes awaiting their ack",
-            str(sum(n > 0 for k, _, n in run["kills"] if k == "connector")),
+            str(sum(k.in_flight > 0 for k in kills if k.kind == "connector")),
         ),
         ("  events taken in more than one life", str(run["redelivered"])),
         ("  attempts not acked / no connection", f"{run['no_ack']} / {run['no_connection']}"),
         ("  Slack retries (retry_attempt > 0)", str(run["retries"])),
         ("  late acks", str(run["late_acks"])),
         ("gateway kills (SIGKILL)", str(run["gateway_kills"])),
-        (
-            "  messages in flight at a kill",
-            f"mean {statistics.mean(gateway_in_flight or [0]):.1f}",
-        ),
+        ("  messages in flight at a kill", in_flight_at_kills(kills)),
         ("  replies attempted more than once", str(run["resent"])),
         ("lives ended otherwise", str(run["other_exits"])),
         ("MISSING (no reply)", str(len(r.without_reply))),
@@ -484,22 +325,16 @@ def summary(run: dict[str, Any], seed: int) -> str:
         ("labelled (possible repeat banner)", str(r.labelled)),
         ("WRONG CHAT / stray", f"{r.wrong_chat} / {r.stray}"),
         ("events Slack gave up on", str(run["given_up"])),
-        ("restart to READY", f"p50 {statistics.median(ready):.2f} s, max {ready[-1]:.2f} s"),
-        (
-            "quiet period",
-            f"{quiet.seconds:.1f} s ({'settled' if quiet.settled else 'NOT settled'}); "
-            f"owed {run['owed']}, abandoned {run['abandoned']}, buffered {quiet.buffered}",
-        ),
+        ("restart to READY", spread(run["ready_s"], p99=False)),
+        ("quiet period", quiet_row(quiet, run["owed"], run["abandoned"], "buffered")),
     ]
-    width = max(len(name) for name, _ in rows)
-    return "\n".join(["slack crash run"] + [f"  {n:<{width}}  {v}" for n, v in rows])
+    return table("slack crash run", rows)
 
 
 def problems(run: dict[str, Any], wanted: int) -> list[str]:
     r: Analysis = run["analysis"]
     found = []
-    if run["connector_kills"] < wanted or run["gateway_kills"] < wanted:
-        found.append("the harness did not kill enough")
+    found.extend(kills_problems(run["connector_kills"], run["gateway_kills"], wanted))
     if run["loaded"] < 4 * run["load_s"]:
         found.append("the load fell below 4 messages/s")
     if run["other_exits"]:
