@@ -17,7 +17,6 @@ sent in the ``Authorization`` header only, never in a URL, and never appears in 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Mapping
 from typing import Any, Final
@@ -25,6 +24,7 @@ from typing import Any, Final
 import aiohttp
 import attrs
 
+from relay.connector.driver_http import HttpSession, why
 from statecore.clock import Clock
 from statecore.errors import StatecoreError
 
@@ -95,7 +95,7 @@ class DiscordApi:
         self.token = token
         self.clock = clock
         self.request_timeout_s = request_timeout_s
-        self._session: aiohttp.ClientSession | None = None
+        self._http = HttpSession()
         self._buckets: dict[tuple[str, str], _Bucket] = {}
         self._route_bucket: dict[str, str] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -108,24 +108,15 @@ class DiscordApi:
     @property
     def session(self) -> aiohttp.ClientSession:
         """The HTTP session (opened on first use)."""
-        self.open()
-        assert self._session is not None
-        return self._session
+        return self._http.session
 
     def open(self) -> None:
         """Create the HTTP session (idempotent); call it on the event loop that will use it."""
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=64, enable_cleanup_closed=True),
-                trust_env=False,
-            )
+        self._http.open()
 
     async def close(self) -> None:
         """Close the HTTP session; never raises."""
-        session, self._session = self._session, None
-        if session is not None and not session.closed:
-            with contextlib.suppress(Exception):
-                await session.close()
+        await self._http.close()
 
     def _key(self, route: str, major: str) -> tuple[str, str]:
         return (self._route_bucket.get(route, route), major)
@@ -162,21 +153,17 @@ class DiscordApi:
 
     async def _send(self, method: str, path: str, route: str, major: str, body: Any) -> Any:
         headers = {"Authorization": f"Bot {self.token}", "User-Agent": "DiscordBot (statecore)"}
-        timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
-        try:
-            async with self.session.request(
-                method,
-                self.base + path,
-                json=body,
-                headers=headers,
-                timeout=timeout,
-                allow_redirects=False,
-            ) as response:
-                raw = await response.content.read(MAX_BODY_BYTES + 1)
-                status = response.status
-                answer_headers = response.headers
-        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
-            raise DiscordUnreachable(f"{method} {route}: {_why(exc)}") from exc
+        got = await self._http.request(
+            method,
+            self.base + path,
+            json=body,
+            headers=headers,
+            timeout_s=self.request_timeout_s,
+            max_bytes=MAX_BODY_BYTES,
+            unreachable=lambda exc, _sent: DiscordUnreachable(f"{method} {route}: {why(exc)}"),
+            keep_cause=True,
+        )
+        status, raw, answer_headers = got.status, got.body, got.headers
         self._note_limits(route, major, answer_headers)
         if status == 204:
             return None
@@ -250,9 +237,3 @@ def _json(raw: bytes) -> Any:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         return None
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    return f"{type(exc).__name__}: {str(exc)[:200]}"

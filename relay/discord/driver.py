@@ -22,15 +22,13 @@ Outcome codes: ``too_long`` (over 2,000 characters), ``bad_action``, ``unsupport
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import logging
 import secrets
 from collections.abc import Mapping
 from typing import Any, Final
 
-from relay.connector.intake import DriverIntake
+from relay.connector.driver_kit import IntakeSlot, LoopTask, RoundLoop, warn_limited
 from relay.connector.platform import Intake
 from relay.discord._api import DiscordApi, DiscordAuthError, DiscordError, DiscordUnreachable
 from relay.discord._events import DM_TYPES, THREAD_TYPES, ChannelInfo, Channels, Message
@@ -49,7 +47,6 @@ log = logging.getLogger("relay.discord")
 API_BASE: Final = "https://discord.com/api/v10"
 DEDUPE_WINDOW_S: Final = 120
 """The window the descriptor announces for Discord's nonce dedupe ("a few minutes")."""
-_BACKOFF_S: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 
 def nonce_of(key: str) -> str:
@@ -97,7 +94,7 @@ class DiscordDriver:
         self._api = DiscordApi(
             api_base, token, clock=self.clock, request_timeout_s=request_timeout_s
         )
-        self._intake: DriverIntake | None = None
+        self._attached = IntakeSlot("Discord", needs="notes, rejections")
         self.channels = Channels()
         self._gateway = GatewayClient(
             self._api,
@@ -124,7 +121,8 @@ class DiscordDriver:
             features=(IDEMPOTENT_SENDS,),
             idempotency_window_s=DEDUPE_WINDOW_S,
         )
-        self._task: asyncio.Task[None] | None = None
+        self._task = LoopTask()
+        self._loop = RoundLoop(self.clock)
         self._log_limits = LogLimits(clock=self.clock)
         self.failed_connections = 0
         """Connections that ended in an error (each retried after a backoff)."""
@@ -136,17 +134,7 @@ class DiscordDriver:
     def attach(self, intake: Intake) -> None:
         """Called by the connector; ``intake`` must be its :class:`DriverIntake` (the cursor
         and rejections are kept through it).  Raises ``TypeError`` for a plain callable."""
-        if not isinstance(intake, DriverIntake):
-            raise TypeError(
-                "the Discord driver needs a connector's DriverIntake (notes, rejections), "
-                f"not {type(intake).__name__}"
-            )
-        self._intake = intake
-
-    def _attached(self) -> DriverIntake:
-        if self._intake is None:
-            raise RuntimeError("the Discord driver is not attached to a connector")
-        return self._intake
+        self._attached.attach(intake)
 
     def descriptor(self) -> CapabilityDescriptor:
         """What the bot can do here (sent to gateways in answer to hello)."""
@@ -169,7 +157,7 @@ class DiscordDriver:
         be reached now is retried by the loop, with backoff.
         """
         intake = self._attached()
-        if self._task is not None and not self._task.done():
+        if self._task.running:
             return
         self._api.open()
         if self._gateway.me is None:
@@ -181,16 +169,12 @@ class DiscordDriver:
             raise
         except (DiscordUnreachable, DiscordError) as exc:
             log.warning("discord: cannot check the bot's token yet (%s); retrying", exc)
-        self._task = asyncio.create_task(self._run(), name=f"discord-gateway-{self.platform}")
+        self._task.start(self._run(), name=f"discord-gateway-{self.platform}")
 
     async def stop(self) -> None:
         """Stop the gateway loop and close the HTTP session; bounded, idempotent, never
         raises."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(task, 10.0)
+        await self._task.stop()
         await self._api.close()
         self._log_limits.report(log, f"discord driver {self.platform}")
 
@@ -209,42 +193,44 @@ class DiscordDriver:
     # -- inbound ---------------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        failures = 0
         gateway = self._gateway
-        while True:
-            delay = 0.0
-            try:
-                if gateway.me is None:
-                    await self._whoami()
-                await gateway.connect_once()
-            except asyncio.CancelledError:
-                raise
-            except ConnectionEnded as end:
-                if end.new_session:
-                    await gateway.forget_session()
-                live = gateway.went_live
-                failures = 0 if live else failures + 1
-                backoff = 0.0 if live else _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
-                delay = max(end.wait_s, backoff)
-                log.info("discord: %s; connecting again in %.2g s", end, delay)
-            except DiscordAuthError as exc:
-                self.auth_failure = exc
-                self.failed_connections += 1
-                delay = _BACKOFF_S[-1]
-                self._warn("auth", f"discord: {exc}; asking again in {delay:g} s")
-            except Exception as exc:
-                self.failed_connections += 1
-                delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
-                failures += 1
-                self._warn(
-                    "gateway",
-                    f"discord: the gateway connection failed ({describe(exc)}); the seq stays "
-                    f"at {gateway.seq}, connecting again in {delay:g} s",
-                )
+
+        async def one_round() -> bool:
+            if gateway.me is None:
+                await self._whoami()
+            await gateway.connect_once()
+            return False
+
+        # A connection that ended without an error is made again at once, the backoff kept.
+        await self._loop.run(one_round, self._failed, reset_on_round=False)
+
+    async def _failed(self, exc: Exception) -> float:
+        """The wait before connecting again (an ended connection is no failure)."""
+        gateway, backoff = self._gateway, self._loop.backoff
+        if isinstance(exc, ConnectionEnded):
+            if exc.new_session:
+                await gateway.forget_session()
+            if gateway.went_live:
+                backoff.reset()
+                delay = max(exc.wait_s, 0.0)
             else:
-                continue
-            if delay > 0:
-                await self.clock.sleep(delay)
+                backoff.fail()
+                delay = max(exc.wait_s, backoff.current())
+            log.info("discord: %s; connecting again in %.2g s", exc, delay)
+            return delay
+        self.failed_connections += 1
+        if isinstance(exc, DiscordAuthError):
+            self.auth_failure = exc
+            delay = backoff.longest
+            self._warn("auth", f"discord: {exc}; asking again in {delay:g} s")
+            return delay
+        delay = backoff.fail()
+        self._warn(
+            "gateway",
+            f"discord: the gateway connection failed ({describe(exc)}); the seq stays "
+            f"at {gateway.seq}, connecting again in {delay:g} s",
+        )
+        return delay
 
     async def _to_event(self, message: Message) -> InboundEvent:
         info = self.channels.get(message.channel_id)
@@ -288,9 +274,7 @@ class DiscordDriver:
         return self.channels.get(channel_id)
 
     def _warn(self, kind: str, line: str) -> None:
-        more = self._log_limits.check(log, logging.WARNING, kind)
-        if more is not None:
-            log.warning("%s%s", line, more)
+        warn_limited(self._log_limits, log, kind, line)
 
     # -- outbound --------------------------------------------------------------------------------
 

@@ -11,14 +11,12 @@ appears in an error's text.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
-
+from relay.connector.driver_http import HttpSession, why
 from statecore.errors import StatecoreError
 
 __all__ = ["MatrixApi", "MatrixAuthError", "MatrixError", "MatrixUnreachable", "path"]
@@ -87,7 +85,7 @@ class MatrixApi:
         self.homeserver = homeserver.rstrip("/")
         self.request_timeout_s = request_timeout_s
         self.token: str | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._http = HttpSession()
 
     def use_token(self, token: str | None) -> None:
         """Send ``token`` with every later request (None: none)."""
@@ -95,19 +93,11 @@ class MatrixApi:
 
     def open(self) -> None:
         """Create the HTTP session (idempotent); call it on the event loop that will use it."""
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=64, enable_cleanup_closed=True),
-                # The long poll sets its own timeout; nothing is read from the environment.
-                trust_env=False,
-            )
+        self._http.open()
 
     async def close(self) -> None:
         """Close the HTTP session; never raises."""
-        session, self._session = self._session, None
-        if session is not None and not session.closed:
-            with contextlib.suppress(Exception):
-                await session.close()
+        await self._http.close()
 
     async def request(
         self,
@@ -124,28 +114,24 @@ class MatrixApi:
         Raises :class:`MatrixError` for an error answer and :class:`MatrixUnreachable` when
         there was no usable answer (the caller decides whether to ask again).
         """
-        self.open()
-        assert self._session is not None
         headers = {"Accept": "application/json"}
         if authed and self.token is not None:
             headers["Authorization"] = f"Bearer {self.token}"
-        timeout = aiohttp.ClientTimeout(total=timeout_s or self.request_timeout_s)
-        try:
-            async with self._session.request(
-                method,
-                self.homeserver + url_path,
-                json=None if body is None else dict(body),
-                params=None if query is None else dict(query),
-                headers=headers,
-                timeout=timeout,
-                allow_redirects=False,
-            ) as response:
-                raw = await response.content.read(MAX_BODY_BYTES + 1)
-                status = response.status
-                retry_header = response.headers.get("Retry-After")
-        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
-            raise MatrixUnreachable(f"{method} {url_path.partition('?')[0]}: {_why(exc)}") from exc
-        if len(raw) > MAX_BODY_BYTES:
+        shown = f"{method} {url_path.partition('?')[0]}"
+        got = await self._http.request(
+            method,
+            self.homeserver + url_path,
+            json=None if body is None else dict(body),
+            params=query,
+            headers=headers,
+            timeout_s=timeout_s or self.request_timeout_s,
+            max_bytes=MAX_BODY_BYTES,
+            unreachable=lambda exc, _sent: MatrixUnreachable(f"{shown}: {why(exc)}"),
+            keep_cause=True,
+        )
+        raw, status = got.body, got.status
+        retry_header = got.headers.get("Retry-After")
+        if got.too_large:
             raise MatrixUnreachable(f"{method}: the answer is over {MAX_BODY_BYTES} bytes")
         answer = _json_object(raw)
         if 200 <= status < 300:
@@ -181,9 +167,3 @@ def _retry_after_header(*, retry_after_header: str | None) -> int | None:
     except ValueError:
         return None
     return int(seconds * 1000) if seconds >= 0 else None
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    return f"{type(exc).__name__}: {str(exc)[:200]}"

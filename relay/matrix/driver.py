@@ -25,14 +25,13 @@ and ``platform_down`` (the budget ran out), ``auth`` (the credentials are gone).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import secrets
 from collections.abc import Mapping
 from typing import Any, Final
 
-from relay.connector.intake import DriverIntake
+from relay.connector.driver_kit import IntakeSlot, LoopTask, RoundLoop, warn_limited
 from relay.connector.platform import Intake
 from relay.matrix._api import MatrixApi, MatrixAuthError, MatrixError, MatrixUnreachable
 from relay.matrix._outbound import OPS, Sender
@@ -53,7 +52,6 @@ DEDUPE_WINDOW_S: Final = 86_400
 MAX_MESSAGE_CHARS: Final = 16_000
 """The longest text the descriptor announces: four bytes a character still fit one event."""
 _MSGTYPES: Final = frozenset(("m.text", "m.notice"))
-_BACKOFF_S: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 
 def txn_id(key: str) -> str:
@@ -125,7 +123,7 @@ class MatrixDriver:
             access_token=access_token,
             device_id=device_id,
         )
-        self._intake: DriverIntake | None = None
+        self._attached = IntakeSlot("Matrix", needs="notes, rejections")
         self.rooms = Rooms()
         self._sync = SyncRound(
             self._api,
@@ -159,30 +157,16 @@ class MatrixDriver:
             markdown=markdown,
             send_budget_s=send_budget_s,
         )
-        self._task: asyncio.Task[None] | None = None
+        self._task = LoopTask()
         self._log_limits = LogLimits(clock=self.clock)
-        self.rounds = 0
-        """Sync rounds whose token was saved."""
-        self.failed_rounds = 0
-        """Sync rounds that ended before the token moved (each retried after a backoff)."""
+        self._loop = RoundLoop(self.clock)
 
     # -- the connector's side -------------------------------------------------------------------
 
     def attach(self, intake: Intake) -> None:
         """Called by the connector; ``intake`` must be its :class:`DriverIntake` (the notes
         and rejections are kept through it).  Raises ``TypeError`` for a plain callable."""
-        if not isinstance(intake, DriverIntake):
-            raise TypeError(
-                "the Matrix driver needs a connector's DriverIntake (notes, rejections), "
-                f"not {type(intake).__name__}"
-            )
-        self._intake = intake
-        self._session.intake = intake
-
-    def _attached(self) -> DriverIntake:
-        if self._intake is None:
-            raise RuntimeError("the Matrix driver is not attached to a connector")
-        return self._intake
+        self._session.intake = self._attached.attach(intake)
 
     def descriptor(self) -> CapabilityDescriptor:
         """What the bot can do here (sent to gateways in answer to hello)."""
@@ -192,6 +176,16 @@ class MatrixDriver:
     def device_id(self) -> str | None:
         """The device the bot's session uses (None before the first login)."""
         return self._session.device_id
+
+    @property
+    def rounds(self) -> int:
+        """Sync rounds whose token was saved."""
+        return self._loop.rounds
+
+    @property
+    def failed_rounds(self) -> int:
+        """Sync rounds that ended before the token moved (each retried after a backoff)."""
+        return self._loop.failed_rounds
 
     @property
     def taken(self) -> int:
@@ -210,64 +204,58 @@ class MatrixDriver:
         a homeserver that cannot be reached now is retried by the loop, with backoff.
         """
         self._attached()
-        if self._task is not None and not self._task.done():
+        if self._task.running:
             return
         self._api.open()
         try:
             await self._session.establish()
         except (MatrixUnreachable, MatrixError) as exc:
             log.warning("matrix: the homeserver cannot log the bot in yet (%s); retrying", exc)
-        self._task = asyncio.create_task(self._run(), name=f"matrix-sync-{self.platform}")
+        self._task.start(self._run(), name=f"matrix-sync-{self.platform}")
 
     async def stop(self) -> None:
         """Stop the sync loop and close the HTTP session; bounded, idempotent, never raises."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(task, 10.0)
+        await self._task.stop()
         await self._api.close()
         self._log_limits.report(log, f"matrix driver {self.platform}")
 
     # -- inbound ---------------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        failures = 0
         since: str | None = None
-        while True:
-            try:
-                if not self._session.ready:
-                    await self._session.establish()
-                if since is None:
-                    since = await self._attached().load(self.platform, NOTE_NEXT_BATCH)
-                if since is None:
-                    since = await self._sync.first(backlog=self.backlog_on_first_start)
-                else:
-                    since = await self._sync.run(since)
-                self.rounds += 1
-                failures = 0
-            except asyncio.CancelledError:
-                raise
-            except MatrixAuthError as exc:
-                self.failed_rounds += 1
-                failures += 1
-                self._warn("auth", f"matrix: the bot cannot log in: {exc}")
-                await self.clock.sleep(_BACKOFF_S[-1])
-            except Exception as exc:
-                self.failed_rounds += 1
-                if isinstance(exc, MatrixError) and exc.unknown_token:
-                    await self._relogin_quietly()
-                if isinstance(exc, MatrixError) and exc.rate_limited and exc.retry_after_ms:
-                    delay = exc.retry_after_ms / 1000
-                else:
-                    delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
-                failures += 1
-                self._warn(
-                    "sync",
-                    f"matrix: a sync round failed ({describe(exc)}); the cursor stays, "
-                    f"asking again in {delay:g} s",
-                )
-                await self.clock.sleep(delay)
+
+        async def one_round() -> bool:
+            nonlocal since
+            if not self._session.ready:
+                await self._session.establish()
+            if since is None:
+                since = await self._attached().load(self.platform, NOTE_NEXT_BATCH)
+            if since is None:
+                since = await self._sync.first(backlog=self.backlog_on_first_start)
+            else:
+                since = await self._sync.run(since)
+            return False
+
+        await self._loop.run(one_round, self._failed)
+
+    async def _failed(self, exc: Exception) -> float:
+        """The wait after a failed round (a lost token is logged in again first)."""
+        backoff = self._loop.backoff
+        if isinstance(exc, MatrixAuthError):
+            self._warn("auth", f"matrix: the bot cannot log in: {exc}")
+            return backoff.fail(backoff.longest)
+        if isinstance(exc, MatrixError) and exc.unknown_token:
+            await self._relogin_quietly()
+        if isinstance(exc, MatrixError) and exc.rate_limited and exc.retry_after_ms:
+            delay = backoff.fail(exc.retry_after_ms / 1000)
+        else:
+            delay = backoff.fail()
+        self._warn(
+            "sync",
+            f"matrix: a sync round failed ({describe(exc)}); the cursor stays, "
+            f"asking again in {delay:g} s",
+        )
+        return delay
 
     async def _relogin_quietly(self) -> None:
         try:
@@ -279,9 +267,7 @@ class MatrixDriver:
             self._warn("auth", f"matrix: logging in again failed: {describe(exc)}")
 
     def _warn(self, kind: str, line: str) -> None:
-        more = self._log_limits.check(log, logging.WARNING, kind)
-        if more is not None:
-            log.warning("%s%s", line, more)
+        warn_limited(self._log_limits, log, kind, line)
 
     # -- outbound --------------------------------------------------------------------------------
 

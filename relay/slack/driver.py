@@ -32,7 +32,7 @@ from typing import Any, Final, Literal
 
 from aiohttp import web
 
-from relay.connector.intake import DriverIntake
+from relay.connector.driver_kit import IntakeSlot, LoopTask, RoundLoop
 from relay.connector.platform import Intake
 from relay.slack._api import DEFAULT_API_URL, SlackAuthError, SlackError, SlackUnreachable, WebApi
 from relay.slack._events import Me
@@ -53,7 +53,6 @@ SLACK_TEXT_LIMIT: Final = 40_000
 MAX_MESSAGE_CHARS: Final = 4_000
 """The default ``max_message_length`` announced: Slack's advice for a readable message (longer
 replies are split by the gateway); up to :data:`SLACK_TEXT_LIMIT` may be configured."""
-_BACKOFF_S: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 
 class SlackDriver:
@@ -114,7 +113,7 @@ class SlackDriver:
         self._app_api = (
             WebApi(app_token, base_url=api_url, timeout_s=request_timeout_s) if app_token else None
         )
-        self._intake: DriverIntake | None = None
+        self._attached = IntakeSlot("Slack", needs="rejections")
         self._channel_types: dict[str, str] = {}
         self.taker = Taker(
             platform=platform,
@@ -167,24 +166,14 @@ class SlackDriver:
             max_chars=max_message_length,
             reply_in_thread=reply_in_thread,
         )
-        self._task: asyncio.Task[None] | None = None
+        self._task = LoopTask()
 
     # -- the connector's side -------------------------------------------------------------------
 
     def attach(self, intake: Intake) -> None:
         """Called by the connector; ``intake`` must be its :class:`DriverIntake` (rejections
         are kept through it).  Raises ``TypeError`` for a plain callable."""
-        if not isinstance(intake, DriverIntake):
-            raise TypeError(
-                "the Slack driver needs a connector's DriverIntake (rejections), "
-                f"not {type(intake).__name__}"
-            )
-        self._intake = intake
-
-    def _attached(self) -> DriverIntake:
-        if self._intake is None:
-            raise RuntimeError("the Slack driver is not attached to a connector")
-        return self._intake
+        self._attached.attach(intake)
 
     def descriptor(self) -> CapabilityDescriptor:
         """What the bot can do here (sent to gateways in answer to hello): send, edit and
@@ -205,7 +194,7 @@ class SlackDriver:
         cannot be reached now is retried by the driver's loop, with backoff.
         """
         self._attached()
-        if self._task is not None and not self._task.done():
+        if self._task.running:
             return
         try:
             await self._identify()
@@ -228,7 +217,7 @@ class SlackDriver:
             server = site._server
             if server is not None and self._events_port == 0:
                 self._events_port = int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
-        self._task = asyncio.create_task(self._run(), name=f"slack-{self.platform}")
+        self._task.start(self._run(), name=f"slack-{self.platform}")
 
     async def _identify(self) -> None:
         answer = await self._api.call("auth.test")
@@ -240,27 +229,27 @@ class SlackDriver:
         self.me = Me(user, bot if isinstance(bot, str) else None)
 
     async def _run(self) -> None:
-        failures = 0
-        while self.me is None:
-            try:
+        if self.me is None:
+            identifying = RoundLoop(self.clock)
+
+            async def one_round() -> bool:
                 await self._identify()
-            except asyncio.CancelledError:
-                raise
-            except (SlackError, SlackUnreachable) as exc:
-                delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
-                failures += 1
+                return True
+
+            async def failed(exc: Exception) -> float:
+                if not isinstance(exc, SlackError | SlackUnreachable):
+                    raise exc
+                delay = identifying.backoff.fail()
                 log.warning("slack: auth.test failed (%s); asking again in %g s", exc, delay)
-                await self.clock.sleep(delay)
+                return delay
+
+            await identifying.run(one_round, failed)
         if self.socket is not None:
             await self.socket.run()
 
     async def stop(self) -> None:
         """Stop reading and writing Slack; bounded, idempotent, never raises."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(task, 10.0)
+        await self._task.stop()
         runner, self._runner = self._runner, None
         if runner is not None:
             with contextlib.suppress(Exception):

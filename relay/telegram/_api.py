@@ -19,8 +19,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-import aiohttp
-
+from relay.connector.driver_http import HttpSession, why
 from statecore.errors import StatecoreError
 
 __all__ = [
@@ -92,22 +91,15 @@ class TelegramApi:
         self._token = token
         self.api_url = api_url
         self.request_timeout_s = request_timeout_s
-        self._session: aiohttp.ClientSession | None = None
+        self._http = HttpSession()
 
     def open(self) -> None:
         """Create the HTTP session (idempotent); call it on the event loop that will use it."""
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=64, enable_cleanup_closed=True),
-                trust_env=False,
-            )
+        self._http.open()
 
     async def close(self) -> None:
         """Close the HTTP session; never raises."""
-        session, self._session = self._session, None
-        if session is not None and not session.closed:
-            with contextlib.suppress(Exception):
-                await session.close()
+        await self._http.close()
 
     def scrub(self, text: str) -> str:
         """``text`` with the token replaced (for any line that may quote a URL)."""
@@ -125,31 +117,18 @@ class TelegramApi:
         Raises :class:`TelegramError` for an ``ok: false`` answer and
         :class:`TelegramUnreachable` for no usable answer (see the module docs).
         """
-        self.open()
-        assert self._session is not None
-        url = f"{self.api_url}{self._token}/{method}"
-        timeout = aiohttp.ClientTimeout(
-            total=timeout_s or self.request_timeout_s, sock_connect=10.0
+        got = await self._http.request(
+            "POST",
+            f"{self.api_url}{self._token}/{method}",
+            json=dict(params or {}),
+            timeout_s=timeout_s or self.request_timeout_s,
+            connect_timeout_s=10.0,
+            max_bytes=MAX_ANSWER_BYTES,
+            unreachable=lambda exc, sent: self._unreachable(method, exc, sent),
         )
-        try:
-            async with self._session.post(
-                url,
-                json=dict(params or {}),
-                timeout=timeout,
-                allow_redirects=False,
-            ) as response:
-                raw = await response.content.read(MAX_ANSWER_BYTES + 1)
-                status = response.status
-                retry_header = response.headers.get("Retry-After")
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            raise TelegramUnreachable(
-                f"telegram {method}: cannot connect ({self._why(exc)})", maybe_acted=False
-            ) from None
-        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
-            raise TelegramUnreachable(
-                f"telegram {method}: no answer ({self._why(exc)})", maybe_acted=True
-            ) from None
-        answer = _json(raw) if len(raw) <= MAX_ANSWER_BYTES else None
+        raw, status = got.body, got.status
+        retry_header = got.headers.get("Retry-After")
+        answer = None if got.too_large else _json(raw)
         if answer is None:
             if status == 429 or status >= 500:
                 raise TelegramError(
@@ -174,10 +153,15 @@ class TelegramApi:
             migrate_to=migrate if isinstance(migrate, int) else None,
         )
 
+    def _unreachable(self, method: str, exc: BaseException, sent: bool) -> TelegramUnreachable:
+        if not sent:
+            text = f"telegram {method}: cannot connect ({self._why(exc)})"
+        else:
+            text = f"telegram {method}: no answer ({self._why(exc)})"
+        return TelegramUnreachable(text, maybe_acted=sent)
+
     def _why(self, exc: BaseException) -> str:
-        if isinstance(exc, TimeoutError):
-            return "timed out"
-        return self.scrub(f"{type(exc).__name__}: {str(exc)[:200]}")
+        return self.scrub(why(exc))
 
 
 def _json(raw: bytes) -> dict[str, Any] | None:

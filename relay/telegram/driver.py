@@ -28,14 +28,12 @@ kicked), ``rate_limited`` and ``platform_down`` (the budget ran out, or no answe
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import secrets
 from collections.abc import Mapping
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
-from relay.connector.intake import DriverIntake
+from relay.connector.driver_kit import Backoff, IntakeSlot, LoopTask, RoundLoop, warn_limited
 from relay.connector.platform import Intake
 from relay.telegram._api import (
     DEFAULT_API_URL,
@@ -57,7 +55,6 @@ __all__ = ["TelegramDriver"]
 
 log = logging.getLogger("relay.telegram")
 
-_BACKOFF_S: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 Mode = Literal["polling", "webhook"]
 
 
@@ -129,7 +126,7 @@ class TelegramDriver:
         self.clock: Clock = clock or SystemClock()
         self._secret = webhook_secret or secrets.token_urlsafe(32)
         self._api = TelegramApi(token, api_url=api_url, request_timeout_s=request_timeout_s)
-        self._intake: DriverIntake | None = None
+        self._attached = IntakeSlot("Telegram", needs="notes, rejections")
         self.bot_id: int | None = int(token.split(":", 1)[0])
         self.username: str | None = None
         self._taker = Taker(platform=platform, intake=self._attached, bot_id=lambda: self.bot_id)
@@ -171,29 +168,16 @@ class TelegramDriver:
             len_unit="utf16",
             supported_ops=OPS,
         )
-        self._task: asyncio.Task[None] | None = None
+        self._task = LoopTask()
         self._started = False
-        self.rounds = 0
-        """``getUpdates`` rounds whose batch was taken (and offset saved when it moved)."""
-        self.failed_rounds = 0
-        """Rounds that ended before the offset covered their batch (each asked again)."""
+        self._polls = RoundLoop(self.clock)
 
     # -- the connector's side -------------------------------------------------------------------
 
     def attach(self, intake: Intake) -> None:
         """Called by the connector; ``intake`` must be its :class:`DriverIntake` (the offset
         and rejections are kept through it).  Raises ``TypeError`` for a plain callable."""
-        if not isinstance(intake, DriverIntake):
-            raise TypeError(
-                "the Telegram driver needs a connector's DriverIntake (notes, rejections), "
-                f"not {type(intake).__name__}"
-            )
-        self._intake = intake
-
-    def _attached(self) -> DriverIntake:
-        if self._intake is None:
-            raise RuntimeError("the Telegram driver is not attached to a connector")
-        return self._intake
+        self._attached.attach(intake)
 
     def descriptor(self) -> CapabilityDescriptor:
         """What the bot can do here (sent to gateways in answer to hello)."""
@@ -203,6 +187,16 @@ class TelegramDriver:
     def offset(self) -> int | None:
         """The ``getUpdates`` offset in use (None before the first round)."""
         return self._poller.offset
+
+    @property
+    def rounds(self) -> int:
+        """``getUpdates`` rounds whose batch was taken (and offset saved when it moved)."""
+        return self._polls.rounds
+
+    @property
+    def failed_rounds(self) -> int:
+        """Rounds that ended before the offset covered their batch (each asked again)."""
+        return self._polls.failed_rounds
 
     @property
     def taken(self) -> int:
@@ -232,7 +226,7 @@ class TelegramDriver:
         by the loop, with backoff.
         """
         self._attached()
-        if self._task is not None and not self._task.done():
+        if self._task.running:
             return
         self._api.open()
         try:
@@ -242,16 +236,12 @@ class TelegramDriver:
         if self.mode == "webhook":
             await self.webhook.start()
         loop = self._webhook_loop() if self.mode == "webhook" else self._poll_loop()
-        self._task = asyncio.create_task(loop, name=f"telegram-{self.mode}-{self.platform}")
+        self._task.start(loop, name=f"telegram-{self.mode}-{self.platform}")
 
     async def stop(self) -> None:
         """Stop polling (or serving the webhook: it stays set, so Telegram keeps the updates
         for the next start) and close the HTTP session; bounded, idempotent, never raises."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(task, 10.0)
+        await self._task.stop()
         await self.webhook.stop()
         await self._api.close()
         self._log_limits.report(log, f"telegram driver {self.platform}")
@@ -275,34 +265,32 @@ class TelegramDriver:
     # -- inbound ---------------------------------------------------------------------------------
 
     async def _poll_loop(self) -> None:
-        failures = 0
         ready = False
-        while True:
-            try:
-                if not self._started:
-                    await self._who_am_i()
-                if not ready:
-                    # getUpdates answers 409 while a webhook is set; its updates stay queued.
-                    await self._api.call("deleteWebhook", {"drop_pending_updates": False})
-                    await self._poller.load()
-                    if self._poller.offset is None and self.drop_pending_on_first_start:
-                        await self._poller.skip_pending()
-                    ready = True
-                await self._poller.round()
-                self.rounds += 1
-                failures = 0
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self.failed_rounds += 1
-                delay = _delay(exc, failures)
-                failures += 1
-                self._warn(
-                    "poll",
-                    f"telegram: a getUpdates round failed ({_describe(exc, self._api)}); the "
-                    f"offset stays, asking again in {delay:g} s",
-                )
-                await self.clock.sleep(delay)
+
+        async def one_round() -> bool:
+            nonlocal ready
+            if not self._started:
+                await self._who_am_i()
+            if not ready:
+                # getUpdates answers 409 while a webhook is set; its updates stay queued.
+                await self._api.call("deleteWebhook", {"drop_pending_updates": False})
+                await self._poller.load()
+                if self._poller.offset is None and self.drop_pending_on_first_start:
+                    await self._poller.skip_pending()
+                ready = True
+            await self._poller.round()
+            return False
+
+        async def failed(exc: Exception) -> float:
+            delay = _delay(exc, self._polls.backoff)
+            self._warn(
+                "poll",
+                f"telegram: a getUpdates round failed ({_describe(exc, self._api)}); the "
+                f"offset stays, asking again in {delay:g} s",
+            )
+            return delay
+
+        await self._polls.run(one_round, failed)
 
     async def _webhook_loop(self) -> None:
         """Set the webhook (asked again until it is set); then only the endpoint works."""
@@ -313,26 +301,24 @@ class TelegramDriver:
             "allowed_updates": list(MESSAGE_KINDS),
             "drop_pending_updates": False,
         }
-        failures = 0
-        while True:
-            try:
-                if not self._started:
-                    await self._who_am_i()
-                await self._api.call("setWebhook", params)
-                log.info("telegram: the webhook is set; updates come to %s", self.webhook.path)
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                delay = _delay(exc, failures)
-                failures += 1
-                self._warn("webhook", f"telegram: setWebhook failed ({_describe(exc, self._api)})")
-                await self.clock.sleep(delay)
+        setting = RoundLoop(self.clock)
+
+        async def one_round() -> bool:
+            if not self._started:
+                await self._who_am_i()
+            await self._api.call("setWebhook", params)
+            log.info("telegram: the webhook is set; updates come to %s", self.webhook.path)
+            return True
+
+        async def failed(exc: Exception) -> float:
+            delay = _delay(exc, setting.backoff)
+            self._warn("webhook", f"telegram: setWebhook failed ({_describe(exc, self._api)})")
+            return delay
+
+        await setting.run(one_round, failed)
 
     def _warn(self, kind: str, line: str) -> None:
-        more = self._log_limits.check(log, logging.WARNING, kind)
-        if more is not None:
-            log.warning("%s%s", line, more)
+        warn_limited(self._log_limits, log, kind, line)
 
     # -- outbound --------------------------------------------------------------------------------
 
@@ -342,10 +328,11 @@ class TelegramDriver:
         return await self._sender.perform(action)
 
 
-def _delay(exc: BaseException, failures: int) -> float:
+def _delay(exc: BaseException, backoff: Backoff) -> float:
+    """Counts the failure in ``backoff``; the wait Telegram asked for (a 429), else its step."""
     if isinstance(exc, TelegramError) and exc.rate_limited and exc.retry_after:
-        return exc.retry_after
-    return _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
+        return backoff.fail(exc.retry_after)
+    return backoff.fail()
 
 
 def _describe(exc: BaseException, api: TelegramApi) -> str:
