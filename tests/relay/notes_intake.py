@@ -137,22 +137,25 @@ class Until(Protocol):
     ) -> Awaitable[None]: ...
 
 
-async def until(check: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
-    """Poll ``check`` until it holds; AssertionError naming ``what`` after the bound."""
+async def until(
+    check: Callable[[], bool], what: str, timeout_s: float = 15.0, *, poll_s: float = 0.02
+) -> None:
+    """Poll ``check`` (every ``poll_s``) until it holds; AssertionError naming ``what`` after
+    the bound."""
     try:
         async with asyncio.timeout(timeout_s):
             while not check():
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(poll_s)
     except TimeoutError:
         raise AssertionError(f"not within {timeout_s} s: {what}") from None
 
 
-def until_within(bound_s: float) -> Until:
-    """:func:`until` whose default bound is ``bound_s``."""
+def until_within(bound_s: float, *, poll_s: float = 0.02) -> Until:
+    """:func:`until` whose default bound is ``bound_s`` (polling every ``poll_s``)."""
 
     def bounded(
         check: Callable[[], bool], what: str, timeout_s: float | None = None
     ) -> Awaitable[None]:
-        return until(check, what, bound_s if timeout_s is None else timeout_s)
+        return until(check, what, bound_s if timeout_s is None else timeout_s, poll_s=poll_s)
 
     return bounded

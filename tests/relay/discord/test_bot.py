@@ -10,110 +10,45 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from relay.client.adapter import RelayAdapter
-from relay.client.dedupe import StoreBufferDedupe
-from relay.client.transport import WebSocketRelayTransport
-from relay.connector.server import Connector
 from relay.discord import DiscordDriver
 from relay.discord.testing import FakeDiscord
-from statecore.gateway import Gateway, Turn
-from stores import SQLiteStore
+from tests.relay.notes_intake import until_within
+from tests.relay.relay_bot import RelayBot, started
 
 pytestmark = pytest.mark.asyncio
 
 SECRET = "discord-test-secret"
-GATEWAY_ID = "gw"
 BOUND_S = 20.0
 
 
-class Bot:
+class Bot(RelayBot[DiscordDriver]):
     """A connector with the Discord driver and a gateway answering ``echo: <text>``, each on
-    its own SQLite file under ``data``; what the handler saw is in ``seen``."""
+    its own SQLite file under ``data``; what the handler saw is in ``seen``.  A connector
+    start returns once the driver's gateway session is live."""
 
     def __init__(self, data: Path, fake: FakeDiscord) -> None:
-        self.data = data
+        super().__init__(data, "discord", SECRET)
         self.fake = fake
-        self.seen: list[str] = []
-        self.connector: Connector | None = None
-        self.gateway: Gateway | None = None
-        self.driver: DiscordDriver | None = None
-        self._stores: list[SQLiteStore] = []
 
-    async def answer(self, turn: Turn) -> None:
-        self.seen.append(turn.message.text)
-        await turn.reply(f"echo: {turn.message.text}")
+    def make_driver(self) -> DiscordDriver:
+        return DiscordDriver(self.fake.token, api_base=self.fake.api_base)
 
-    async def start_connector(self) -> Connector:
-        store = SQLiteStore(self.data / "connector.db")
-        self._stores.append(store)
-        self.driver = DiscordDriver(self.fake.token, api_base=self.fake.api_base)
-        port = 0 if self.connector is None else int(self.connector.url.rsplit(":", 1)[1])
-        self.connector = Connector(
-            store, secrets={GATEWAY_ID: [SECRET]}, drivers={"discord": self.driver}
-        )
-        await self.connector.start(port=port)
-        driver = self.driver
+    async def driver_live(self, driver: DiscordDriver) -> None:
         await until(driver.gateway.connected.is_set, "a live gateway session")
-        return self.connector
-
-    async def stop_connector(self) -> None:
-        assert self.connector is not None
-        await self.connector.stop()
-
-    async def start_gateway(self) -> Gateway:
-        assert self.connector is not None
-        store = SQLiteStore(self.data / "gateway.db")
-        self._stores.append(store)
-        transport = WebSocketRelayTransport(
-            self.connector.url,
-            "discord",
-            "bot",
-            gateway_id=GATEWAY_ID,
-            secret=SECRET,
-            reconnect_backoff_s=0.05,
-            reconnect_max_s=0.5,
-            dedupe=StoreBufferDedupe(store),
-        )
-        self.gateway = Gateway(store)
-        self.gateway.on_message(self.answer)
-        self.gateway.add_adapter("discord", RelayAdapter(transport))
-        await self.gateway.start()
-        return self.gateway
-
-    async def close(self) -> None:
-        if self.gateway is not None:
-            await self.gateway.stop()
-        if self.connector is not None:
-            await self.connector.stop()
-        for store in self._stores:
-            store.close()
 
 
 @contextlib.asynccontextmanager
 async def a_bot(tmp_path: Path, *, gateway: bool = True) -> AsyncIterator[tuple[Bot, FakeDiscord]]:
-    async with FakeDiscord() as fake:
-        bot = Bot(tmp_path, fake)
-        try:
-            await bot.start_connector()
-            if gateway:
-                await bot.start_gateway()
-            yield bot, fake
-        finally:
-            await bot.close()
+    async with FakeDiscord() as fake, started(Bot(tmp_path, fake), gateway=gateway) as bot:
+        yield bot, fake
 
 
-async def until(check: Callable[[], bool], what: str, timeout_s: float = BOUND_S) -> None:
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not check():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout_s} s: {what}") from None
+until = until_within(BOUND_S, poll_s=0.05)
 
 
 async def test_a_person_writes_and_the_bot_answers_in_the_channel_as_a_reply_and_in_the_thread(

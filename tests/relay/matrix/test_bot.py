@@ -8,7 +8,6 @@ connector resumes from its stored token and hands nothing over twice.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -17,101 +16,41 @@ from typing import Any
 import pytest
 from nio import AsyncClient
 
-from relay.client.adapter import RelayAdapter
-from relay.client.dedupe import StoreBufferDedupe
-from relay.client.transport import WebSocketRelayTransport
-from relay.connector.server import Connector
 from relay.matrix import MatrixDriver
 from relay.matrix.testing import Homeserver, MatrixAccount
-from statecore.gateway import Gateway, Turn
-from stores import SQLiteStore
+from tests.relay.notes_intake import until_within
+from tests.relay.relay_bot import RelayBot, started
 
 pytestmark = pytest.mark.asyncio
 
 NewAccount = Callable[..., MatrixAccount]
 SECRET = "matrix-test-secret"
-GATEWAY_ID = "gw"
 BOUND_S = 30.0
 
 
-class Bot:
+class Bot(RelayBot[MatrixDriver]):
     """A connector with the Matrix driver and a gateway answering ``echo: <text>``, each on its
     own SQLite file under ``data``; what the handler saw is in ``seen``."""
 
     def __init__(self, data: Path, account: MatrixAccount) -> None:
-        self.data = data
+        super().__init__(data, "matrix", SECRET)
         self.account = account
-        self.seen: list[str] = []
-        self.connector: Connector | None = None
-        self.gateway: Gateway | None = None
-        self.driver: MatrixDriver | None = None
-        self._stores: list[SQLiteStore] = []
 
-    async def answer(self, turn: Turn) -> None:
-        self.seen.append(turn.message.text)
-        await turn.reply(f"echo: {turn.message.text}")
-
-    async def start_connector(self) -> Connector:
-        store = SQLiteStore(self.data / "connector.db")
-        self._stores.append(store)
-        self.driver = MatrixDriver(
+    def make_driver(self) -> MatrixDriver:
+        return MatrixDriver(
             self.account.homeserver,
             self.account.user_id,
             password=self.account.password,
             sync_timeout_ms=1000,
         )
-        port = 0 if self.connector is None else int(self.connector.url.rsplit(":", 1)[1])
-        self.connector = Connector(
-            store, secrets={GATEWAY_ID: [SECRET]}, drivers={"matrix": self.driver}
-        )
-        await self.connector.start(port=port)
-        return self.connector
-
-    async def stop_connector(self) -> None:
-        assert self.connector is not None
-        await self.connector.stop()
-
-    async def start_gateway(self) -> Gateway:
-        assert self.connector is not None
-        store = SQLiteStore(self.data / "gateway.db")
-        self._stores.append(store)
-        transport = WebSocketRelayTransport(
-            self.connector.url,
-            "matrix",
-            "bot",
-            gateway_id=GATEWAY_ID,
-            secret=SECRET,
-            reconnect_backoff_s=0.05,
-            reconnect_max_s=0.5,
-            dedupe=StoreBufferDedupe(store),
-        )
-        self.gateway = Gateway(store)
-        self.gateway.on_message(self.answer)
-        self.gateway.add_adapter("matrix", RelayAdapter(transport))
-        await self.gateway.start()
-        return self.gateway
-
-    async def close(self) -> None:
-        if self.gateway is not None:
-            await self.gateway.stop()
-        if self.connector is not None:
-            await self.connector.stop()
-        for store in self._stores:
-            store.close()
 
 
 @contextlib.asynccontextmanager
 async def a_bot(
     tmp_path: Path, account: MatrixAccount, *, gateway: bool = True
 ) -> AsyncIterator[Bot]:
-    bot = Bot(tmp_path, account)
-    try:
-        await bot.start_connector()
-        if gateway:
-            await bot.start_gateway()
+    async with started(Bot(tmp_path, account), gateway=gateway) as bot:
         yield bot
-    finally:
-        await bot.close()
 
 
 @contextlib.asynccontextmanager
@@ -139,13 +78,7 @@ def bot_events(
     return [e for e in events if e["sender"] == bot]
 
 
-async def until(check: Callable[[], bool], what: str, timeout_s: float = BOUND_S) -> None:
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not check():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout_s} s: {what}") from None
+until = until_within(BOUND_S, poll_s=0.05)
 
 
 async def room_with(homeserver: Homeserver, bot: Bot, who: MatrixAccount, **options: Any) -> str:

@@ -11,89 +11,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from relay.client.adapter import RelayAdapter
-from relay.client.dedupe import StoreBufferDedupe
-from relay.client.transport import WebSocketRelayTransport
-from relay.connector.server import Connector
 from relay.slack import SlackDriver
 from relay.slack.testing import FakeSlack
-from statecore.gateway import Gateway, Turn
-from stores import SQLiteStore
+from tests.relay.notes_intake import until_within
+from tests.relay.relay_bot import RelayBot, started
 
 pytestmark = pytest.mark.asyncio
 
 SECRET = "slack-test-secret"
-GATEWAY_ID = "gw"
 BOUND_S = 20.0
 
 
-class Bot:
+class Bot(RelayBot[SlackDriver]):
     """A connector with the Slack driver and a gateway answering ``echo: <text>``, each on
     its own SQLite file under ``data``; what the handler saw is in ``seen``."""
 
     def __init__(self, data: Path, fake: FakeSlack, **driver_options: Any) -> None:
-        self.data = data
+        super().__init__(data, "slack", SECRET)
         self.fake = fake
         self.driver_options = driver_options
-        self.seen: list[str] = []
-        self.connector: Connector | None = None
-        self.gateway: Gateway | None = None
-        self.driver: SlackDriver | None = None
-        self._stores: list[SQLiteStore] = []
 
-    async def answer(self, turn: Turn) -> None:
-        self.seen.append(turn.message.text)
-        await turn.reply(f"echo: {turn.message.text}")
-
-    async def start_connector(self) -> Connector:
-        store = SQLiteStore(self.data / "connector.db")
-        self._stores.append(store)
+    def make_driver(self) -> SlackDriver:
         options = {"app_token": self.fake.app_token, "ack_budget_s": 2.0, **self.driver_options}
-        self.driver = SlackDriver(self.fake.bot_token, api_url=self.fake.api_url, **options)
-        port = 0 if self.connector is None else int(self.connector.url.rsplit(":", 1)[1])
-        self.connector = Connector(
-            store, secrets={GATEWAY_ID: [SECRET]}, drivers={"slack": self.driver}
-        )
-        await self.connector.start(port=port)
-        return self.connector
-
-    async def stop_connector(self) -> None:
-        assert self.connector is not None
-        await self.connector.stop()
-
-    async def start_gateway(self) -> Gateway:
-        assert self.connector is not None
-        store = SQLiteStore(self.data / "gateway.db")
-        self._stores.append(store)
-        transport = WebSocketRelayTransport(
-            self.connector.url,
-            "slack",
-            "bot",
-            gateway_id=GATEWAY_ID,
-            secret=SECRET,
-            reconnect_backoff_s=0.05,
-            reconnect_max_s=0.5,
-            dedupe=StoreBufferDedupe(store),
-        )
-        self.gateway = Gateway(store)
-        self.gateway.on_message(self.answer)
-        self.gateway.add_adapter("slack", RelayAdapter(transport))
-        await self.gateway.start()
-        return self.gateway
-
-    async def close(self) -> None:
-        if self.gateway is not None:
-            await self.gateway.stop()
-        if self.connector is not None:
-            await self.connector.stop()
-        for store in self._stores:
-            store.close()
+        return SlackDriver(self.fake.bot_token, api_url=self.fake.api_url, **options)
 
 
 @contextlib.asynccontextmanager
@@ -111,23 +57,11 @@ async def a_fake(**options: Any) -> AsyncIterator[FakeSlack]:
 async def a_bot(
     tmp_path: Path, fake: FakeSlack, *, gateway: bool = True, **driver_options: Any
 ) -> AsyncIterator[Bot]:
-    bot = Bot(tmp_path, fake, **driver_options)
-    try:
-        await bot.start_connector()
-        if gateway:
-            await bot.start_gateway()
+    async with started(Bot(tmp_path, fake, **driver_options), gateway=gateway) as bot:
         yield bot
-    finally:
-        await bot.close()
 
 
-async def until(check: Callable[[], bool], what: str, timeout_s: float = BOUND_S) -> None:
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not check():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout_s} s: {what}") from None
+until = until_within(BOUND_S, poll_s=0.05)
 
 
 def bot_texts(fake: FakeSlack, channel: str) -> list[str]:

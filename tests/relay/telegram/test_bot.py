@@ -13,114 +13,52 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from relay.client.adapter import RelayAdapter
-from relay.client.dedupe import StoreBufferDedupe
-from relay.client.transport import WebSocketRelayTransport
-from relay.connector.server import Connector
 from relay.telegram import TelegramDriver
 from relay.telegram.testing import FakeTelegram, TelegramUser
 from statecore import RECONNECTED_MARKER, RECOVERED_MARKER, LedgerPolicy
-from statecore.gateway import Gateway, Turn
-from stores import SQLiteStore
+from tests.relay.notes_intake import until_within
+from tests.relay.relay_bot import RelayBot, started
 
 pytestmark = pytest.mark.asyncio
 
 SECRET = "telegram-test-secret"
-GATEWAY_ID = "gw"
 BOUND_S = 20.0
 
 
-class Bot:
+class Bot(RelayBot[TelegramDriver]):
     """A connector with the Telegram driver and a gateway answering ``echo: <text>`` (or what
-    ``reply`` makes of it), each on its own SQLite file under ``data``."""
+    ``reply`` makes of it), each on its own SQLite file under ``data``; the gateway's ledger
+    retries after 0.2 s and 0.5 s, its sweep every 0.2 s."""
 
     def __init__(self, data: Path, fake: FakeTelegram, **driver_options: Any) -> None:
-        self.data = data
+        super().__init__(data, "telegram", SECRET)
         self.fake = fake
-        self.seen: list[str] = []
-        self.reply: Callable[[str], str] = lambda text: f"echo: {text}"
-        self.connector: Connector | None = None
-        self.gateway: Gateway | None = None
-        self.driver: TelegramDriver | None = None
         self.driver_options = driver_options
-        self._stores: list[SQLiteStore] = []
 
-    async def answer(self, turn: Turn) -> None:
-        self.seen.append(turn.message.text)
-        await turn.reply(self.reply(turn.message.text))
-
-    async def start_connector(self) -> Connector:
-        store = SQLiteStore(self.data / "connector.db")
-        self._stores.append(store)
+    def make_driver(self) -> TelegramDriver:
         options = {"poll_timeout_s": 1, "chat_rate_per_s": 20.0, **self.driver_options}
-        self.driver = TelegramDriver(self.fake.token, api_url=self.fake.api_url, **options)
-        port = 0 if self.connector is None else int(self.connector.url.rsplit(":", 1)[1])
-        self.connector = Connector(
-            store, secrets={GATEWAY_ID: [SECRET]}, drivers={"telegram": self.driver}
-        )
-        await self.connector.start(port=port)
-        return self.connector
+        return TelegramDriver(self.fake.token, api_url=self.fake.api_url, **options)
 
-    async def stop_connector(self) -> None:
-        assert self.connector is not None
-        await self.connector.stop()
-
-    async def start_gateway(self) -> Gateway:
-        assert self.connector is not None
-        store = SQLiteStore(self.data / "gateway.db")
-        self._stores.append(store)
-        transport = WebSocketRelayTransport(
-            self.connector.url,
-            "telegram",
-            "bot",
-            gateway_id=GATEWAY_ID,
-            secret=SECRET,
-            reconnect_backoff_s=0.05,
-            reconnect_max_s=0.5,
-            dedupe=StoreBufferDedupe(store),
-        )
-        policy = LedgerPolicy(retry_backoff=(0.2, 0.5))
-        self.gateway = Gateway(store, policy=policy, retry_interval_s=0.2)
-        self.gateway.on_message(self.answer)
-        self.gateway.add_adapter("telegram", RelayAdapter(transport))
-        await self.gateway.start()
-        return self.gateway
-
-    async def close(self) -> None:
-        if self.gateway is not None:
-            await self.gateway.stop()
-        if self.connector is not None:
-            await self.connector.stop()
-        for store in self._stores:
-            store.close()
+    def gateway_options(self) -> dict[str, Any]:
+        return {"policy": LedgerPolicy(retry_backoff=(0.2, 0.5)), "retry_interval_s": 0.2}
 
 
 @contextlib.asynccontextmanager
 async def a_bot(tmp_path: Path, *, gateway: bool = True, **options: Any) -> AsyncIterator[Bot]:
-    async with FakeTelegram() as fake:
-        bot = Bot(tmp_path, fake, **options)
-        try:
-            await bot.start_connector()
-            if gateway:
-                await bot.start_gateway()
-            yield bot
-        finally:
-            await bot.close()
+    async with (
+        FakeTelegram() as fake,
+        started(Bot(tmp_path, fake, **options), gateway=gateway) as bot,
+    ):
+        yield bot
 
 
-async def until(check: Callable[[], bool], what: str, timeout_s: float = BOUND_S) -> None:
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not check():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout_s} s: {what}") from None
+until = until_within(BOUND_S, poll_s=0.05)
 
 
 def bot_messages(fake: FakeTelegram, chat_id: int) -> list[Any]:
@@ -212,7 +150,7 @@ async def test_a_webhook_bot_answers_what_telegram_pushes(tmp_path: Path) -> Non
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
-    hook = {
+    hook: dict[str, Any] = {
         "mode": "webhook",
         "webhook_url": f"http://127.0.0.1:{port}/telegram",
         "webhook_port": port,
