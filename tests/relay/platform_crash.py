@@ -451,14 +451,34 @@ def table(title: str, rows: Sequence[tuple[str, str]]) -> str:
     return "\n".join([title] + [f"  {name:<{width}}  {value}" for name, value in rows])
 
 
-def kills_problems(connector_kills: int, gateway_kills: int, wanted: int) -> list[str]:
-    """The harness's own check: did it kill enough of each kind?"""
+MIN_RATE_PER_S = 4.0
+"""The load a run must have kept up (messages a second) for its checks to count."""
+
+
+def harness_problems(
+    connector_kills: int,
+    gateway_kills: int,
+    wanted: int,
+    *,
+    loaded: int,
+    load_s: float,
+    other_exits: Sequence[int],
+) -> list[str]:
+    """The harness's own checks: it killed enough of each kind, the load (``loaded`` messages
+    in ``load_s``) kept up, and no life ended other than by SIGKILL."""
+    found = []
     if connector_kills < wanted or gateway_kills < wanted:
-        return [
+        found.append(
             f"the harness did not kill enough: {connector_kills} connector and "
             f"{gateway_kills} gateway kills, {wanted} of each wanted"
-        ]
-    return []
+        )
+    if loaded < MIN_RATE_PER_S * load_s:
+        found.append(
+            f"the load fell below {MIN_RATE_PER_S:g} messages/s ({loaded} in {load_s:.1f} s)"
+        )
+    if other_exits:
+        found.append(f"lives that ended other than by SIGKILL: {list(other_exits)}")
+    return found
 
 
 def ready_spreads(children: Children) -> Mapping[str, tuple[float, ...]]:

@@ -55,9 +55,9 @@ from tests.relay.platform_crash import (
     children,
     free_port,
     gateway_connected,
+    harness_problems,
     in_flight_at_kills,
     kill_and_restart,
-    kills_problems,
     ledger_counts,
     quiet_period,
     quiet_row,
@@ -329,11 +329,14 @@ async def test_every_message_is_answered_exactly_once_across_sigkills_of_both_pr
     text = summary(seed, result)
     print(text)
     a: Analysis = result["analysis"]
-    problems = kills_problems(result["connector_kills"], result["gateway_kills"], wanted)
-    if result["sent"] - 6 < 4 * result["load_s"]:
-        problems.append("the load fell below 4 messages/s")
-    if result["other_exits"]:
-        problems.append(f"lives that ended other than by SIGKILL: {result['other_exits']}")
+    problems = harness_problems(
+        result["connector_kills"],
+        result["gateway_kills"],
+        wanted,
+        loaded=result["sent"] - 6,
+        load_s=result["load_s"],
+        other_exits=result["other_exits"],
+    )
     if a.without_reply:
         problems.append(f"messages without a reply: {list(a.without_reply)[:10]}")
     if a.duplicates or a.wrong_channel or a.stray:

@@ -55,9 +55,9 @@ from tests.relay.platform_crash import (
     children,
     free_port,
     gateway_connected,
+    harness_problems,
     in_flight_at_kills,
     kill_and_restart,
-    kills_problems,
     ledger_counts,
     quiet_period,
     quiet_row,
@@ -333,12 +333,14 @@ def summary(run: dict[str, Any], seed: int) -> str:
 
 def problems(run: dict[str, Any], wanted: int) -> list[str]:
     r: Analysis = run["analysis"]
-    found = []
-    found.extend(kills_problems(run["connector_kills"], run["gateway_kills"], wanted))
-    if run["loaded"] < 4 * run["load_s"]:
-        found.append("the load fell below 4 messages/s")
-    if run["other_exits"]:
-        found.append(f"lives that ended other than by SIGKILL: {run['other_exits']}")
+    found = harness_problems(
+        run["connector_kills"],
+        run["gateway_kills"],
+        wanted,
+        loaded=run["loaded"],
+        load_s=run["load_s"],
+        other_exits=run["other_exits"],
+    )
     if r.without_reply:
         found.append(f"messages without a reply: {len(r.without_reply)} {r.without_reply[:10]}")
     if r.unlabelled_duplicates:

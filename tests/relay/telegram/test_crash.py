@@ -59,9 +59,9 @@ from tests.relay.platform_crash import (
     children,
     free_port,
     gateway_connected,
+    harness_problems,
     in_flight_at_kills,
     kill_and_restart,
-    kills_problems,
     ledger_counts,
     quiet_period,
     quiet_row,
@@ -309,12 +309,15 @@ class Run:
         return table(title, rows)
 
     def problems(self, wanted: int) -> list[str]:
-        found = kills_problems(self.connector_kills, self.gateway_kills, wanted)
+        found = harness_problems(
+            self.connector_kills,
+            self.gateway_kills,
+            wanted,
+            loaded=self.loaded,
+            load_s=self.load_s,
+            other_exits=self.other_exits,
+        )
         r = self.result
-        if self.loaded < 4 * self.load_s:
-            found.append(f"the load fell below 4 messages/s ({self.loaded} in {self.load_s:.1f} s)")
-        if self.other_exits:
-            found.append(f"lives that ended other than by SIGKILL: {list(self.other_exits)}")
         if r.messages != self.written:
             found.append(f"{self.written} messages written, {r.messages} in the chats")
         if r.without_reply:
