@@ -11,6 +11,8 @@ these from the connector's layer, never from another driver:
 * :class:`RoundLoop` and :class:`Backoff`: run a round again and again; after a failure, sleep
   on the driver's clock for what the driver says (the next step of :data:`BACKOFF_S`, or what
   the platform asked for); cancellation always goes through.
+* :meth:`Backoff.sleep_within`: the wait before an outbound request is asked again, unless it
+  would end past the send budget (:data:`SEND_BACKOFF_S`).
 * :func:`warn_limited`: a warning line through :class:`LogLimits`, so a failing platform
   cannot fill the log.
 """
@@ -28,10 +30,20 @@ from relay.connector.platform import Intake
 from relay.wire.throttle import LogLimits
 from statecore.clock import Clock
 
-__all__ = ["BACKOFF_S", "Backoff", "IntakeSlot", "LoopTask", "RoundLoop", "warn_limited"]
+__all__ = [
+    "BACKOFF_S",
+    "SEND_BACKOFF_S",
+    "Backoff",
+    "IntakeSlot",
+    "LoopTask",
+    "RoundLoop",
+    "warn_limited",
+]
 
 BACKOFF_S: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 """The waits after consecutive failed rounds (the last one repeats)."""
+SEND_BACKOFF_S: Final = (0.25, 0.5, 1.0, 2.0, 5.0)
+"""The waits between the attempts of one outbound request, within its send budget."""
 
 
 class IntakeSlot:
@@ -122,6 +134,15 @@ class Backoff:
     def reset(self) -> None:
         """A round went through: the next failure waits ``steps[0]`` again."""
         self.failures = 0
+
+    async def sleep_within(self, clock: Clock, deadline: float) -> bool:
+        """Count one failure and sleep its step on ``clock``; False, without sleeping, when
+        the step would end past ``deadline`` (on ``clock.monotonic()``): give up."""
+        delay = self.fail()
+        if clock.monotonic() + delay > deadline:
+            return False
+        await clock.sleep(delay)
+        return True
 
 
 class RoundLoop:

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Final
 
+from relay.connector.driver_kit import SEND_BACKOFF_S, Backoff
 from relay.connector.platform import target_chat
 from relay.discord._api import DiscordApi, DiscordError, DiscordUnreachable
 from relay.wire.frames import OutboundOutcome
@@ -30,7 +31,6 @@ SEND_ROUTE: Final = "POST /channels/{channel_id}/messages"
 EDIT_ROUTE: Final = "PATCH /channels/{channel_id}/messages/{message_id}"
 TYPING_ROUTE: Final = "POST /channels/{channel_id}/typing"
 ALLOWED_MENTIONS: Final = {"parse": [], "replied_user": True}
-_BACKOFF_S: Final = (0.25, 0.5, 1.0, 2.0, 5.0)
 _REMEMBERED: Final = 4096
 
 
@@ -111,7 +111,7 @@ class Sender:
         """One request, asked again within the budget (module docs)."""
         clock = self._clock
         deadline = clock.monotonic() + self._budget_s
-        failures = 0
+        backoff = Backoff(SEND_BACKOFF_S)
         while True:
             try:
                 answer = await self._api.request(method, path, route=route, major=major, body=body)
@@ -131,11 +131,8 @@ class Sender:
             else:
                 message_id = answer.get("id") if isinstance(answer, dict) else None
                 return OutboundOutcome(True, message_id if isinstance(message_id, str) else None)
-            delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
-            failures += 1
-            if clock.monotonic() + delay > deadline:
+            if not await backoff.sleep_within(clock, deadline):
                 return outcome
-            await clock.sleep(delay)
 
 
 def refusal(exc: DiscordError) -> OutboundOutcome | None:

@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any, Final
 
+from relay.connector.driver_kit import SEND_BACKOFF_S, Backoff
 from relay.connector.platform import target_chat
 from relay.matrix._api import MatrixApi, MatrixAuthError, MatrixError, MatrixUnreachable, path
 from relay.matrix._content import edit_content, message_content
@@ -25,7 +26,6 @@ __all__ = ["OPS", "Sender"]
 
 OPS: Final = ("send", "edit", "typing", "follow_up")
 """What the driver performs (its descriptor's ``supported_ops``)."""
-_BACKOFF_S: Final = (0.25, 0.5, 1.0, 2.0, 5.0)
 
 
 class Sender:
@@ -89,7 +89,7 @@ class Sender:
         clock = self._clock
         deadline = clock.monotonic() + self._budget_s
         relogged = False
-        failures = 0
+        backoff = Backoff(SEND_BACKOFF_S)
         while True:
             wait = self._paused_until - clock.monotonic()
             if wait > 0:
@@ -120,11 +120,8 @@ class Sender:
             else:
                 event_id = answer.get("event_id")
                 return OutboundOutcome(True, event_id if isinstance(event_id, str) else None)
-            delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
-            failures += 1
-            if clock.monotonic() + delay > deadline:
+            if not await backoff.sleep_within(clock, deadline):
                 return outcome
-            await clock.sleep(delay)
 
 
 def refusal(exc: MatrixError) -> OutboundOutcome | None:

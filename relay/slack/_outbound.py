@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from relay.connector.driver_kit import SEND_BACKOFF_S, Backoff
 from relay.connector.platform import target_chat
 from relay.slack._api import SlackError, SlackUnreachable, WebApi
 from relay.wire.frames import OutboundOutcome
@@ -28,7 +29,6 @@ __all__ = ["OPS", "Sender", "refusal"]
 
 OPS: Final = ("send", "edit", "follow_up")
 """What the driver performs (its descriptor's ``supported_ops``)."""
-_BACKOFF_S: Final = (0.25, 0.5, 1.0, 2.0, 5.0)
 _NOT_FOUND: Final = frozenset(("channel_not_found", "message_not_found", "thread_not_found"))
 _FORBIDDEN: Final = frozenset(
     (
@@ -136,7 +136,7 @@ class Sender:
         """``method`` with ``args``, asked again only where the module docs say so."""
         clock = self._clock
         deadline = clock.monotonic() + self._budget_s
-        failures = 0
+        backoff = Backoff(SEND_BACKOFF_S)
         while True:
             wait = self._paused_until.get(method, 0.0) - clock.monotonic()
             if wait > 0:
@@ -166,8 +166,5 @@ class Sender:
                 channel = answer.get("channel") or args["channel"]
                 message_id = f"{channel}:{ts}" if isinstance(ts, str) else None
                 return OutboundOutcome(True, message_id)
-            delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
-            failures += 1
-            if clock.monotonic() + delay > deadline:
+            if not await backoff.sleep_within(clock, deadline):
                 return outcome
-            await clock.sleep(delay)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from relay.connector.driver_kit import SEND_BACKOFF_S, Backoff
 from relay.connector.platform import target_chat
 from relay.telegram._api import TelegramApi, TelegramError, TelegramUnreachable
 from relay.telegram._updates import message_ref, parse_ref
@@ -30,7 +31,6 @@ OPS: Final = ("send", "edit", "typing", "follow_up")
 """What the driver performs (its descriptor's ``supported_ops``)."""
 MAX_MESSAGE_UTF16: Final = 4096
 """Telegram's limit on a message's text, in UTF-16 code units."""
-_BACKOFF_S: Final = (0.25, 0.5, 1.0, 2.0, 5.0)
 
 
 def utf16_len(text: str) -> int:
@@ -185,7 +185,7 @@ class Sender:
     ) -> OutboundOutcome:
         clock = self._clock
         deadline = clock.monotonic() + self._budget_s
-        failures = 0
+        backoff = Backoff(SEND_BACKOFF_S)
         while True:
             if paced:
                 for reserve in (self._pacer.slot, lambda _: self._pacer.global_slot()):
@@ -226,11 +226,8 @@ class Sender:
                 outcome = OutboundOutcome(False, None, str(exc)[:300], "platform_down")
             else:
                 return _sent(answer)
-            delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
-            failures += 1
-            if clock.monotonic() + delay > deadline:
+            if not await backoff.sleep_within(clock, deadline):
                 return outcome
-            await clock.sleep(delay)
 
 
 def refusal(exc: TelegramError) -> OutboundOutcome | None:
