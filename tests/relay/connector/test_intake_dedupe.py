@@ -239,7 +239,10 @@ async def test_keys_are_pruned_after_their_retention(mh: Harness) -> None:
     clock = FakeClock(time.time())
     Subscriptions(mh.store).add("gw-a", "loopback")
     connector = await mh.start(
-        clock=clock, seen_retention_s=MIN_SEEN_RETENTION_S, retention_s=4 * MIN_SEEN_RETENTION_S
+        clock=clock,
+        seen_retention_s=MIN_SEEN_RETENTION_S,
+        retention_s=4 * MIN_SEEN_RETENTION_S,
+        prune_interval_s=0,  # no timer: the fake clock's jumps would also run its rounds
     )
     await connector.intake("loopback", make_event(1))
     clock.advance(MIN_SEEN_RETENTION_S / 2)
