@@ -86,13 +86,29 @@ def joined_rooms(homeserver: Homeserver, driver: MatrixDriver) -> set[str]:
     return set(answer.get("joined_rooms", []))
 
 
+Scene = tuple[MatrixAccount, MatrixAccount, NotesIntake, MatrixDriver, str]
+"""The bot's account, a person's, the connector side, the running driver, their room."""
+
+
+@contextlib.asynccontextmanager
+async def a_bot_in_a_room(
+    homeserver: Homeserver, new_account: NewAccount, **options: Any
+) -> AsyncIterator[Scene]:
+    """A running driver for a new bot, and a room a new person made and invited it to."""
+    bot, ann = new_account("bot"), new_account("ann")
+    notes = NotesIntake()
+    async with running(make_driver(bot, **options), notes) as driver:
+        room = await a_room_with_the_bot(homeserver, driver, ann)
+        yield bot, ann, notes, driver, room
+
+
 async def test_a_person_writes_and_the_driver_takes_it_with_room_sender_and_dm(
     homeserver: Homeserver, new_account: NewAccount
 ) -> None:
-    bot, ann = new_account("bot"), new_account("ann")
-    notes = NotesIntake()
-    async with running(make_driver(bot), notes) as driver, person(ann) as client:
-        room = await a_room_with_the_bot(homeserver, driver, ann)
+    async with (
+        a_bot_in_a_room(homeserver, new_account) as (_bot, ann, notes, driver, room),
+        person(ann) as client,
+    ):
         event_id = await send(client, room, {"msgtype": "m.text", "body": "hello <b>bot</b>"})
         await notes.wait_for(1)
     (event,) = notes.events
@@ -164,10 +180,10 @@ async def test_threads_replies_and_edits_arrive_mapped(
 async def test_the_bots_own_events_are_passed_over(
     homeserver: Homeserver, new_account: NewAccount
 ) -> None:
-    bot, ann = new_account("bot"), new_account("ann")
-    notes = NotesIntake()
-    async with running(make_driver(bot), notes) as driver, person(ann) as client:
-        room = await a_room_with_the_bot(homeserver, driver, ann)
+    async with (
+        a_bot_in_a_room(homeserver, new_account) as (_bot, ann, notes, driver, room),
+        person(ann) as client,
+    ):
         sent = await driver.perform({"op": "send", "chat_id": room, "content": "from the bot"})
         assert sent.success
         await send(client, room, {"msgtype": "m.text", "body": "after"})
@@ -179,10 +195,10 @@ async def test_the_bots_own_events_are_passed_over(
 async def test_the_token_moves_only_after_every_event_was_taken(
     homeserver: Homeserver, new_account: NewAccount
 ) -> None:
-    bot, ann = new_account("bot"), new_account("ann")
-    notes = NotesIntake()
-    async with running(make_driver(bot), notes) as driver, person(ann) as client:
-        room = await a_room_with_the_bot(homeserver, driver, ann)
+    async with (
+        a_bot_in_a_room(homeserver, new_account) as (_bot, ann, notes, driver, room),
+        person(ann) as client,
+    ):
         notes.refuse = 2  # the connector cannot take the next two offers
         await send(client, room, {"msgtype": "m.text", "body": "one"})
         await notes.wait_for(1, timeout_s=30)
@@ -199,10 +215,7 @@ async def test_the_token_moves_only_after_every_event_was_taken(
 async def test_a_restarted_driver_resumes_from_its_stored_token(
     homeserver: Homeserver, new_account: NewAccount
 ) -> None:
-    bot, ann = new_account("bot"), new_account("ann")
-    notes = NotesIntake()
-    async with running(make_driver(bot), notes) as driver:
-        room = await a_room_with_the_bot(homeserver, driver, ann)
+    async with a_bot_in_a_room(homeserver, new_account) as (bot, ann, notes, driver, room):
         homeserver.send_text(ann, room, "before the restart")
         await notes.wait_for(1)
         await rounds(driver)
@@ -236,10 +249,10 @@ async def test_a_first_start_takes_no_history_unless_asked(
 async def test_hostile_content_is_rejected_or_taken_as_documented_and_never_blocks(
     homeserver: Homeserver, new_account: NewAccount
 ) -> None:
-    bot, ann = new_account("bot"), new_account("ann")
-    notes = NotesIntake()
-    async with running(make_driver(bot), notes) as driver, person(ann) as client:
-        room = await a_room_with_the_bot(homeserver, driver, ann)
+    async with (
+        a_bot_in_a_room(homeserver, new_account) as (_bot, ann, notes, _driver, room),
+        person(ann) as client,
+    ):
         await send(
             client,
             room,
@@ -272,10 +285,7 @@ async def test_hostile_content_is_rejected_or_taken_as_documented_and_never_bloc
 async def test_a_resend_under_the_same_key_is_one_event_even_after_a_restart(
     homeserver: Homeserver, new_account: NewAccount
 ) -> None:
-    bot, ann = new_account("bot"), new_account("ann")
-    notes = NotesIntake()
-    async with running(make_driver(bot), notes) as driver:
-        room = await a_room_with_the_bot(homeserver, driver, ann)
+    async with a_bot_in_a_room(homeserver, new_account) as (bot, ann, notes, driver, room):
         action = {"op": "send", "chat_id": room, "content": "the reply"}
         first = await driver.perform_once(action, "gw\x1fob-1")
         second = await driver.perform_once({**action, "content": "LABEL the reply"}, "gw\x1fob-1")
@@ -297,10 +307,7 @@ async def test_a_resend_under_the_same_key_is_one_event_even_after_a_restart(
 async def test_replies_threads_edits_and_typing_reach_the_room(
     homeserver: Homeserver, new_account: NewAccount
 ) -> None:
-    bot, ann = new_account("bot"), new_account("ann")
-    notes = NotesIntake()
-    async with running(make_driver(bot), notes) as driver:
-        room = await a_room_with_the_bot(homeserver, driver, ann)
+    async with a_bot_in_a_room(homeserver, new_account) as (_bot, ann, _notes, driver, room):
         asked = homeserver.send_text(ann, room, "question")
         reply = await driver.perform(
             {"op": "send", "chat_id": room, "content": "**answer**", "reply_to": asked}
@@ -366,10 +373,7 @@ async def test_refusals_come_back_as_typed_outcomes(
 async def test_a_token_the_server_forgot_is_replaced_on_the_same_device(
     homeserver: Homeserver, new_account: NewAccount
 ) -> None:
-    bot, ann = new_account("bot"), new_account("ann")
-    notes = NotesIntake()
-    async with running(make_driver(bot), notes) as driver:
-        room = await a_room_with_the_bot(homeserver, driver, ann)
+    async with a_bot_in_a_room(homeserver, new_account) as (_bot, ann, notes, driver, room):
         device, token = driver.device_id, driver._api.token
         homeserver.request(
             "POST", "/_matrix/client/v3/logout", account=as_driver(homeserver, driver), body={}
@@ -415,10 +419,7 @@ async def test_an_unreachable_homeserver_is_retried_with_backoff_not_raised() ->
 async def test_transaction_ids_are_what_the_server_is_sent(
     homeserver: Homeserver, new_account: NewAccount
 ) -> None:
-    bot, ann = new_account("bot"), new_account("ann")
-    notes = NotesIntake()
-    async with running(make_driver(bot), notes) as driver:
-        room = await a_room_with_the_bot(homeserver, driver, ann)
+    async with a_bot_in_a_room(homeserver, new_account) as (_bot, _ann, _notes, driver, room):
         outcome = await driver.perform_once(
             {"op": "send", "chat_id": room, "content": "x"}, "gw\x1fk"
         )
