@@ -145,7 +145,7 @@ def load_config(
         values["store"] = env["STATECORE_STORE_URL"]
     for flag in ("open_egress", "cluster"):
         if env.get(_ENV_PREFIX + flag.upper()):
-            values[flag] = env[_ENV_PREFIX + flag.upper()].strip() in ("1", "true", "yes")
+            values[flag] = _truthy(env[_ENV_PREFIX + flag.upper()])
     for key in ("secrets", "tenants"):
         if env.get(_ENV_PREFIX + key.upper()):
             values[key] = _pairs(key, env[_ENV_PREFIX + key.upper()])
@@ -162,11 +162,16 @@ def load_config(
     for key, kind in _MATRIX_SETTINGS.items():
         text = env.get(_MATRIX_ENV + key.upper())
         if text:
-            matrix[key] = text.strip() in ("1", "true", "yes") if kind is bool else text
+            matrix[key] = _truthy(text) if kind is bool else text
     if matrix:
         values["matrix"] = matrix
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
     return _checked(values)
+
+
+def _truthy(text: str) -> bool:
+    """An environment flag: ``1``, ``true`` or ``yes`` is on, anything else off."""
+    return text.strip() in ("1", "true", "yes")
 
 
 def _pairs(setting: str, text: str) -> dict[str, list[str]]:

@@ -13,12 +13,11 @@ from typing import Any, Final
 
 from markdown_it import MarkdownIt
 
-__all__ = ["MAX_EVENT_BYTES", "edit_content", "message_content"]
+__all__ = ["edit_content", "message_content"]
 
-MAX_EVENT_BYTES: Final = 65_536
-"""The specification's limit on a whole event; the content must leave room for the rest."""
 _CONTENT_BUDGET: Final = 60_000
-"""Content bytes above which the HTML rendering is left out (the plain body alone is sent)."""
+"""Content bytes above which the HTML rendering is left out (the plain body alone is sent):
+the specification limits a whole event to 65,536 bytes, and the rest of it needs room."""
 
 _MARKDOWN = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
 
