@@ -5,22 +5,30 @@ It evaluates the very guard plan the SQLite store compiles to SQL
 Nothing survives the process.  Rows are kept as compact tuples, so that a process holding many
 owed entities stays small (``benchmarks/bench_ledger.py --only memory`` measures the heap per
 stored obligation against its budget).
+
+A row's entered time (when the write that last set its state happened, for its timers) costs
+nothing extra: it is the ``at`` of the row's last audit entry, which every such write appends.
 """
 
 from __future__ import annotations
 
 import heapq
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from enum import Enum
 from typing import Any, TypeVar
 
 from statecore.batching import routes_through_overrides, transition_many_one_by_one
+from statecore.catalog import declaration_json
 from statecore.entity import EntityKind
 from statecore.errors import StoreError
+from statecore.lifecycle import Timer
 from statecore.store import (
     Audit,
+    Due,
+    KindRecord,
     Row,
     TransitionPlan,
     TransitionRecord,
@@ -48,10 +56,14 @@ _AuditRec = tuple[str, Enum | None, Enum, float, str | None, int | None, str | N
 
 
 class _Table:
-    __slots__ = ("audit", "by_state", "kind", "names", "rows")
+    __slots__ = ("audit", "by_state", "kind", "names", "record", "rows")
 
     def __init__(self, kind: EntityKind[Any]) -> None:
         self.kind = kind
+        lifecycle = kind.lifecycle
+        self.record = KindRecord(
+            kind.name, lifecycle.name, lifecycle.version, declaration_json(kind), time.time()
+        )
         self.names = tuple(f.name for f in kind.fields)
         self.rows: dict[str, _Rec] = {}
         # Insertion-ordered id sets per state, so a select by state never scans other states.
@@ -186,6 +198,51 @@ class InMemoryStore(ClosesOnExit):
             return sum(
                 1 for _ in rows_matching(self._candidates(table, wanted), None, conditions, kind)
             )
+
+    def due_timers(
+        self, kind: EntityKind[S], timer: Timer[S], *, now: float | None, limit: int
+    ) -> list[Due[S]]:
+        """Rows in ``timer.source`` whose timer is due at ``now`` (None: every row with a
+        timer), soonest due first, then by id; at most ``limit``.
+
+        The entered time of a row is the ``at`` of its last audit entry (every write that sets
+        a state appends one).  Raises ``ValueError`` for a timer not of ``kind``'s lifecycle or
+        a negative limit, ``TypeError`` for a limit that is not an int or a ``now`` that is not
+        a number, ``StoreError`` for an unregistered kind or a closed store.
+        """
+        _check_timer_query(kind, timer, now, limit)
+        with self._lock:
+            table = self._table(kind)
+            if limit == 0:
+                return []
+            rows, audit = table.rows, table.audit
+            fixed = timer.seconds
+            index = None if timer.field is None else table.names.index(timer.field)
+            found: list[tuple[float, str, float]] = []
+            for entity_id in table.by_state[timer.source]:
+                entered: float = audit[entity_id][-1][3]
+                if index is None:
+                    assert fixed is not None
+                    due = entered + fixed
+                else:
+                    duration = rows[entity_id][2][index]
+                    if duration is None:
+                        continue
+                    due = entered + duration
+                if now is None or due <= now:
+                    found.append((due, entity_id, entered))
+            soonest = heapq.nsmallest(limit, found) if limit < len(found) else sorted(found)
+            return [
+                Due(_row(table, entity_id, rows[entity_id]), entered, due)
+                for due, entity_id, entered in soonest
+            ]
+
+    def catalog(self) -> list[KindRecord]:
+        """Every kind registered with this store, by name (what it was registered as, and
+        when).  Raises ``StoreError`` once the store is closed."""
+        with self._lock:
+            self._check_open()
+            return sorted((t.record for t in self._tables.values()), key=lambda r: r.name)
 
     def history(self, kind: EntityKind[S], entity_id: str) -> list[TransitionRecord]:
         """The entity's audit entries, oldest first."""
@@ -375,6 +432,20 @@ class InMemoryStore(ClosesOnExit):
                 table.audit.pop(entity_id, None)
             else:
                 table.audit[entity_id] = history
+
+
+def _check_timer_query(
+    kind: EntityKind[Any], timer: Timer[Any], now: float | None, limit: int
+) -> None:
+    """Refuse a due-timer query the store cannot answer, before reading anything."""
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        raise TypeError(f"limit must be a non-negative int, not {limit!r}")
+    if limit < 0:
+        raise ValueError(f"limit must be a non-negative int, not {limit!r}")
+    if now is not None and (isinstance(now, bool) or not isinstance(now, int | float)):
+        raise TypeError(f"now must be a number of seconds or None, not {now!r}")
+    if not isinstance(timer, Timer) or timer not in kind.lifecycle.timers:
+        raise ValueError(f"{timer!r} is not a timer of {kind.name}'s lifecycle")
 
 
 def _apply(table: _Table, entity_id: str, old: _Rec | None, new: _Rec | None) -> None:
