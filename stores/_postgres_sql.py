@@ -10,11 +10,14 @@ collation, so ordering and comparisons of text are by code point, as Python comp
 
 from __future__ import annotations
 
+import hashlib
+import math
 from collections.abc import Iterable, Mapping
 from enum import Enum
 from typing import Any
 
 from statecore.entity import EntityKind, Field
+from statecore.lifecycle import Timer
 from statecore.store import Cmp, TransitionPlan, Where
 
 __all__ = [
@@ -24,7 +27,9 @@ __all__ = [
     "BEGIN",
     "COMMIT",
     "HISTORY",
+    "KINDS_TABLE",
     "NOTIFY",
+    "READ_KINDS",
     "READ_VERSION",
     "ROLLBACK",
     "VERSION_TABLE",
@@ -35,9 +40,12 @@ __all__ = [
     "columns_sql",
     "count_sql",
     "create_table_sql",
+    "due_sql",
+    "fill_entered_sql",
     "get_sql",
     "index_sql",
     "insert_rows_sql",
+    "kinds_schema_sql",
     "listen_sql",
     "lock_sql",
     "prune_sql",
@@ -47,11 +55,13 @@ __all__ = [
     "savepoint_sql",
     "select_cols",
     "select_sql",
+    "timer_index_sql",
     "update_many_sql",
     "update_params",
     "update_sql",
     "version_schema_sql",
     "where_params",
+    "write_kind_sql",
     "write_version_sql",
 ]
 
@@ -59,9 +69,18 @@ AUDIT_TABLE = "statecore_audit"
 """The one audit table every kind's moves are recorded in."""
 VERSION_TABLE = "statecore_schema"
 """One row: the layout version the tables of this schema were written with."""
+KINDS_TABLE = "statecore_kinds"
+"""One row per kind registered in this schema: its lifecycle, version and declaration."""
 
 _SQL_TYPES = {str: 'TEXT COLLATE "C"', int: "BIGINT", float: "DOUBLE PRECISION", bool: "BOOLEAN"}
-_MANAGED = {"fence": '"fence" BIGINT NOT NULL DEFAULT 0', "prev_state": '"prev_state" TEXT'}
+_NOW = "extract(epoch FROM now())::double precision"
+_MANAGED = {
+    "fence": '"fence" BIGINT NOT NULL DEFAULT 0',
+    "prev_state": '"prev_state" TEXT',
+    # The ``at`` of the audit entry of the write that last set the state (every write of the
+    # store binds it); the default only serves a writer that does not know the column.
+    "entered_at": f'"entered_at" DOUBLE PRECISION NOT NULL DEFAULT {_NOW}',
+}
 
 BEGIN = "BEGIN"
 COMMIT = "COMMIT"
@@ -123,6 +142,36 @@ def audit_schema_sql() -> tuple[str, str]:
     )
 
 
+def kinds_schema_sql() -> str:
+    """The catalog of registered kinds, if absent (one row per kind, by name)."""
+    return (
+        f"CREATE TABLE IF NOT EXISTS {KINDS_TABLE} ("
+        'name TEXT COLLATE "C" PRIMARY KEY, lifecycle TEXT NOT NULL, version INTEGER NOT NULL, '
+        "declaration TEXT NOT NULL, registered_at DOUBLE PRECISION NOT NULL)"
+    )
+
+
+def write_kind_sql() -> str:
+    """Records a registered kind (bound: name, lifecycle name, lifecycle version, declaration
+    JSON, time).  An existing row is replaced only when the declaration differs and the version
+    is not older than the one recorded: registering an unchanged kind writes nothing, and a
+    process running an older declaration does not take the catalog back."""
+    return (
+        f"INSERT INTO {KINDS_TABLE} AS k (name, lifecycle, version, declaration, registered_at) "
+        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (name) DO UPDATE SET "
+        "lifecycle = EXCLUDED.lifecycle, version = EXCLUDED.version, "
+        "declaration = EXCLUDED.declaration, registered_at = EXCLUDED.registered_at "
+        "WHERE k.declaration IS DISTINCT FROM EXCLUDED.declaration "
+        "AND k.version <= EXCLUDED.version"
+    )
+
+
+READ_KINDS = (
+    f"SELECT name, lifecycle, version, declaration, registered_at FROM {KINDS_TABLE} ORDER BY name"
+)
+"""Every recorded kind, by name (code point order)."""
+
+
 def columns_sql() -> str:
     """The columns a table of the current schema has now (bound: the table's name)."""
     return (
@@ -143,8 +192,21 @@ def create_table_sql(kind: EntityKind[Any]) -> str:
 
 
 def add_managed_sql(kind: EntityKind[Any], column: str) -> str:
-    """Adds the managed ``column`` (``fence`` or ``prev_state``) to an older table."""
+    """Adds the managed ``column`` (``fence``, ``prev_state`` or ``entered_at``) to an older
+    table (``entered_at``: the time of this statement's transaction in every existing row; fill
+    it with :func:`fill_entered_sql` afterwards)."""
     return f"ALTER TABLE {quote(kind.table)} ADD COLUMN IF NOT EXISTS {_MANAGED[column]}"
+
+
+def fill_entered_sql(kind: EntityKind[Any]) -> str:
+    """Sets ``entered_at`` of every row of an older table, just given the column, to the ``at``
+    of the row's latest audit entry (a row without one keeps the time the column was added)."""
+    table, key = quote(kind.table), quote(kind.id_field)
+    latest = (
+        f"SELECT a.at FROM {AUDIT_TABLE} a WHERE a.kind = {_literal(kind.name)} "
+        f"AND a.entity_id = t.{key} ORDER BY a.seq DESC LIMIT 1"
+    )
+    return f'UPDATE {table} AS t SET "entered_at" = COALESCE(({latest}), t."entered_at")'
 
 
 def add_field_sql(kind: EntityKind[Any], field: Field) -> str:
@@ -168,6 +230,40 @@ def index_sql(kind: EntityKind[Any]) -> list[str]:
             f"{partial}"
         )
     return statements
+
+
+def timer_index_sql(kind: EntityKind[Any]) -> list[str]:
+    """One partial index per timer of ``kind`` (none for a kind without timers), if absent:
+    over ``(entered_at, id)`` of the rows in the timer's source state for a fixed duration
+    (shared by the fixed timers of one state), over ``(entered_at + field, id)`` for a duration
+    a field holds -- so finding due rows is a range scan over due rows only."""
+    statements: dict[str, str] = {}
+    for timer in kind.lifecycle.timers:
+        source = timer.source.value
+        name = _index_name(f"{kind.table}_timer_{source}", timer.field)
+        statements[name] = (
+            f"CREATE INDEX IF NOT EXISTS {quote(name)} ON {quote(kind.table)}"
+            f"({_due_expression(timer.field, None)}, {quote(kind.id_field)}) "
+            f'WHERE "state" = {_literal(source)}'
+        )
+    return list(statements.values())
+
+
+def _index_name(base: str, field: str | None) -> str:
+    """An index name of at most 63 characters, distinct for distinct ``base``/``field``."""
+    name = base if field is None else f"{base}_{field}"
+    if len(name) <= 63:
+        return name
+    digest = hashlib.sha1(name.encode()).hexdigest()[:8]
+    return f"{name[:54]}_{digest}"
+
+
+def _due_expression(field: str | None, seconds: str | None) -> str:
+    """A timer's due time: entered time plus the field (``field``), else the entered time
+    itself (``seconds`` None: the index's key) or plus a bound duration."""
+    if field is not None:
+        return f'("entered_at" + {quote(field)})'
+    return '"entered_at"' if seconds is None else f'("entered_at" + {seconds})'
 
 
 # -- reads ------------------------------------------------------------------------------------
@@ -228,6 +324,45 @@ def claim_sql(
     return f"{text} FOR UPDATE SKIP LOCKED", params
 
 
+def due_sql(
+    kind: EntityKind[Any], timer: Timer[Any], now: float, limit: int, *, lock: bool
+) -> tuple[str, list[Any]]:
+    """The rows of ``kind`` in ``timer.source`` whose due time is at or before ``now`` (a row
+    whose duration field is NULL or NaN has none), soonest first then by id, at most ``limit``,
+    each read with its entered and due times after the :func:`select_cols`; with its bound
+    values.  ``lock``: locking them, skipping rows another transaction holds
+    (``FOR UPDATE SKIP LOCKED``, inside a transaction only).
+
+    The scan is the timer's partial index (:func:`timer_index_sql`): for a fixed duration a
+    range over ``entered_at`` up to a bound a few ulps above ``now - seconds`` (so that no
+    row the exact test ``entered_at + seconds <= now`` admits is missed by rounding), then the
+    exact test; the order is by entered time, which is the order of due times.
+    """
+    table, key = quote(kind.table), quote(kind.id_field)
+    where = f'"state" = {_literal(timer.source.value)}'
+    if timer.field is not None:
+        due = _due_expression(timer.field, None)
+        text = (
+            f'SELECT {select_cols(kind)}, "entered_at", {due} FROM {table} '
+            f"WHERE {where} AND {due} <= %s ORDER BY {due}, {key} LIMIT %s"
+        )
+        params: list[Any] = [now, limit]
+    else:
+        seconds = timer.seconds
+        assert seconds is not None  # a timer has a field or a fixed duration
+        due = _due_expression(None, "%s::double precision")
+        bound = now - seconds + 4 * math.ulp(max(abs(now), seconds))
+        text = (
+            f'SELECT {select_cols(kind)}, "entered_at", {due} FROM {table} '
+            f'WHERE {where} AND "entered_at" <= %s AND {due} <= %s '
+            f'ORDER BY "entered_at", {key} LIMIT %s'
+        )
+        params = [seconds, bound, seconds, now, limit]
+    if lock:
+        text += " FOR UPDATE SKIP LOCKED"
+    return text, params
+
+
 HISTORY = (
     "SELECT event, from_state, to_state, at, owner, attempts, reason "
     f"FROM {AUDIT_TABLE} WHERE kind = %s AND entity_id = %s ORDER BY seq"
@@ -250,11 +385,13 @@ AUDIT_DELETE = f"DELETE FROM {AUDIT_TABLE} WHERE kind = %s AND entity_id = ANY(%
 
 def insert_rows_sql(kind: EntityKind[Any], count: int) -> str:
     """Creates ``count`` entities, skipping ids that exist, and returns the rows created
-    (bound: the :func:`select_cols` values of each row in turn)."""
-    one = f"({', '.join(['%s'] * (3 + len(kind.fields)))})"
+    (bound: the :func:`select_cols` values of each row then its creation's audit time, row
+    after row)."""
+    one = f"({', '.join(['%s'] * (4 + len(kind.fields)))})"
     cols = select_cols(kind)
     return (
-        f"INSERT INTO {quote(kind.table)} ({cols}) VALUES {', '.join([one] * count)} "
+        f'INSERT INTO {quote(kind.table)} ({cols}, "entered_at") '
+        f"VALUES {', '.join([one] * count)} "
         f"ON CONFLICT ({quote(kind.id_field)}) DO NOTHING RETURNING {cols}"
     )
 
@@ -262,16 +399,17 @@ def insert_rows_sql(kind: EntityKind[Any], count: int) -> str:
 def update_sql(plan: TransitionPlan[Any]) -> str:
     """The guarded single-row UPDATE of a plan's shape; bound as :func:`update_params` says.
 
-    It returns the row written plus its ``prev_state``, or nothing when the guard (id, source
-    states, fence, expected values) does not hold.
+    It sets the row's ``entered_at`` to the audit time, and returns the row written plus its
+    ``prev_state``, or nothing when the guard (id, source states, fence, expected values) does
+    not hold.
     """
     return _guarded_update(plan, f"{quote(plan.kind.id_field)} = %s")
 
 
-def update_params(plan: TransitionPlan[Any]) -> list[Any]:
-    """The bound values of :func:`update_sql`: changed values, id, fence (when fenced), then the
-    compared values."""
-    params: list[Any] = [*plan.changes.values(), plan.entity_id]
+def update_params(plan: TransitionPlan[Any], at: float) -> list[Any]:
+    """The bound values of :func:`update_sql`: the audit time ``at``, changed values, id, fence
+    (when fenced), then the compared values."""
+    params: list[Any] = [at, *plan.changes.values(), plan.entity_id]
     if plan.fence is not None:
         params.append(plan.fence)
     params.extend(where_params(plan.expect))
@@ -280,7 +418,8 @@ def update_params(plan: TransitionPlan[Any]) -> list[Any]:
 
 def update_many_sql(plan: TransitionPlan[Any], increments: Iterable[str]) -> str:
     """The guarded UPDATE of many entities at once (``transition_many``), adding to the
-    ``increments`` fields.  Bound: changed values, increments, the id list, compared values."""
+    ``increments`` fields.  Bound: the audit time, changed values, increments, the id list,
+    compared values."""
     return _guarded_update(
         plan, f"{quote(plan.kind.id_field)} = ANY(%s::text[])", increments=increments
     )
@@ -329,7 +468,12 @@ def _guarded_update(plan: TransitionPlan[Any], find: str, *, increments: Iterabl
     kind = plan.kind
     # Every SET expression reads the old row, so prev_state receives the state being left: the
     # audit entry learns its source without a second read.
-    sets = [_set_state(plan.targets), '"fence" = "fence" + 1', '"prev_state" = "state"']
+    sets = [
+        _set_state(plan.targets),
+        '"fence" = "fence" + 1',
+        '"prev_state" = "state"',
+        '"entered_at" = %s',
+    ]
     sets += [f"{quote(name)} = %s" for name in plan.changes]
     sets += [f"{quote(name)} = {quote(name)} + %s" for name in increments]
     conditions = [find, f'"state" IN ({_literals(plan.targets)})']

@@ -32,8 +32,11 @@
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import Enum
 from typing import Any, TypeVar
@@ -49,11 +52,15 @@ from statecore.batch import (
     transition_each_sequentially,
 )
 from statecore.batching import routes_through_overrides, transition_many_one_by_one
+from statecore.catalog import declaration_json
 from statecore.claims import check_notification
 from statecore.entity import EntityKind
 from statecore.errors import StoreError
+from statecore.lifecycle import Timer
 from statecore.store import (
     Audit,
+    Due,
+    KindRecord,
     Row,
     TransitionPlan,
     TransitionRecord,
@@ -78,10 +85,14 @@ __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 S = TypeVar("S", bound=Enum)
 Conn = psycopg.Connection[Any]
 
-SCHEMA_VERSION = 1
-"""The layout version this code writes (table ``statecore_schema``)."""
+SCHEMA_VERSION = 2
+"""The layout version this code writes (table ``statecore_schema``).  Version 2 added the
+managed ``entered_at`` column of every kind's table (added to an older table, and filled from
+its audit entries, when its kind is registered) and the ``statecore_kinds`` catalog."""
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_MANAGED = ("fence", "prev_state", "entered_at")
+"""The columns the store keeps on every kind's table besides id and state."""
 
 
 class PostgresStore(ClosesOnExit):
@@ -161,7 +172,7 @@ class PostgresStore(ClosesOnExit):
                         f"{target}: schema version {version} is newer than this code "
                         f"understands ({SCHEMA_VERSION}); upgrade statecore"
                     )
-                for statement in sql.audit_schema_sql():
+                for statement in (*sql.audit_schema_sql(), sql.kinds_schema_sql()):
                     conn.execute(statement)
                 if version != SCHEMA_VERSION:
                     for statement in sql.write_version_sql(SCHEMA_VERSION):
@@ -193,9 +204,14 @@ class PostgresStore(ClosesOnExit):
     # -- schema -------------------------------------------------------------------------------
 
     def register(self, kind: EntityKind[Any]) -> None:
-        """Create ``kind``'s table and indexes, or add the columns an older table lacks, under
-        the schema's advisory lock.  Raises ``StoreError`` for a table that is not a table of
-        this kind, a required column without a default, or a different kind of this name."""
+        """Create ``kind``'s table, its declared indexes and one partial index per timer (see
+        :meth:`due_timers`), or add the columns an older table lacks (an ``entered_at`` added
+        to an older table is filled from each row's latest audit entry, or the time of the
+        upgrade for a row without one); and record the kind in the schema's catalog (see
+        :meth:`catalog`) -- all in one transaction, under the schema's advisory lock.  Raises
+        ``StoreError`` for a table that is not a table of this kind, a required column without
+        a default, a field named ``entered_at`` (the store's own column), or a different kind
+        of this name."""
         if self._db.closed:
             raise StoreError(f"{self._target}: the store is closed")
         existing = self._kinds.get(kind.name)
@@ -203,13 +219,28 @@ class PostgresStore(ClosesOnExit):
             if existing.kind != kind:
                 raise StoreError(f"a different entity kind named {kind.name!r} is registered")
             return
+        if any(f.name in _MANAGED for f in kind.fields):
+            raise StoreError(
+                f"entity kind {kind.name!r}: a field may not be named "
+                f"{' or '.join(sorted(_MANAGED))}: the store keeps that column itself"
+            )
+        record = (
+            kind.name,
+            kind.lifecycle.name,
+            kind.lifecycle.version,
+            json.dumps(declaration_json(kind), sort_keys=True, separators=(",", ":")),
+            time.time(),
+        )
 
         def create(conn: Conn) -> None:
             conn.execute(sql.lock_sql(), (self.schema or "",))
             have = {r[0] for r in conn.execute(sql.columns_sql(), (kind.table,))}
             statements = [sql.create_table_sql(kind)] if not have else self._migration(kind, have)
-            for statement in (*statements, *sql.index_sql(kind)):
+            if have and "entered_at" not in have:
+                statements.append(sql.fill_entered_sql(kind))
+            for statement in (*statements, *sql.index_sql(kind), *sql.timer_index_sql(kind)):
                 conn.execute(statement)
+            conn.execute(sql.write_kind_sql(), record)
 
         with self._db.atomic(f"register {kind.name}"):
             self._db.write(f"register {kind.name}", create)
@@ -222,10 +253,41 @@ class PostgresStore(ClosesOnExit):
             have,
             add_managed=sql.add_managed_sql,
             add_field=sql.add_field_sql,
+            managed=_MANAGED,
         )
 
     def _compiled(self, kind: EntityKind[Any]) -> Kind:
         return registered(str(self._target), self._kinds, kind, closed=self._db.closed)
+
+    def catalog(self) -> list[KindRecord]:
+        """Every kind registered in this schema (by any process, ever), by name, as last
+        declared (a process registering an older version does not replace a newer one):
+        rebuild one with :func:`statecore.catalog.kind_from_declaration` (KindCatalog).
+        Raises ``StoreError`` once the store is closed or when the server fails."""
+        self._check_open()
+        raws = self._db.read("catalog", lambda conn: conn.execute(sql.READ_KINDS).fetchall())
+        try:
+            return [
+                KindRecord(name, lifecycle, int(version), json.loads(declaration), float(at))
+                for name, lifecycle, version, declaration, at in raws
+            ]
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"{self._target}: unreadable kind catalog: {exc}") from exc
+
+    def connection(self) -> Conn:
+        """The calling thread's psycopg connection, for writing tables of the caller's own in
+        the same transaction as the store's writes: valid only inside :meth:`atomic` (what the
+        caller executes on it commits or rolls back with the block).  The caller must not
+        commit, roll back, close it or change its autocommit, nor keep it past the block.
+        Raises ``StoreError`` outside an ``atomic()`` block, or once the store is closed."""
+        self._check_open()
+        conn = self._db.local.conn
+        if conn is None:
+            raise StoreError(
+                f"{self._target}: connection() is only valid inside a store.atomic() block "
+                "(its writes then commit or roll back with the store's)"
+            )
+        return conn
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -307,6 +369,43 @@ class PostgresStore(ClosesOnExit):
             for event, source, target, at, owner, attempts, reason in raws
         ]
 
+    def due_timers(
+        self, kind: EntityKind[S], timer: Timer[S], *, now: float | None, limit: int
+    ) -> list[Due[S]]:
+        """Rows in ``timer.source`` whose timer is due at ``now``: entered (the ``at`` of the
+        write that last set the row's state) at least the timer's duration ago -- fixed, or
+        the row's field, a NULL field meaning no timer; ``now`` None: every row with a timer.
+        Soonest due first, then by id; at most ``limit`` (TimerStore).  One range scan of the
+        timer's partial index, which ends at the first row not yet due: its cost does not
+        grow with the rows still waiting.  Inside :meth:`atomic` the rows returned are locked
+        until the block ends and rows another transaction holds are skipped (``FOR UPDATE
+        SKIP LOCKED``): several processes firing timers get disjoint rows; fire them there,
+        each under its fence.
+
+        Raises ``TypeError`` for a ``timer`` that is not a Timer, a ``limit`` not an int or a
+        ``now`` not a number; ``ValueError`` for a negative ``limit``, a NaN ``now`` or a
+        timer not of ``kind``'s lifecycle -- before any query; ``StoreError`` as any read."""
+        c = self._compiled(kind)
+        if not isinstance(timer, Timer):
+            raise TypeError(f"timer must be a Timer, not {type(timer).__name__}")
+        if not isinstance(limit, int) or isinstance(limit, bool):
+            raise TypeError(f"limit must be an int, not {type(limit).__name__}")
+        if limit < 0:
+            raise ValueError(f"limit must be a non-negative int, not {limit!r}")
+        if now is not None:
+            if not isinstance(now, int | float) or isinstance(now, bool):
+                raise TypeError(f"now must be a number or None, not {type(now).__name__}")
+            if math.isnan(now):
+                raise ValueError("now must be a number, not NaN")
+        lifecycle = kind.lifecycle
+        if not isinstance(timer.source, lifecycle.state_type) or timer not in lifecycle.timers:
+            raise ValueError(f"{timer!r} is not a timer of entity kind {kind.name!r}")
+        lock = self._db.local.conn is not None
+        bound = math.inf if now is None else float(now)
+        text, params = sql.due_sql(kind, timer, bound, limit, lock=lock)
+        raws = self._db.read("due_timers", lambda conn: conn.execute(text, params).fetchall())
+        return [Due(c.row(raw, self._target), float(raw[-2]), float(raw[-1])) for raw in raws]
+
     def _current(self, conn: Conn, c: Kind, entity_id: str) -> Row[Any] | None:
         raw = conn.execute(c.get_sql, (entity_id,)).fetchone()
         return None if raw is None else c.row(raw, self._target)
@@ -325,7 +424,7 @@ class PostgresStore(ClosesOnExit):
         """Create the entity (idempotent: an existing id is returned untouched)."""
         c = self._compiled(kind)
         state, checked = plan_creation(kind, entity_id, event, values)
-        params = [entity_id, state.value, 0, *(checked[n] for n in c.columns)]
+        params = [entity_id, state.value, 0, *(checked[n] for n in c.columns), audit.at]
 
         def write(conn: Conn) -> tuple[Row[S], bool]:
             raw = conn.execute(c.insert_sql(1), params).fetchone()
@@ -369,7 +468,7 @@ class PostgresStore(ClosesOnExit):
         text = c.texts.get(key)
         if text is None:
             text = c.texts[key] = sql.update_sql(plan)
-        raw = conn.execute(text, sql.update_params(plan)).fetchone()
+        raw = conn.execute(text, sql.update_params(plan, audit.at)).fetchone()
         if raw is None:
             return plan.miss(self._current(conn, c, plan.entity_id))
         conn.execute(
@@ -415,7 +514,13 @@ class PostgresStore(ClosesOnExit):
         plan = plan_transition(kind, "-", event, expect=expect, changes=changes)
         added = check_increments(kind, increments, changes)
         text = sql.update_many_sql(plan, added)
-        params = [*plan.changes.values(), *added.values(), ids, *sql.where_params(plan.expect)]
+        params = [
+            audit.at,
+            *plan.changes.values(),
+            *added.values(),
+            ids,
+            *sql.where_params(plan.expect),
+        ]
 
         def write(conn: Conn) -> dict[str, Row[S]]:
             if not ids:
@@ -534,7 +639,10 @@ class PostgresStore(ClosesOnExit):
             except REFUSALS as exc:
                 outcomes[i] = exc
                 continue
-            params = [creation.entity_id, state.value, 0, *(checked[n] for n in c.columns)]
+            params = [
+                creation.entity_id, state.value, 0, *(checked[n] for n in c.columns),
+                creation.audit.at,
+            ]  # fmt: skip
             ready.append((i, creation, state, params))
 
         def write(conn: Conn) -> list[Any]:
