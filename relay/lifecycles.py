@@ -5,20 +5,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from relay.client.dedupe import DEDUPE, UNDELIVERABLE
+from relay.client.dedupe import DEDUPE, DEDUPE_KIND, UNDELIVERABLE, UNDELIVERABLE_KIND
 from relay.client.lifecycle import TRANSPORT
-from relay.connector.buffer import BUFFER
-from relay.connector.chat_tenants import CHAT_TENANT
+from relay.connector.buffer import BUFFER, BUFFER_KIND
+from relay.connector.chat_tenants import CHAT_TENANT, CHAT_TENANT_KIND
 from relay.connector.connection import CONNECTION
-from relay.connector.driver_notes import NOTE
-from relay.connector.held import HOLD
-from relay.connector.provenance import PROVENANCE
-from relay.connector.rejected import REJECTED
-from relay.connector.seen import SEEN
-from relay.connector.subscriptions import SUBSCRIPTION
+from relay.connector.driver_notes import NOTE, NOTE_KIND
+from relay.connector.held import HOLD, HOLD_KIND
+from relay.connector.provenance import PROVENANCE, PROVENANCE_KIND
+from relay.connector.rejected import REJECTED, REJECTED_KIND
+from relay.connector.seen import SEEN, SEEN_KIND
+from relay.connector.subscriptions import SUBSCRIPTION, SUBSCRIPTION_KIND
+from statecore.entity import EntityKind
 from statecore.lifecycle import Lifecycle
 
-__all__ = ["RELAY_LIFECYCLES"]
+__all__ = ["RELAY_KINDS", "RELAY_LIFECYCLES"]
 
 RELAY_LIFECYCLES: tuple[Lifecycle[Any], ...] = (
     TRANSPORT,
@@ -35,3 +36,17 @@ RELAY_LIFECYCLES: tuple[Lifecycle[Any], ...] = (
     NOTE,
 )
 """Every lifecycle the relay declares."""
+
+RELAY_KINDS: tuple[EntityKind[Any], ...] = (
+    BUFFER_KIND,
+    CHAT_TENANT_KIND,
+    DEDUPE_KIND,
+    PROVENANCE_KIND,
+    SUBSCRIPTION_KIND,
+    UNDELIVERABLE_KIND,
+    SEEN_KIND,
+    HOLD_KIND,
+    REJECTED_KIND,
+    NOTE_KIND,
+)
+"""Every entity kind the relay persists (the ``statecore.kinds`` entry point)."""

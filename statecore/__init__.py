@@ -24,7 +24,7 @@ from statecore.errors import (
 )
 from statecore.ids import compute_obligation_id
 from statecore.ledger import Ledger
-from statecore.lifecycle import Lifecycle, Transition
+from statecore.lifecycle import Lifecycle, Migration, Timer, Transition
 from statecore.lifecycles import (
     DECLARED_LIFECYCLES,
     OBLIGATION,
@@ -47,7 +47,8 @@ from statecore.ownership import (
     owner_alive,
 )
 from statecore.policy import ErrorKind, LedgerPolicy
-from statecore.store import Audit, Row, Store, TransitionRecord
+from statecore.store import Audit, Due, Row, Store, TransitionRecord
+from statecore.timers import AsyncTimers, Fired, Timers
 
 try:
     __version__ = _metadata.version("statecore")
@@ -61,6 +62,7 @@ __all__ = [
     "RECONNECTED_MARKER",
     "RECOVERED_MARKER",
     "AsyncLedger",
+    "AsyncTimers",
     "Audit",
     "BatchStore",
     "Claim",
@@ -68,10 +70,12 @@ __all__ = [
     "Creation",
     "Deadline",
     "DeclarationError",
+    "Due",
     "EntityKind",
     "ErrorKind",
     "FakeClock",
     "Field",
+    "Fired",
     "Incarnation",
     "Index",
     "InvalidTransition",
@@ -79,6 +83,7 @@ __all__ = [
     "LedgerPolicy",
     "Lifecycle",
     "LivenessCache",
+    "Migration",
     "Move",
     "Obligation",
     "ObligationState",
@@ -92,6 +97,8 @@ __all__ = [
     "Store",
     "StoreError",
     "SystemClock",
+    "Timer",
+    "Timers",
     "Transition",
     "TransitionRecord",
     "UnknownEntity",

@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
+from statecore.errors import DeclarationError
 from statecore.lifecycle import Lifecycle
 
 __all__ = ["RESERVED_COLUMNS", "EntityKind", "Field", "Index"]
@@ -186,6 +187,16 @@ class EntityKind(Generic[S]):
             for state in index.states or ():
                 if not isinstance(state, lifecycle.state_type):
                     raise ValueError(f"entity kind {name!r}: index state {state!r} undeclared")
+        for timer in lifecycle.timers:
+            if timer.field is None:
+                continue
+            timed = by_name.get(timer.field)
+            if timed is None or timed.type not in (int, float):
+                raise DeclarationError(
+                    lifecycle.name,
+                    f"entity kind {name!r}: timer {timer.event!r} reads its duration from "
+                    f"{timer.field!r}, which is not a declared int or float field",
+                )
         check = _creation_check(name, fields)
         self.__attrs_init__(name, lifecycle, table, id_field, fields, indexes, by_name, check)
 

@@ -15,10 +15,13 @@ from __future__ import annotations
 __all__ = [
     "DeclarationError",
     "InvalidTransition",
+    "MigrationError",
     "StaleState",
+    "StaleVersion",
     "StatecoreError",
     "StoreError",
     "UnknownEntity",
+    "UnknownKind",
 ]
 
 
@@ -109,3 +112,65 @@ def _plain(value: object) -> object:
     """Show an Enum member by its value so messages read ``'pending'``, not ``<S.PENDING: ...>``."""
     inner = getattr(value, "value", value)
     return inner if isinstance(inner, str | int) else value
+
+
+class MigrationError(StatecoreError, ValueError):
+    """A store holds rows of an older version of a lifecycle that the registered version cannot
+    map: ``states`` (persisted values) are neither states of ``to_version`` nor mapped by its
+    migration from ``from_version``.  Nothing was written; declare where those states go."""
+
+    def __init__(
+        self, lifecycle: str, from_version: int, to_version: int, states: tuple[str, ...], why: str
+    ) -> None:
+        self.lifecycle = lifecycle
+        self.from_version = from_version
+        self.to_version = to_version
+        self.states = states
+        self.why = why
+        shown = ", ".join(repr(s) for s in states)
+        super().__init__(
+            f"lifecycle {lifecycle!r}: cannot migrate version {from_version} to {to_version}: "
+            f"states {shown} are not states of version {to_version} and {why}"
+        )
+
+    def __reduce__(
+        self,
+    ) -> tuple[type[MigrationError], tuple[str, int, int, tuple[str, ...], str]]:
+        return (
+            type(self),
+            (self.lifecycle, self.from_version, self.to_version, self.states, self.why),
+        )
+
+
+class StaleVersion(StoreError):
+    """The store holds a newer version of a lifecycle than this process declares (another
+    process registered it and migrated the rows): this process must not write states the new
+    version does not know.  Nothing was written; run the new declaration."""
+
+    def __init__(self, lifecycle: str, ours: int, stored: int, detail: str = "") -> None:
+        self.lifecycle = lifecycle
+        self.ours = ours
+        self.stored = stored
+        self.detail = detail
+        message = (
+            f"lifecycle {lifecycle!r}: this process declares version {ours}, the store holds "
+            f"version {stored}"
+        )
+        super().__init__(f"{message} ({detail})" if detail else message)
+
+    def __reduce__(self) -> tuple[type[StaleVersion], tuple[str, int, int, str]]:
+        return (type(self), (self.lifecycle, self.ours, self.stored, self.detail))
+
+
+class UnknownKind(StatecoreError, LookupError):
+    """No entity kind of this name is declared where it was looked for (the installed
+    packages' ``statecore.kinds`` entry points, or a store's catalog); nothing was changed."""
+
+    def __init__(self, name: object, known: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.known = known
+        shown = f"; known: {', '.join(known)}" if known else ""
+        super().__init__(f"no entity kind named {name!r} is declared{shown}")
+
+    def __reduce__(self) -> tuple[type[UnknownKind], tuple[object, tuple[str, ...]]]:
+        return (type(self), (self.name, self.known))

@@ -34,14 +34,21 @@ import attrs
 
 from statecore.errors import DeclarationError, InvalidTransition
 from statecore.machine import Listener, StateMachine
+from statecore.timer import Timer, declared_timers
+from statecore.versions import (
+    Migration,
+    declared_migrations,
+    decode_state,
+    migration_moves,
+)
 
-__all__ = ["Lifecycle", "Transition"]
+__all__ = ["Lifecycle", "Migration", "Timer", "Transition"]
 
 S = TypeVar("S", bound=Enum)
 
 # transitions generates these attributes on a model; an event of the same shape would shadow
 # one of them on the machine's model.
-_RESERVED_EVENTS = frozenset({"trigger", "state"})
+_RESERVED_EVENTS = frozenset({"trigger", "state", "migrate"})  # migrate: migrations' entries
 _RESERVED_PREFIXES = ("to_", "is_", "may_", "_")
 
 
@@ -54,15 +61,27 @@ class Transition(Generic[S]):
     must be the lifecycle's initial state); ``target=None`` declares a *removal* (the entity is
     deleted; every source must be terminal).  Transitions are validated by the
     :class:`Lifecycle` that receives them.
+
+    ``after`` makes the move a *timer* (:mod:`statecore.timers`): it fires by itself once an
+    entity has been in a source state that long since a write last put it there -- positive
+    seconds, or the name of a numeric field holding them per row (None: no timer).
     """
 
     event: str
     sources: tuple[S, ...]
     target: S | None
+    after: float | str | None = None
 
-    def __init__(self, event: str, source: S | Iterable[S] | None, target: S | None) -> None:
+    def __init__(
+        self,
+        event: str,
+        source: S | Iterable[S] | None,
+        target: S | None,
+        *,
+        after: float | str | None = None,
+    ) -> None:
         sources: tuple[S, ...] = _as_sources(event, source)
-        self.__attrs_init__(event, sources, target)
+        self.__attrs_init__(event, sources, target, after)
 
     @property
     def creates(self) -> bool:
@@ -96,6 +115,7 @@ class Lifecycle(Generic[S]):
         "_creations",
         "_events",
         "_initial",
+        "_migrations",
         "_moves",
         "_name",
         "_next",
@@ -105,7 +125,9 @@ class Lifecycle(Generic[S]):
         "_states",
         "_table",
         "_terminal",
+        "_timers",
         "_transitions",
+        "_version",
         "description",
     )
 
@@ -118,9 +140,14 @@ class Lifecycle(Generic[S]):
         terminal: Iterable[S],
         transitions: Sequence[Transition[S]],
         description: str = "",
+        version: int = 1,
+        migrations: Iterable[Migration[S]] = (),
     ) -> None:
         if not isinstance(name, str) or not name.isidentifier():
             raise DeclarationError(str(name), "the name must be a valid identifier")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise DeclarationError(name, f"the version must be an int >= 1, not {version!r}")
+        self._version = version
         self._name = name
         self.description = description
         self._state_type = states
@@ -164,6 +191,10 @@ class Lifecycle(Generic[S]):
             for event in self._events
         }
         self._check_graph()
+        self._timers: tuple[Timer[S], ...] = declared_timers(name, self._transitions)
+        self._migrations: Mapping[int, Migration[S]] = declared_migrations(
+            name, version, states, self._states, migrations
+        )
 
     # -- the declaration ---------------------------------------------------------------------
 
@@ -201,6 +232,36 @@ class Lifecycle(Generic[S]):
     def transitions(self) -> tuple[Transition[S], ...]:
         """The declared transitions, in declaration order."""
         return self._transitions
+
+    @property
+    def version(self) -> int:
+        """The declaration's version (1 unless declared); see :attr:`migrations`."""
+        return self._version
+
+    @property
+    def migrations(self) -> Mapping[int, Migration[S]]:
+        """The declared migrations, by the version they migrate from (read-only)."""
+        return self._migrations
+
+    @property
+    def timers(self) -> tuple[Timer[S], ...]:
+        """Every declared timer, one per (source state, event), in declaration order."""
+        return self._timers
+
+    def timers_from(self, state: S) -> tuple[Timer[S], ...]:
+        """The timers that run while an entity is in ``state``."""
+        return tuple(t for t in self._timers if t.source is state)
+
+    def decode(self, value: object) -> S:
+        """The state a persisted value names: one of this version's, or the one an older
+        version's value maps to through :attr:`migrations`; ``ValueError`` otherwise."""
+        return decode_state(self, value)
+
+    def migration_from(self, version: int, states: Iterable[str]) -> dict[str, S]:
+        """Old value -> new state for each of ``states`` (of ``version``) that is not a state
+        of this version.  Raises :class:`~statecore.errors.MigrationError` naming the states
+        nothing maps, :class:`~statecore.errors.StaleVersion` for a newer ``version``."""
+        return migration_moves(self, version, states)
 
     @property
     def table(self) -> Mapping[tuple[S, str], S]:
@@ -446,6 +507,12 @@ class Lifecycle(Generic[S]):
                     f"state (the initial state is {self._initial.value!r})",
                 )
             for source in t.sources or (None,):
+                if source is not None and source in self._terminal and t.after is not None:
+                    raise DeclarationError(
+                        name,
+                        f"timer {t.event!r} on terminal state {source.value!r}: nothing "
+                        "leaves a terminal state, so no timer can run there",
+                    )
                 if source is not None and source in self._terminal and kind == "move":
                     raise DeclarationError(
                         name,

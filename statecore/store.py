@@ -24,12 +24,17 @@ import attrs
 
 from statecore.entity import EntityKind
 from statecore.errors import InvalidTransition, StaleState, UnknownEntity
+from statecore.lifecycle import Timer
 
 __all__ = [
     "Audit",
     "Cmp",
+    "Due",
+    "KindCatalog",
+    "KindRecord",
     "Row",
     "Store",
+    "TimerStore",
     "TransitionPlan",
     "TransitionRecord",
     "Where",
@@ -426,6 +431,61 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Release every resource; further calls raise :class:`StoreError`.  Idempotent."""
+        ...
+
+
+@attrs.frozen
+class Due(Generic[S]):
+    """A row whose timer is due: the row as read (its fence guards the firing), when it
+    entered the timer's source state, and when the timer falls due."""
+
+    row: Row[S]
+    entered_at: float
+    due_at: float
+
+
+@runtime_checkable
+class TimerStore(Protocol):
+    """A store that finds due timers itself (every shipped store does).
+
+    A row's *entered time* is the ``at`` of the audit entry of the write that last set its
+    state (its creation, a move -- into the same state too --, a bulk move); a migration of
+    its lifecycle keeps it.  :class:`~statecore.timers.Timers` reads a store without this
+    method through ``select`` and ``history`` instead (every row of the source state read).
+    """
+
+    def due_timers(
+        self, kind: EntityKind[S], timer: Timer[S], *, now: float | None, limit: int
+    ) -> list[Due[S]]:
+        """Rows in ``timer.source`` whose timer is due at ``now`` (entered time plus the
+        duration -- fixed, or the row's field; a row whose field is None has none -- at or
+        before ``now``; None: every row with a timer), soonest due first, then by id; at most
+        ``limit``.  Inside an ``atomic()`` block a store that can lock rows (PostgreSQL) locks
+        those it returns and skips rows another transaction holds, so that several processes
+        firing timers share the work.  Raises ``StoreError`` as any read."""
+        ...
+
+
+@attrs.frozen
+class KindRecord:
+    """A store's record of one registered entity kind: what the catalog keeps."""
+
+    name: str
+    lifecycle: str
+    version: int
+    declaration: Mapping[str, Any]
+    """The kind as :func:`statecore.catalog.declaration_json` writes it."""
+    registered_at: float
+
+
+@runtime_checkable
+class KindCatalog(Protocol):
+    """A store that records every kind registered with it, with its lifecycle's version and
+    declaration (every shipped store does): the CLI and the dashboard list, draw and count
+    any lifecycle from it, and a newer version of a lifecycle is migrated against it."""
+
+    def catalog(self) -> list[KindRecord]:
+        """Every kind registered with this store (by any process), by name."""
         ...
 
 
