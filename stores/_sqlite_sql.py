@@ -22,12 +22,17 @@ from enum import Enum
 from typing import Any
 
 from statecore.entity import EntityKind, Field
+from statecore.lifecycle import Timer
 from statecore.store import Cmp, TransitionPlan, Where
 
 __all__ = [
     "AUDIT_CHAIN_DELETE",
     "AUDIT_COLUMNS",
     "AUDIT_TABLE",
+    "KINDS_ALL",
+    "KINDS_TABLE",
+    "KIND_DECLARATION",
+    "KIND_UPSERT",
     "MANAGED_COLUMNS",
     "BulkShape",
     "add_field_sql",
@@ -39,11 +44,13 @@ __all__ = [
     "bulk_update_sql",
     "count_sql",
     "create_table_sql",
+    "due_timers_sql",
     "get_sql",
     "history_sql",
     "index_sql",
     "insert_rows_sql",
     "insert_sql",
+    "kinds_schema_sql",
     "literal",
     "literals",
     "member_columns",
@@ -53,6 +60,7 @@ __all__ = [
     "select_sql",
     "table_info_named_sql",
     "table_info_sql",
+    "timer_index_sql",
     "update_many_sql",
     "update_params",
     "update_sql",
@@ -228,6 +236,63 @@ def index_sql(kind: EntityKind[Any]) -> list[str]:
     return statements
 
 
+def timer_index_sql(kind: EntityKind[Any]) -> list[str]:
+    """The indexes ``kind``'s timers are found by, if absent (none for a kind without timers):
+    per source state of a fixed-duration timer, a partial index over the entered time
+    (``audit_at``, which every write sets) and id ``WHERE state = '<source>'``; per source and
+    field of a field timer, a partial expression index over ``audit_at + <field>`` and id.  A
+    sweep of due rows is then a range scan of the index that stops at the first row not yet
+    due (see :func:`due_timers_sql`)."""
+    statements: dict[str, str] = {}
+    for timer in kind.lifecycle.timers:
+        source = str(timer.source.value)
+        name = f"{kind.table}_timer_{source}"
+        if timer.field is not None:
+            name += f"_{timer.field}"
+        statements.setdefault(
+            name,
+            f"CREATE INDEX IF NOT EXISTS {name} ON {kind.table}"
+            f"({_entered_plus(timer)}, {kind.id_field}) WHERE state = {literal(source)}",
+        )
+    return list(statements.values())
+
+
+def _entered_plus(timer: Timer[Any]) -> str:
+    """What a timer's index is over: the entered time, or the entered time plus the field."""
+    return "audit_at" if timer.field is None else f"audit_at + {timer.field}"
+
+
+def kinds_schema_sql() -> str:
+    """The catalog of the kinds registered with the file, if absent: one row per kind name,
+    its lifecycle's name and version, its declaration (JSON of
+    :func:`statecore.catalog.declaration_json`) and when it was last (re)declared."""
+    return (
+        f"CREATE TABLE IF NOT EXISTS {KINDS_TABLE} (name TEXT PRIMARY KEY, lifecycle TEXT, "
+        "version INTEGER, declaration TEXT, registered_at REAL)"
+    )
+
+
+KINDS_TABLE = "statecore_kinds"
+"""The catalog table (see :func:`kinds_schema_sql`)."""
+
+KIND_DECLARATION = f"SELECT declaration FROM {KINDS_TABLE} WHERE name = ?"
+"""A kind's recorded declaration (bound: its name; no row when never registered)."""
+
+KIND_UPSERT = (
+    f"INSERT INTO {KINDS_TABLE} (name, lifecycle, version, declaration, registered_at) "
+    "VALUES (?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET lifecycle = excluded.lifecycle, "
+    "version = excluded.version, declaration = excluded.declaration, "
+    "registered_at = excluded.registered_at"
+)
+"""Records a kind (bound: name, lifecycle, version, declaration, registered_at), replacing
+its earlier record."""
+
+KINDS_ALL = (
+    f"SELECT name, lifecycle, version, declaration, registered_at FROM {KINDS_TABLE} ORDER BY name"
+)
+"""Every recorded kind, by name."""
+
+
 # -- reads ------------------------------------------------------------------------------------
 
 
@@ -277,6 +342,30 @@ def history_sql(kind: EntityKind[Any]) -> str:
         "SELECT event, from_state, to_state, at, owner, attempts, reason "
         f"FROM {AUDIT_TABLE} WHERE seq IN (SELECT seq FROM chain) "
         "AND kind = ?2 AND entity_id = ?1 ORDER BY seq"
+    )
+
+
+def due_timers_sql(kind: EntityKind[Any], timer: Timer[Any], *, bounded: bool) -> str:
+    """The rows of ``timer``'s source state whose timer is due, soonest first, then by id:
+    the :func:`select_cols` columns, then the entered time and the due time.  A range scan of
+    the timer's index (see :func:`timer_index_sql`), stopping at the first row not yet due.
+
+    Bound, when ``bounded``: for a fixed duration the index bound (``now`` less the duration,
+    rounded up a little), ``now`` and the limit -- the bound finds the range, the exact
+    ``audit_at + duration <= now`` decides; for a field timer ``now`` and the limit.  When not
+    ``bounded`` (every row with a timer), only the limit.  A row whose field is NULL has no
+    timer (its sum is NULL)."""
+    entered = _entered_plus(timer)
+    source = literal(str(timer.source.value))
+    if timer.field is None:
+        due = f"audit_at + {literal(float(timer.after))}"
+        find = "audit_at <= ? AND " + due + " <= ?" if bounded else "audit_at IS NOT NULL"
+    else:
+        due = entered
+        find = f"{entered} <= ?" if bounded else f"{entered} IS NOT NULL"
+    return (
+        f"SELECT {select_cols(kind)}, audit_at, {due} FROM {kind.table} "
+        f"WHERE state = {source} AND {find} ORDER BY {entered}, {kind.id_field} LIMIT ?"
     )
 
 
