@@ -1,7 +1,7 @@
 """The ``statecore`` command line: see, count and repair what a store holds.
 
 ``statecore [--store URL] [--json] COMMAND ...`` (also ``python -m statecore``).  The kernel's
-commands are ``lifecycles``, ``ledger`` and ``doctor``; installed packages add theirs
+commands are ``lifecycles``, ``ledger``, ``doctor`` and ``kinds``; installed packages add theirs
 (``buffer``, ``undeliverable``, ``sessions``, ``delegations``, ...) and their store URL schemes
 through entry point groups (:mod:`statecore.cli.plugin`).  Human tables by default, JSON with
 ``--json``; exit status 0 when done, 1 when ``doctor`` finds a problem, 2 when refused with
@@ -19,6 +19,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TextIO
 
 from statecore.cli.doctor import DOCTOR_COMMAND
+from statecore.cli.kinds import KINDS_COMMAND
 from statecore.cli.ledger import LEDGER_COMMAND
 from statecore.cli.lifecycles import LIFECYCLES_COMMAND, all_lifecycles
 from statecore.cli.plugin import (
@@ -38,7 +39,12 @@ __all__ = ["all_lifecycles", "main", "statecore_version"]
 
 log = logging.getLogger(__name__)
 
-BUILTIN_COMMANDS: tuple[Command, ...] = (LIFECYCLES_COMMAND, LEDGER_COMMAND, DOCTOR_COMMAND)
+BUILTIN_COMMANDS: tuple[Command, ...] = (
+    LIFECYCLES_COMMAND,
+    LEDGER_COMMAND,
+    DOCTOR_COMMAND,
+    KINDS_COMMAND,
+)
 
 
 def statecore_version() -> str:
