@@ -20,7 +20,7 @@ dashboard too.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -70,30 +70,37 @@ class StoredKind:
         return self.kind.name
 
 
-def store_kinds(store: Store) -> list[StoredKind]:
+def store_kinds(store: Store, *, declared: Iterable[EntityKind[Any]] = ()) -> list[StoredKind]:
     """Every kind ``store`` holds, by name, each registered with it (idempotent for the
-    declaration it already holds): its catalog's records, rebuilt; for a store without
-    ``catalog()``, the installed kinds (:func:`~statecore.kinds.known_kinds`), registered.
-    Raises ``StoreError`` when the store cannot be read, ``DeclarationError`` for a catalog
-    record that does not describe a kind."""
-    if isinstance(store, KindCatalog):
-        found = []
-        for record in store.catalog():
-            kind = kind_from_declaration(record.declaration)
-            store.register(kind)
-            found.append(StoredKind(kind, record.version, record.registered_at, record.declaration))
-        return sorted(found, key=lambda k: k.name)
+    declaration it already holds): its catalog's records, each read as the kind ``declared``
+    or installed (:func:`~statecore.kinds.known_kinds`) under its name when that has the same
+    declaration, else as rebuilt from the record (a store that tells kinds apart by identity,
+    as the in-memory one does, is read only through the kinds it was given: pass them as
+    ``declared``); for a store without ``catalog()``, the ``declared`` and installed kinds,
+    registered.  Raises ``StoreError`` when the store cannot be read, ``DeclarationError`` for
+    a catalog record that does not describe a kind."""
+    ours: dict[str, EntityKind[Any]] = {}
+    for kind in (*declared, *known_kinds()):
+        ours.setdefault(kind.name, kind)
     found = []
-    for kind in known_kinds():
-        store.register(kind)
-        found.append(StoredKind(kind, kind.lifecycle.version, None, declaration_json(kind)))
+    if isinstance(store, KindCatalog):
+        for record in store.catalog():
+            same = ours.get(record.name)
+            if same is None or declaration_json(same) != dict(record.declaration):
+                same = kind_from_declaration(record.declaration)
+            store.register(same)
+            found.append(StoredKind(same, record.version, record.registered_at, record.declaration))
+    else:
+        for kind in ours.values():
+            store.register(kind)
+            found.append(StoredKind(kind, kind.lifecycle.version, None, declaration_json(kind)))
     return sorted(found, key=lambda k: k.name)
 
 
-def stored_kind(store: Store, name: str) -> StoredKind:
+def stored_kind(store: Store, name: str, *, declared: Iterable[EntityKind[Any]] = ()) -> StoredKind:
     """The kind ``name`` of :func:`store_kinds`; raises :class:`CliError` naming the known
     ones when the store holds none of that name."""
-    kinds = store_kinds(store)
+    kinds = store_kinds(store, declared=declared)
     for stored in kinds:
         if stored.name == name:
             return stored

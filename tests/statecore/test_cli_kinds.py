@@ -11,7 +11,7 @@ from statecore.catalog import kind_from_declaration
 from statecore.cli.kinds import kind_summary, store_kinds
 from statecore.store import Audit, Store
 from stores import InMemoryStore, SQLiteStore
-from stores.testing.timers import ALARM_KIND, AlarmState
+from stores.testing.timers import ALARM_KIND
 from tests.cli_run import run, run_json, url
 
 T0 = 1_000_000.0
@@ -161,8 +161,8 @@ def test_an_in_memory_catalog_is_read_with_timers_due_now() -> None:
     store.register(ALARM_KIND)
     store.insert(ALARM_KIND, "x", {}, event="arm", audit=Audit(at=T0))
     store.insert(ALARM_KIND, "y", {}, event="arm", audit=Audit(at=T0 + 100))
-    (stored,) = [k for k in store_kinds(store) if k.name == "kit_alarm"]
-    assert stored.kind.lifecycle.states[0].value == AlarmState.SET.value
+    (stored,) = [k for k in store_kinds(store, declared=[ALARM_KIND]) if k.name == "kit_alarm"]
+    assert stored.kind is ALARM_KIND
     summary = kind_summary(store, stored, now=T0 + 31)
     ring = next(t for t in summary["timers"] if t["event"] == "ring")
     assert (ring["running"], ring["due"], ring["next_due_at"]) == (2, 1, T0 + 30)
