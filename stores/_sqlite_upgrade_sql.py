@@ -28,6 +28,7 @@ __all__ = [
     "audit_chain_sql",
     "drop_index_sql",
     "drop_trigger_sql",
+    "entered_at_sql",
     "heads_sql",
 ]
 
@@ -63,6 +64,16 @@ def heads_sql(kind: EntityKind[Any]) -> tuple[str, str]:
         f"WHERE h.kind = {name} AND h.entity_id = {kind.table}.{kind.id_field}) "
         "WHERE audit_head IS NULL",
         f"DELETE FROM {AUDIT_HEADS} WHERE kind = {name}",
+    )
+
+
+def entered_at_sql(kind: EntityKind[Any]) -> str:
+    """Gives the rows of an older table of ``kind`` that has just gained ``audit_at`` their
+    entered time (what a timer counts from): the ``at`` of the audit entry at their head."""
+    return (
+        f"UPDATE {kind.table} SET audit_at = (SELECT a.at FROM {AUDIT_TABLE} AS a "
+        f"WHERE a.seq = {kind.table}.audit_head) "
+        "WHERE audit_at IS NULL AND audit_head IS NOT NULL"
     )
 
 

@@ -234,6 +234,8 @@ class SQLiteStore(ClosesOnExit):
                         *self._heads(conn, kind),
                     ):
                         conn.execute(statement)
+                if "audit_at" not in have:  # written before the audit columns
+                    conn.execute(upgrade.entered_at_sql(kind))
             for name, text in sql.audit_trigger_sql(kind):
                 # An older layout's trigger of this name is replaced (one transaction: no
                 # write can come between the drop and the create).

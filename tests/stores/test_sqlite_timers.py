@@ -107,7 +107,9 @@ def test_a_fixed_timer_is_due_its_duration_after_the_row_entered_its_source(
     create(store, "j1", 100.0)
     assert due(store, EXPIRE, 129.5) == []
     [found] = store.due_timers(JOB, EXPIRE, now=130.0, limit=10)
-    assert found == Due(store.get(JOB, "j1"), 100.0, 130.0)
+    row = store.get(JOB, "j1")
+    assert row is not None
+    assert found == Due(row, 100.0, 130.0)
     assert isinstance(found.row.state, Job)
     move(store, "j1", "start", 131.0)  # left the source state: no longer due
     assert due(store, EXPIRE, 1e12) == []
@@ -405,3 +407,34 @@ def test_a_callers_table_commits_with_the_ledgers_write(tmp_path: Path) -> None:
         assert _app_table(again) == [("ob-kept", "kept")]
         assert again.get(OBLIGATION_KIND, "ob-kept") is not None
         assert again.get(OBLIGATION_KIND, "ob-lost") is None
+
+
+def test_rows_of_a_table_older_than_the_audit_columns_count_from_their_last_entry(
+    tmp_path: Path,
+) -> None:
+    """A table written before rows kept their audit columns gains ``audit_at`` when its kind
+    is registered, each row's taken from its latest audit entry: its timers run from there."""
+    path = tmp_path / "old.db"
+    with SQLiteStore(path) as s:
+        s.register(JOB)
+        create(s, "j1", 5.0)
+        create(s, "j2", 0.0)
+        move(s, "j2", "bump", 50.0)
+    raw = sqlite3.connect(path)
+    try:
+        schema = raw.execute("SELECT type, name FROM sqlite_schema WHERE tbl_name = 'jobs'")
+        for kind, name in schema.fetchall():
+            if kind in ("index", "trigger") and not name.startswith("sqlite_autoindex"):
+                raw.execute(f"DROP {kind.upper()} {name}")
+        raw.execute("ALTER TABLE jobs DROP COLUMN audit_at")
+        raw.commit()
+    finally:
+        raw.close()
+    with SQLiteStore(path) as s:
+        s.register(JOB)
+        found = s.due_timers(JOB, EXPIRE, now=None, limit=10)
+        assert [(d.row.id, d.entered_at, d.due_at) for d in found] == [
+            ("j1", 5.0, 35.0),
+            ("j2", 50.0, 80.0),
+        ]
+        assert "USING INDEX jobs_timer_queued" in _plan(s, EXPIRE, bounded=True)
