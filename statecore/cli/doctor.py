@@ -3,13 +3,16 @@
 First the storage checks the store's package registered for its URL scheme (for SQLite: schema
 version, journal mode, integrity, file size), run without writing; then the ledger: rows left
 pending or attempting past a threshold, each with its owner's liveness, and the age of the
-oldest owed row.  Exit status 1 when any check found a problem, 2 when the store cannot be
-examined at all (unknown URL, missing file, not a database, locked).
+oldest owed row; then the version of every kind's lifecycle the store's catalog records (and,
+where it differs, the version the installed declaration of that kind has).  Exit status 1
+when any check found a problem, 2 when the store cannot be examined at all
+(unknown URL, missing file, not a database, locked).
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from statecore.cli.ledger import seconds
 from statecore.cli.output import duration, shorten
@@ -24,11 +27,12 @@ from statecore.cli.plugin import (
     store_scheme,
 )
 from statecore.errors import StoreError
+from statecore.kinds import known_kinds
 from statecore.ownership import PsutilProbe
-from statecore.store import Store
+from statecore.store import KindCatalog, Store
 from statecore.survey import OwnerStatus, failing_rows, ledger_stats, stuck_rows
 
-__all__ = ["DEFAULT_STUCK_AFTER_S", "DOCTOR_COMMAND", "ledger_checks"]
+__all__ = ["DEFAULT_STUCK_AFTER_S", "DOCTOR_COMMAND", "kind_versions", "ledger_checks"]
 
 DEFAULT_STUCK_AFTER_S = 300.0
 """A pending or attempting row unchanged for this long is stuck (the ledger's default lease)."""
@@ -118,6 +122,26 @@ def ledger_checks(
     return checks
 
 
+def kind_versions(store: Store) -> list[dict[str, Any]] | None:
+    """Every kind the store's catalog records, by name: its lifecycle, the lifecycle's version
+    and when it was registered, with ``installed_version`` the version of the installed
+    declaration of that kind (None when no installed package declares it).  None for a store
+    that keeps no catalog.  Reads only (registers nothing); raises ``StoreError``."""
+    if not isinstance(store, KindCatalog):
+        return None
+    installed = {k.name: k.lifecycle.version for k in known_kinds()}
+    return [
+        {
+            "name": r.name,
+            "lifecycle": r.lifecycle,
+            "version": r.version,
+            "installed_version": installed.get(r.name),
+            "registered_at": r.registered_at,
+        }
+        for r in store.catalog()
+    ]
+
+
 def _failing_check(store: Store, now: float) -> Check:
     """Owed replies whose sends failed: a problem when one keeps failing (a permanent
     refusal, a retry that failed again, retries spent); else shown with the retry they wait
@@ -180,6 +204,7 @@ def _run(args: argparse.Namespace, ctx: Context) -> int:
             checks = list(examine(url, quick=args.quick, progress=ctx.progress))
         except (ValueError, StoreError, OSError) as exc:
             raise CliError(f"cannot examine {url}: {exc}") from exc
+    kinds: list[dict[str, Any]] | None = None
     if any(c.fatal for c in checks):
         # Opening a store may write (SQLite: its schema); a damaged file is left as found.
         checks.append(
@@ -189,6 +214,7 @@ def _run(args: argparse.Namespace, ctx: Context) -> int:
         checks += ledger_checks(
             ctx, stuck_after_s=args.stuck_after, max_owed_age_s=args.max_owed_age
         )
+        kinds = kind_versions(ctx.open_store())
     problems = sum(c.status is CheckStatus.PROBLEM for c in checks)
     ctx.emit(
         {
@@ -196,19 +222,26 @@ def _run(args: argparse.Namespace, ctx: Context) -> int:
             "ok": not problems,
             "problems": problems,
             "checks": [c.to_json() for c in checks],
+            "kinds": kinds,
         },
-        lambda: _text(url, checks, problems),
+        lambda: _text(url, checks, problems, kinds),
     )
     return EXIT_FINDINGS if problems else EXIT_OK
 
 
-def _text(url: str, checks: list[Check], problems: int) -> str:
+def _text(url: str, checks: list[Check], problems: int, kinds: list[dict[str, Any]] | None) -> str:
     width = max(len(c.name) for c in checks)
     lines = [f"statecore doctor: {url}"]
     for check in checks:
         mark = "PROBLEM" if check.status is CheckStatus.PROBLEM else check.status.value
         lines.append(f"  {mark:<8} {check.name:<{width}}  {shorten(check.summary, 200)}")
         lines.extend(f"  {'':<8} {'':<{width}}    {note}" for note in check.notes)
+    if kinds:
+        lines.append("  kinds (lifecycle version):")
+        for k in kinds:
+            differs = k["installed_version"] not in (None, k["version"])
+            extra = f" (installed declares v{k['installed_version']})" if differs else ""
+            lines.append(f"    {k['name']:<{width}}  {k['lifecycle']} v{k['version']}{extra}")
     lines.append(f"{problems} problem{'' if problems == 1 else 's'} found" if problems else "ok")
     return "\n".join(lines) + "\n"
 

@@ -166,3 +166,22 @@ def test_an_in_memory_catalog_is_read_with_timers_due_now() -> None:
     summary = kind_summary(store, stored, now=T0 + 31)
     ring = next(t for t in summary["timers"] if t["event"] == "ring")
     assert (ring["running"], ring["due"], ring["next_due_at"]) == (2, 1, T0 + 30)
+
+
+def test_doctor_reports_each_cataloged_kinds_lifecycle_version(alarms: str) -> None:
+    """``doctor`` lists the catalog's kinds with their lifecycle versions (JSON and text),
+    reading only."""
+    data = run_json("doctor", store=alarms)
+    kinds = {k["name"]: k for k in data["kinds"]}
+    alarm = kinds["kit_alarm"]
+    assert isinstance(alarm.pop("registered_at"), float)
+    assert alarm == {
+        "name": "kit_alarm",
+        "lifecycle": "kit_alarm",
+        "version": 1,
+        "installed_version": None,
+    }
+    assert kinds["obligation"]["installed_version"] == kinds["obligation"]["version"]
+    text = run("doctor", store=alarms).stdout
+    assert "  kinds (lifecycle version):\n" in text
+    assert "kit_alarm v1\n" in text
