@@ -31,7 +31,7 @@ from statecore.cli.output import shorten, table, timestamp
 from statecore.cli.plugin import EXIT_OK, CliError, Command, Context, add_leaf
 from statecore.entity import EntityKind
 from statecore.kinds import known_kinds
-from statecore.store import KindCatalog, Row, Store, TimerStore
+from statecore.store import KindCatalog, KindRecord, Row, Store, TimerStore
 from statecore.timer import Timer
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "KINDS_COMMAND",
     "StoredKind",
     "kind_counts",
+    "kind_of_record",
     "kind_summary",
     "rows_json",
     "store_kinds",
@@ -79,22 +80,39 @@ def store_kinds(store: Store, *, declared: Iterable[EntityKind[Any]] = ()) -> li
     ``declared``); for a store without ``catalog()``, the ``declared`` and installed kinds,
     registered.  Raises ``StoreError`` when the store cannot be read, ``DeclarationError`` for
     a catalog record that does not describe a kind."""
-    ours: dict[str, EntityKind[Any]] = {}
-    for kind in (*declared, *known_kinds()):
-        ours.setdefault(kind.name, kind)
+    ours = _ours(declared)
     found = []
     if isinstance(store, KindCatalog):
         for record in store.catalog():
-            same = ours.get(record.name)
-            if same is None or declaration_json(same) != dict(record.declaration):
-                same = kind_from_declaration(record.declaration)
-            store.register(same)
-            found.append(StoredKind(same, record.version, record.registered_at, record.declaration))
+            stored = kind_of_record(record, ours)
+            store.register(stored.kind)
+            found.append(stored)
     else:
         for kind in ours.values():
             store.register(kind)
             found.append(StoredKind(kind, kind.lifecycle.version, None, declaration_json(kind)))
     return sorted(found, key=lambda k: k.name)
+
+
+def _ours(declared: Iterable[EntityKind[Any]]) -> dict[str, EntityKind[Any]]:
+    ours: dict[str, EntityKind[Any]] = {}
+    for kind in (*declared, *known_kinds()):
+        ours.setdefault(kind.name, kind)
+    return ours
+
+
+def kind_of_record(
+    record: KindRecord, declared: Mapping[str, EntityKind[Any]] | Iterable[EntityKind[Any]] = ()
+) -> StoredKind:
+    """A catalog ``record`` as a :class:`StoredKind`: the kind of its name among ``declared``
+    (a mapping by name, or kinds; the installed ones too) when its declaration is the
+    record's, else the kind rebuilt from the record (not registered: the caller registers
+    it).  Raises ``DeclarationError`` for a record that does not describe a kind."""
+    ours = dict(declared) if isinstance(declared, Mapping) else _ours(declared)
+    same = ours.get(record.name)
+    if same is None or declaration_json(same) != dict(record.declaration):
+        same = kind_from_declaration(record.declaration)
+    return StoredKind(same, record.version, record.registered_at, record.declaration)
 
 
 def stored_kind(store: Store, name: str, *, declared: Iterable[EntityKind[Any]] = ()) -> StoredKind:
