@@ -18,6 +18,11 @@
 * The speed shortcuts -- statement texts cached per kind and shape, transition shapes learned
   once and then bound directly, batches run as multi-row statements -- sit behind one seam,
   ``stores._sqlite_shortcuts``; each admits and writes exactly what the plain path would.
+* Timers (:meth:`SQLiteStore.due_timers`): a row's entered time is its ``audit_at``, which
+  every write sets; each timer of a kind has a partial index over it (for a field timer, over
+  it plus the field) ``WHERE state = '<source>'``, so a sweep reads the due rows only.  Kinds
+  without timers have no such index.  Every registered kind is recorded in the file's
+  ``statecore_kinds`` table (:meth:`SQLiteStore.catalog`), in register()'s transaction.
 * The schema is versioned (``PRAGMA user_version``, :data:`SCHEMA_VERSION`) and tables are
   migrated in place: columns a kind declares but an older table lacks are added with their
   defaults, a version 1 table gains the audit columns and triggers, its history kept, and a
@@ -402,7 +407,8 @@ class SQLiteStore(ClosesOnExit):
             # (rounded up, so no float rounding drops one); the exact sum decides in SQL.
             seconds = timer.seconds
             bound = now - seconds
-            bound += 4 * math.ulp(max(abs(now), abs(seconds), abs(bound)))
+            if math.isfinite(bound):
+                bound += 4 * math.ulp(max(abs(now), abs(seconds), abs(bound)))
             params = [bound, now, limit]
         with self._db.guard("due_timers"):
             raws = self._db.conn().execute(text, params).fetchall()

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from collections.abc import Iterator
 from enum import StrEnum
@@ -24,7 +25,7 @@ from statecore.catalog import declaration_json, kind_from_declaration
 from statecore.entity import EntityKind, Field
 from statecore.lifecycle import Lifecycle, Timer, Transition
 from statecore.obligation import OBLIGATION_KIND
-from statecore.store import Due
+from statecore.store import Due, KindCatalog, TimerStore
 from stores import SQLiteStore
 
 
@@ -438,3 +439,25 @@ def test_rows_of_a_table_older_than_the_audit_columns_count_from_their_last_entr
             ("j2", 50.0, 80.0),
         ]
         assert "USING INDEX jobs_timer_queued" in _plan(s, EXPIRE, bounded=True)
+
+
+def test_infinite_bounds_find_everything_or_nothing(store: SQLiteStore) -> None:
+    create(store, "j1", 5.0)
+    create(store, "j2", 1e300)
+    assert due(store, EXPIRE, float("inf")) == ["j1", "j2"]
+    assert due(store, EXPIRE, float("-inf")) == []
+
+
+def test_a_due_time_exactly_at_now_is_due_despite_float_rounding(store: SQLiteStore) -> None:
+    """``entered + duration <= now`` decides, exactly as computed in floating point, however
+    ``now - duration`` rounds."""
+    entered = 0.1 + 0.2  # 0.30000000000000004
+    create(store, "j", entered)
+    now = entered + 30.0
+    assert due(store, EXPIRE, now) == ["j"]
+    assert due(store, EXPIRE, math.nextafter(now, 0.0)) == []
+
+
+def test_the_store_is_a_timer_store_and_a_kind_catalog(store: SQLiteStore) -> None:
+    assert isinstance(store, TimerStore)
+    assert isinstance(store, KindCatalog)
