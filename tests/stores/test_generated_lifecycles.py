@@ -1,0 +1,155 @@
+"""The generated lifecycle tests (stores.testing.lifecycle_tests) for every shipped entity kind
+on each store -- in memory, SQLite files, PostgreSQL -- plus a timed kind declared here (a fixed
+and a field timer), and the error for a kind nobody declares."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import uuid
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+if "stores.testing" not in sys.modules:  # detailed assertion messages from the kit's asserts
+    pytest.register_assert_rewrite("stores.testing")
+
+from statecore.entity import EntityKind, Field
+from statecore.errors import UnknownKind
+from statecore.kinds import known_kinds
+from statecore.lifecycle import Lifecycle, Transition
+from stores.memory import InMemoryStore
+from stores.postgres import PostgresStore
+from stores.sqlite import SQLiteStore
+from stores.testing import StoreFactory
+from stores.testing.lifecycle import lifecycle_tests
+
+
+class Parcel(StrEnum):
+    WAITING = "waiting"
+    OUT = "out"
+    HELD = "held"
+    DELIVERED = "delivered"
+    RETURNED = "returned"
+
+
+PARCEL = Lifecycle(
+    "parcel",
+    Parcel,
+    initial=Parcel.WAITING,
+    terminal=(Parcel.DELIVERED, Parcel.RETURNED),
+    transitions=(
+        Transition("accept", None, Parcel.WAITING),
+        Transition("dispatch", Parcel.WAITING, Parcel.OUT, after=45),
+        Transition("hold", Parcel.OUT, Parcel.HELD),
+        Transition("retry", Parcel.HELD, Parcel.OUT),
+        Transition("deliver", (Parcel.OUT, Parcel.HELD), Parcel.DELIVERED),
+        Transition("give_up", Parcel.HELD, Parcel.RETURNED, after="hold_s"),
+        Transition("forget", (Parcel.DELIVERED, Parcel.RETURNED), None),
+    ),
+)
+
+PARCEL_KIND = EntityKind(
+    "parcel",
+    PARCEL,
+    table="parcels",
+    id_field="parcel_id",
+    fields=(
+        Field("address", str, nullable=False, immutable=True),
+        Field("hold_s", int),
+        Field("weight", float, nullable=False, default=1.0),
+    ),
+)
+"""A timed kind: 45 s waiting dispatches it, ``hold_s`` seconds held returns it."""
+
+KINDS: tuple[EntityKind[Any], ...] = (*known_kinds(), PARCEL_KIND)
+
+
+class _Memory:
+    @pytest.fixture
+    def store(self) -> StoreFactory:
+        """A fresh InMemoryStore per call."""
+        return InMemoryStore
+
+
+class _SQLite:
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> StoreFactory:
+        """A fresh SQLiteStore on a new file under tmp_path per call."""
+        paths = (tmp_path / f"store-{n}.sqlite3" for n in itertools.count())
+        return lambda: SQLiteStore(next(paths), synchronous="NORMAL")
+
+
+class _Postgres:
+    @pytest.fixture
+    def store(self, postgres_url: str) -> StoreFactory:
+        """A fresh PostgresStore in a new schema of the session's database per call."""
+        names = (f"t_{uuid.uuid4().hex[:16]}_{n}" for n in itertools.count())
+        return lambda: PostgresStore(postgres_url, schema=next(names), pool_size=2)
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+for _kind in KINDS:
+    _base = lifecycle_tests(_kind)
+    for _label, _factory in (("Memory", _Memory), ("SQLite", _SQLite), ("Postgres", _Postgres)):
+        _name = f"Test{_camel(_kind.name)}On{_label}"
+        globals()[_name] = type(_name, (_factory, _base), {"__module__": __name__})
+
+
+def _obligation(n: int) -> dict[str, object]:
+    """Creation values of the caller's own for the obligation kind."""
+    return {
+        "session_key": f"s{n}",
+        "platform": "telegram",
+        "chat_id": f"c{n % 2}",
+        "content": "hello",
+        "created_at": 5.0,
+        "updated_at": 5.0,
+    }
+
+
+# A kind found by its name, with creation values of the caller's own.
+TestObligationByName = type(
+    "TestObligationByName",
+    (_Memory, lifecycle_tests("obligation", values=_obligation)),
+    {"__module__": __name__},
+)
+
+
+def test_every_shipped_kind_is_tested() -> None:
+    """The kernel's kinds and those the installed packages declare each got their tests."""
+    names = {k.name for k in KINDS}
+    assert {"obligation", "owner", "parcel"} <= names
+    for kind in KINDS:
+        assert f"Test{_camel(kind.name)}OnPostgres" in globals()
+
+
+def test_an_unknown_kind_name_is_refused_when_the_tests_are_built() -> None:
+    """A name no installed package declares raises UnknownKind naming the known ones."""
+    with pytest.raises(UnknownKind, match="no_such_kind") as caught:
+        lifecycle_tests("no_such_kind")
+    assert "obligation" in caught.value.known
+
+
+def test_a_kind_without_a_creation_is_refused() -> None:
+    """No store can hold the entities of a lifecycle without a creation event."""
+    lifecycle = Lifecycle(
+        "uncreated",
+        Parcel,
+        initial=Parcel.WAITING,
+        terminal=(Parcel.DELIVERED, Parcel.RETURNED),
+        transitions=(
+            Transition("dispatch", Parcel.WAITING, Parcel.OUT),
+            Transition("hold", Parcel.OUT, Parcel.HELD),
+            Transition("deliver", (Parcel.OUT, Parcel.HELD), Parcel.DELIVERED),
+            Transition("give_up", Parcel.HELD, Parcel.RETURNED),
+        ),
+    )
+    kind = EntityKind("uncreated", lifecycle, table="uncreated", id_field="id", fields=())
+    with pytest.raises(ValueError, match="no creation"):
+        lifecycle_tests(kind)
