@@ -15,13 +15,20 @@ may send):
   ``failure``: error kind, last error, what it waits for), the repairs each obligation state
   allows (``actions``, read from the declared lifecycle), the latest transitions and a
   diagram of every lifecycle the ``statecore.lifecycles`` entry points declare (SVG text drawn
-  by :func:`~relay.web.diagrams.lifecycle_svg`, with the kind it counts, if any);
+  by :func:`~relay.web.diagrams.lifecycle_svg`, with the kind it counts, if any), and
+  ``catalog``: every kind the store's catalog records, whatever declared it, drawn from its
+  declaration, with its rows per state and its timers (rows running, due now, next due), as
+  :mod:`relay.web._dashboard_kinds` reads them (sent again with every ``counts``);
 * ``changes`` -- one per audit entry (a move: its event, the state it came from and the one it
   led to; an obligation's flagged the same way, as it is now), as each poll of the store finds
   them, and ``counts`` (with ``keep_failing``) after every poll that found a change (and every
   few seconds, for rows pruned meanwhile);
 * ``history`` -- one obligation's audit entries, on request, and the row as it is (flagged the
   same way);
+* ``kind_rows`` / ``kind_history`` -- on request (``{"type": "kind_rows", "kind": K, "state":
+  S}``, ``{"type": "kind_history", "kind": K, "id": ID}``), any cataloged kind's rows or one
+  row's audit entries: ids, states and fences, and field values (cut) only of kinds that are
+  not built in;
 * ``auth`` -- who a token names; ``done`` / ``refused`` -- the outcome of an operator's
   action; ``error`` -- a message that was not understood (the session stays open).
 
@@ -55,6 +62,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from relay.web._dashboard_feed import ChangeFeed
+from relay.web._dashboard_kinds import CatalogView, KindRequest, parse_kind_request
 from relay.web._dashboard_reads import (
     REPAIRS,
     WATCHED,
@@ -168,6 +176,7 @@ class Dashboard:
         self._show_content = show_content
         self._feed = ChangeFeed(self._clock.now(), show_content=show_content)
         self._counted_at = float("-inf")
+        self._catalog = CatalogView(store)
         self._browsers: set[_Browser] = set()
         self._poller: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -247,10 +256,12 @@ class Dashboard:
     async def _answer(self, message: str | bytes) -> dict[str, Any]:
         """The reply to one message of a browser (an ``error`` for one not understood)."""
         try:
-            request = parse(message)
+            request: Request | KindRequest = parse_kind_request(message) or parse(message)
         except BadRequest as exc:
             return {"type": "error", "error": str(exc)}
         try:
+            if isinstance(request, KindRequest):
+                return await self._run(self._catalog.answer, request)
             if request.type == "history":
                 assert request.id is not None
                 return await self._run(self._history, request.id)
@@ -328,6 +339,7 @@ class Dashboard:
             ),
             "actions": self._actions,
             "diagrams": self._diagrams,
+            "catalog": self._catalog.counts(now),
         }
 
     def _poll(self) -> list[dict[str, Any]]:
@@ -344,7 +356,8 @@ class Dashboard:
         if changes:
             flagged = flag_failing(changes, failing)
             out.append({"type": "changes", "generation": generation, "changes": flagged})
-        out.append({"type": "counts", "generation": generation, "now": now, "counts": counts})
+        counted = {"type": "counts", "generation": generation, "now": now, "counts": counts}
+        out.append({**counted, "catalog": self._catalog.counts(now)})
         return out
 
     def _history(self, obligation_id: str) -> dict[str, Any]:
