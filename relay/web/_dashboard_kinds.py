@@ -84,7 +84,8 @@ def builtin_kinds() -> frozenset[str]:
 @attrs.frozen
 class CatalogKind:
     """One cataloged kind as the dashboard holds it: the kind, and whether the store can be
-    read through it (a store telling kinds apart by identity reads only those it was given)."""
+    read through it (a store object given a kind in this process reads it only through that
+    kind or an equal one)."""
 
     stored: StoredKind
     readable: bool
@@ -96,8 +97,8 @@ def catalog_kinds(
     """Every kind the store holds, by name (:func:`statecore.cli.kinds.store_kinds`'s reading,
     with ``declared`` and the watched kinds preferred), each registered -- but those found in
     ``previous`` with the same declaration, reused as they were; a kind the store refuses to
-    register as rebuilt (the in-memory store, for a kind it holds as another object) is
-    listed unreadable.  Raises ``StoreError`` when the catalog cannot be read."""
+    register as rebuilt (a store object that was given the kind as another object, in this
+    process) is listed unreadable.  Raises ``StoreError`` when the catalog cannot be read."""
     ours: dict[str, EntityKind[Any]] = {}
     for kind in (*declared, *(w.kind for w in WATCHED), *known_kinds()):
         ours.setdefault(kind.name, kind)
