@@ -77,8 +77,9 @@ def store_kinds(store: Store, *, declared: Iterable[EntityKind[Any]] = ()) -> li
     or installed (:func:`~statecore.kinds.known_kinds`) under its name when that has the same
     declaration, else as rebuilt from the record (a store object that was given a kind in
     this process is read only through that kind or an equal one: pass it as ``declared``);
-    for a store without ``catalog()``, the ``declared`` and installed kinds, registered.  Raises ``StoreError`` when the store cannot be read, ``DeclarationError`` for
-    a catalog record that does not describe a kind."""
+    for a store without ``catalog()``, the ``declared`` and installed kinds, registered.
+    Raises ``StoreError`` when the store cannot be read, ``DeclarationError`` for a catalog
+    record that does not describe a kind."""
     ours = _ours(declared)
     found = []
     if isinstance(store, KindCatalog):
