@@ -27,6 +27,11 @@ store with the kit's kinds registered.  The tests use no sleeps: time comes from
 
 The contract is split into one class per section (``stores.testing.insert``,
 ``stores.testing.transition``, ...); a store may run one section alone by subclassing it.
+The timer section (``stores.testing.timers``) tests the optional ``due_timers`` and
+``catalog`` and is skipped for a store without them.
+
+:func:`lifecycle_tests` (``stores.testing.lifecycle``) builds, from any entity kind, the same
+kind of base class testing every transition its lifecycle declares against a store.
 
 This package imports pytest and no pytest plugin (no pytest-asyncio, no hypothesis): it is
 test-support code, installed with the package and usable once pytest is installed (the
@@ -46,12 +51,14 @@ from stores.testing.batches import BatchContract
 from stores.testing.bulk import BulkTransitionContract
 from stores.testing.insert import InsertContract
 from stores.testing.isolation import IsolationContract
+from stores.testing.lifecycle import lifecycle_tests
 from stores.testing.obligations import ObligationContract
 from stores.testing.overrides import OverrideContract
 from stores.testing.prune import PruneContract
 from stores.testing.races import RaceContract
 from stores.testing.registration import RegistrationContract
 from stores.testing.select import SelectContract
+from stores.testing.timers import TimerContract
 from stores.testing.transition import TransitionContract
 
 __all__ = [
@@ -61,6 +68,8 @@ __all__ = [
     "StoreFactory",
     "StoreOpener",
     "TicketState",
+    "TimerContract",
+    "lifecycle_tests",
 ]
 
 
@@ -78,6 +87,7 @@ class StoreContract(
     AtomicContract,
     IsolationContract,
     ObligationContract,
+    TimerContract,
 ):
     """The Store contract as pytest tests; subclass it and provide a ``store`` factory fixture.
 

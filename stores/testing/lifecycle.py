@@ -63,7 +63,7 @@ OWNER = "lifecycle-tests"
 EPSILON = 0.01
 """How far before and after a timer's due time the timer tests look."""
 SEEDS = (1, 2, 3)
-WALK_STEPS = 40
+WALK_STEPS = 25
 
 Move = tuple[str, Enum, Enum]
 """(event, from state, to state)."""
