@@ -78,14 +78,14 @@ def _timers(db: Store) -> TimerStore:
     optional: :class:`~statecore.timers.Timers` reads such a store through select and
     history)."""
     if not isinstance(db, TimerStore):
-        pytest.skip(f"{type(db).__name__} has no due_timers()")
+        pytest.skip(f"{type(db).__name__} has no due_timers() (optional capability)")
     return db
 
 
 def _catalog(db: Store) -> KindCatalog:
     """``db`` as a KindCatalog; the test is skipped for a store without ``catalog()``."""
     if not isinstance(db, KindCatalog):
-        pytest.skip(f"{type(db).__name__} has no catalog()")
+        pytest.skip(f"{type(db).__name__} has no catalog() (optional capability)")
     return db
 
 
@@ -123,7 +123,7 @@ class TimerContract(KitFixtures):
         skipped for a store that implements neither due_timers nor catalog)."""
         db = new_store()
         if not isinstance(db, TimerStore | KindCatalog):
-            pytest.skip(f"{type(db).__name__} has neither due_timers() nor catalog()")
+            pytest.skip(f"{type(db).__name__} has neither due_timers() nor catalog() (optional capabilities)")
         db.register(ALARM_KIND)
         return db
 

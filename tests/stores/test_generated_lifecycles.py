@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import sys
 import uuid
+from contextlib import ExitStack
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,12 @@ from statecore.entity import EntityKind, Field
 from statecore.errors import UnknownKind
 from statecore.kinds import known_kinds
 from statecore.lifecycle import Lifecycle, Transition
+from statecore.store import Audit
 from stores.memory import InMemoryStore
 from stores.postgres import PostgresStore
 from stores.sqlite import SQLiteStore
 from stores.testing import StoreFactory
-from stores.testing.lifecycle import lifecycle_tests
+from stores.testing.lifecycle import LifecycleStores, lifecycle_tests
 
 
 class Parcel(StrEnum):
@@ -153,3 +155,66 @@ def test_a_kind_without_a_creation_is_refused() -> None:
     kind = EntityKind("uncreated", lifecycle, table="uncreated", id_field="id", fields=())
     with pytest.raises(ValueError, match="no creation"):
         lifecycle_tests(kind)
+
+
+# -- the generated tests catch a store that is wrong ----------------------------------------------
+
+
+class _LateAudit(InMemoryStore):
+    """Writes every move's audit entry a second late: its rows agree, its histories do not."""
+
+    def transition(self, kind: EntityKind[Any], entity_id: str, event: str, **kw: Any) -> Any:
+        audit = kw.pop("audit")
+        return super().transition(
+            kind, entity_id, event, audit=Audit(audit.at + 1, audit.owner), **kw
+        )
+
+
+class _NoTimers(InMemoryStore):
+    """Never finds a due timer."""
+
+    def due_timers(self, kind: Any, timer: Any, *, now: float | None, limit: int) -> list[Any]:
+        return []
+
+
+def test_the_comparison_catches_a_store_that_differs() -> None:
+    """A walk against a store whose audit entries differ fails, naming the histories."""
+    tests = lifecycle_tests(PARCEL_KIND)()
+    with ExitStack() as stack:
+        ours = LifecycleStores(InMemoryStore, PARCEL_KIND, stack)
+        with pytest.raises(AssertionError, match="histories"):
+            tests.test_compare_stores(ours, _LateAudit)
+
+
+def test_the_timer_tests_catch_a_store_that_never_fires() -> None:
+    """A store whose due_timers finds nothing fails every timer test."""
+    tests = lifecycle_tests(PARCEL_KIND)()
+    for timer in PARCEL.timers:
+        with ExitStack() as stack:
+            db = LifecycleStores(_NoTimers, PARCEL_KIND, stack)()
+            with pytest.raises(AssertionError):
+                tests.test_timer(db, timer)
+
+
+def test_every_declared_transition_is_a_test_of_its_own() -> None:
+    """One test id per move (source-event), creation, removal (state-event) and timer; no
+    test for what a lifecycle does not declare (the parcel's removals and timers, none for a
+    kind without timers)."""
+
+    def ids(cls: type, method: str) -> list[str]:
+        (mark,) = getattr(cls, method).pytestmark
+        return list(mark.kwargs["ids"]) if "ids" in mark.kwargs else list(mark.args[1])
+
+    parcel = lifecycle_tests(PARCEL_KIND)
+    assert ids(parcel, "test_move") == [
+        "waiting-dispatch",
+        "out-hold",
+        "held-retry",
+        "out-deliver",
+        "held-deliver",
+        "held-give_up",
+    ]
+    assert ids(parcel, "test_creation") == ["accept"]
+    assert ids(parcel, "test_removal") == ["delivered-forget", "returned-forget"]
+    assert ids(parcel, "test_timer") == ["waiting-dispatch", "held-give_up"]
+    assert not hasattr(lifecycle_tests("owner"), "test_timer")
