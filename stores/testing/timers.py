@@ -123,7 +123,8 @@ class TimerContract(KitFixtures):
         skipped for a store that implements neither due_timers nor catalog)."""
         db = new_store()
         if not isinstance(db, TimerStore | KindCatalog):
-            pytest.skip(f"{type(db).__name__} has neither due_timers() nor catalog() (optional capabilities)")
+            name = type(db).__name__
+            pytest.skip(f"{name} has neither due_timers() nor catalog() (optional capabilities)")
         db.register(ALARM_KIND)
         return db
 
