@@ -42,6 +42,9 @@ function shortened(text, most) {
   let selected = null; // the obligation id whose history is shown
   let writable = false; // whether this dashboard has operator secrets
   let actions = {}; // obligation state -> the repairs its lifecycle allows (from the server)
+  let catalog = []; // every kind of the store's catalog, drawn and counted (from the server)
+  let catalogDrawn = ""; // the kinds and versions whose figures are drawn
+  let kindSelected = null; // the kind whose rows are shown
 
   function cell(tag, text, attrs) {
     const node = document.createElement(tag);
@@ -287,6 +290,111 @@ function shortened(text, most) {
     ask({ type: action, id: selected, reason, token: $("token").value.trim() });
   }
 
+  // -- every kind of the store's catalog ---------------------------------------------------------
+
+  function countsTable(kind, states) {
+    const table = cell("table", null, { class: "counts" });
+    const head = document.createElement("tr");
+    const body = document.createElement("tr");
+    for (const [state, n] of Object.entries(states)) {
+      head.append(cell("th", state));
+      body.append(cell("td", n, { class: n ? "count" : "count zero", "data-catalog-kind": kind, "data-state": state }));
+    }
+    table.append(head, body);
+    return table;
+  }
+
+  function timersTable(timers) {
+    const table = cell("table", null, { class: "counts timers" });
+    const head = document.createElement("tr");
+    for (const h of ["timer", "from", "to", "after", "running", "due now", "next due"]) head.append(cell("th", h));
+    table.append(head);
+    for (const t of timers) {
+      const tr = cell("tr", null, { "data-timer": t.event });
+      const after = typeof t.after === "number" ? `${t.after} s` : t.after;
+      const due = t.due === null ? "-" : `${t.due}${t.due_exact ? "" : "+"}`;
+      for (const v of [t.event, t.from, t.to, after, t.running, due, t.next_due_at === null ? "-" : time(t.next_due_at)]) {
+        tr.append(cell("td", v));
+      }
+      table.append(tr);
+    }
+    return table;
+  }
+
+  function renderCatalog() {
+    const holder = $("kinds");
+    const drawn = catalog.map((k) => `${k.kind}@${k.version}`).join(" ");
+    if (drawn !== catalogDrawn) {
+      holder.replaceChildren();
+      for (const k of catalog) {
+        const figure = cell("figure", null, { "data-kind": k.kind });
+        const img = cell("img", null, { alt: `lifecycle ${k.lifecycle} of ${k.kind}` });
+        img.src = `data:image/svg+xml;charset=utf-8,${encodeURIComponent(k.svg || "")}`;
+        figure.append(img, document.createElement("figcaption"));
+        holder.append(figure);
+      }
+      catalogDrawn = drawn;
+    }
+    for (const k of catalog) {
+      const figure = holder.querySelector(`figure[data-kind="${CSS.escape(k.kind)}"]`);
+      if (!figure) continue;
+      figure.dataset.selected = String(k.kind === kindSelected);
+      const caption = figure.querySelector("figcaption");
+      const title = cell("h3", `${k.kind} `);
+      title.append(cell("span", `lifecycle ${k.lifecycle} v${k.version}${k.builtin ? ", built in" : ""}`, { class: "muted" }));
+      const parts = [title];
+      if (!k.readable) parts.push(cell("p", "not readable by this dashboard", { class: "muted" }));
+      else {
+        parts.push(countsTable(k.kind, k.counts));
+        if (k.timers.length) parts.push(timersTable(k.timers));
+        parts.push(cell("button", "rows", { type: "button", "data-kind": k.kind }));
+      }
+      caption.replaceChildren(...parts);
+    }
+  }
+
+  function askRows(kind, state) {
+    ask({ type: "kind_rows", kind, state: state || null });
+  }
+
+  function showKindRows(msg) {
+    kindSelected = msg.kind;
+    $("kind-detail").hidden = false;
+    $("kind-name").textContent = msg.kind;
+    const known = catalog.find((k) => k.kind === msg.kind);
+    const select = $("kind-state");
+    select.replaceChildren(cell("option", "every state", { value: "" }));
+    for (const state of (known && known.states) || []) select.append(cell("option", state, { value: state }));
+    select.value = msg.state || "";
+    const body = $("kind-rows").tBodies[0];
+    body.replaceChildren();
+    if (!msg.found) {
+      $("kind-total").textContent = `${msg.reason}; known: ${msg.known.join(", ")}`;
+      return;
+    }
+    $("kind-total").textContent = `${msg.rows.length} of ${msg.total} shown`;
+    for (const row of msg.rows) {
+      const tr = cell("tr", null, { class: "kind-row", "data-id": row.id, tabindex: "0" });
+      const values = row.values === null ? "(withheld: a built-in kind)" : JSON.stringify(row.values);
+      tr.append(cell("td", row.id, { class: "id" }), cell("td", row.state, { class: "state" }), cell("td", row.fence), cell("td", values, { class: "values" }));
+      body.append(tr);
+    }
+    renderCatalog();
+  }
+
+  function showKindHistory(msg) {
+    $("kind-row").hidden = false;
+    $("kind-row-id").textContent = msg.id;
+    $("kind-row-state").textContent = msg.found ? (msg.row ? msg.row.state : "gone") : "not found";
+    const body = $("kind-history").tBodies[0];
+    body.replaceChildren();
+    for (const r of msg.records) {
+      const tr = document.createElement("tr");
+      for (const v of [r.from, r.to, r.event, time(r.at), r.owner, r.reason]) tr.append(cell("td", v));
+      body.append(tr);
+    }
+  }
+
   // -- the socket ---------------------------------------------------------------------------------
 
   function ask(message) {
@@ -316,6 +424,10 @@ function shortened(text, most) {
       }
       counts = msg.counts;
       renderCounts();
+      catalog = msg.catalog || [];
+      catalogDrawn = "";
+      renderCatalog();
+      if (kindSelected) askRows(kindSelected, $("kind-state").value);
       $("obligations").tBodies[0].replaceChildren();
       $("stream").tBodies[0].replaceChildren();
       for (const c of msg.recent) streamRow(c);
@@ -339,8 +451,14 @@ function shortened(text, most) {
       clockSkew = msg.now - Date.now() / 1000;
       counts = msg.counts;
       renderCounts();
+      if (msg.catalog) {
+        catalog = msg.catalog;
+        renderCatalog();
+      }
     },
     history: showHistory,
+    kind_rows: showKindRows,
+    kind_history: showKindHistory,
     auth(msg) {
       setMode(msg.operator, msg.reason);
     },
@@ -422,6 +540,19 @@ function shortened(text, most) {
     for (const button of document.querySelectorAll("#actions button[data-action]")) {
       button.addEventListener("click", () => act(button.dataset.action));
     }
+    $("kinds").addEventListener("click", (event) => {
+      const button = event.target.closest("button[data-kind]");
+      if (button) askRows(button.dataset.kind, "");
+    });
+    $("kind-state").addEventListener("change", () => askRows(kindSelected, $("kind-state").value));
+    const pickKindRow = (event) => {
+      const tr = event.target.closest("tr.kind-row");
+      if (tr && tr.dataset.id) ask({ type: "kind_history", kind: kindSelected, id: tr.dataset.id });
+    };
+    $("kind-rows").addEventListener("click", pickKindRow);
+    $("kind-rows").addEventListener("keydown", (event) => {
+      if (event.key === "Enter") pickKindRow(event);
+    });
     window.setInterval(tickAges, 1000); // the oldest owed ages keep growing
     connect();
   });
