@@ -13,6 +13,7 @@ nothing extra: it is the ``at`` of the row's last audit entry, which every such 
 from __future__ import annotations
 
 import heapq
+import math
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -206,9 +207,10 @@ class InMemoryStore(ClosesOnExit):
         timer), soonest due first, then by id; at most ``limit``.
 
         The entered time of a row is the ``at`` of its last audit entry (every write that sets
-        a state appends one).  Raises ``ValueError`` for a timer not of ``kind``'s lifecycle or
-        a negative limit, ``TypeError`` for a limit that is not an int or a ``now`` that is not
-        a number, ``StoreError`` for an unregistered kind or a closed store.
+        a state appends one).  Raises ``TypeError`` for a timer that is not a Timer, a limit
+        that is not an int or a ``now`` that is not a number; ``ValueError`` for a timer not
+        of ``kind``'s lifecycle, a negative limit or a NaN ``now``; ``StoreError`` for an
+        unregistered kind or a closed store.
         """
         _check_timer_query(kind, timer, now, limit)
         with self._lock:
@@ -437,15 +439,22 @@ class InMemoryStore(ClosesOnExit):
 def _check_timer_query(
     kind: EntityKind[Any], timer: Timer[Any], now: float | None, limit: int
 ) -> None:
-    """Refuse a due-timer query the store cannot answer, before reading anything."""
+    """Refuse a due-timer query the store cannot answer, before reading anything (the checks
+    and errors of the SQL stores)."""
+    if not isinstance(timer, Timer):
+        raise TypeError(f"timer must be a Timer, not {type(timer).__name__}")
     if not isinstance(limit, int) or isinstance(limit, bool):
-        raise TypeError(f"limit must be a non-negative int, not {limit!r}")
+        raise TypeError(f"limit must be an int, not {type(limit).__name__}")
     if limit < 0:
         raise ValueError(f"limit must be a non-negative int, not {limit!r}")
-    if now is not None and (isinstance(now, bool) or not isinstance(now, int | float)):
-        raise TypeError(f"now must be a number of seconds or None, not {now!r}")
-    if not isinstance(timer, Timer) or timer not in kind.lifecycle.timers:
-        raise ValueError(f"{timer!r} is not a timer of {kind.name}'s lifecycle")
+    lifecycle = kind.lifecycle
+    if not isinstance(timer.source, lifecycle.state_type) or timer not in lifecycle.timers:
+        raise ValueError(f"{timer!r} is not a timer of entity kind {kind.name!r}")
+    if now is not None:
+        if isinstance(now, bool) or not isinstance(now, int | float):
+            raise TypeError(f"now must be a number or None, not {type(now).__name__}")
+        if math.isnan(now):
+            raise ValueError("now must be a number, not NaN")
 
 
 def _apply(table: _Table, entity_id: str, old: _Rec | None, new: _Rec | None) -> None:

@@ -264,6 +264,20 @@ class TimerContract(KitFixtures):
         with pytest.raises((ValueError, TypeError)):
             _timers(alarms).due_timers(ALARM_KIND, RING, now=2_000.0, limit=limit)
 
+    @pytest.mark.parametrize("now", [float("nan"), "2000", True])
+    def test_a_bad_now_is_refused(self, alarms: Store, now: Any) -> None:
+        """A ``now`` that is not a number (or is NaN) raises ValueError or TypeError."""
+        _arm(alarms, "a1", 1_000.0)
+        with pytest.raises((ValueError, TypeError)):
+            _timers(alarms).due_timers(ALARM_KIND, RING, now=now, limit=10)
+
+    def test_an_infinite_now_finds_every_row_with_a_timer(self, alarms: Store) -> None:
+        """``now=inf`` is every row with a timer, as ``now=None``."""
+        _arm(alarms, "a2", 1_001.0)
+        _arm(alarms, "a1", 1_000.0)
+        assert _due(alarms, RING, float("inf")) == _due(alarms, RING, None)
+        assert _ids(_due(alarms, RING, float("inf"))) == ["a1", "a2"]
+
     def test_a_timer_of_another_lifecycle_is_refused(self, alarms: Store) -> None:
         """A timer the kind's lifecycle does not declare raises ValueError or TypeError."""
         undeclared = Timer("snooze", AS.SET, AS.SNOOZED, 5.0)
