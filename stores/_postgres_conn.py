@@ -3,6 +3,8 @@
 * :class:`Target` -- where the store connects, parsed once from a URL or a ``key=value``
   conninfo: what error messages and ``repr`` show (host, port, database, user), never the
   password, which :meth:`Target.scrub` removes from any text that might carry it.
+* :func:`open_schema` -- the one connection a store opens first: the schema's shared tables
+  created, its layout version checked and recorded.
 * :class:`Connections` -- a ``psycopg_pool.ConnectionPool`` of autocommit connections.  A call
   outside an :meth:`Connections.atomic` block checks a connection out for its own short
   transaction; a block checks one out for the calling thread until the outermost block ends, and
@@ -33,7 +35,7 @@ import stores._postgres_sql as sql
 from statecore.claims import NoTransaction
 from statecore.errors import StatecoreError, StoreError
 
-__all__ = ["RETRIES", "Connections", "Target", "Txn"]
+__all__ = ["RETRIES", "Connections", "Target", "Txn", "open_schema"]
 
 T = TypeVar("T")
 
@@ -77,6 +79,42 @@ def _scrub_any(text: str, secret: str | None) -> str:
     if secret:
         text = text.replace(secret, "***")
     return text
+
+
+def open_schema(target: Target, kwargs: dict[str, Any], schema: str | None, version: int) -> None:
+    """Connect once: refuse what cannot work (an unreachable server, a refused login, a layout
+    newer than ``version``), create the schema's shared tables (version, audit, catalog) if
+    absent and record ``version`` -- under the schema's advisory lock, so concurrent openers
+    take turns.  Raises ``StoreError`` naming the server, never the password."""
+    try:
+        conn = psycopg.connect(target.conninfo, **kwargs)
+    except psycopg.Error as exc:
+        raise StoreError(
+            f"cannot connect to PostgreSQL at {target.host}:{target.port}, database "
+            f"{target.dbname!r}: {target.scrub(str(exc).strip())}"
+        ) from None  # the driver's error may quote the conninfo
+    try:
+        with conn.transaction():
+            conn.execute(sql.lock_sql(), (schema or "",))  # first: concurrent openers wait
+            if schema is not None:
+                conn.execute(f"CREATE SCHEMA IF NOT EXISTS {sql.quote(schema)}")
+            conn.execute(sql.version_schema_sql())
+            found = conn.execute(sql.READ_VERSION).fetchone()
+            stored = None if found is None else found[0]
+            if stored is not None and stored > version:
+                raise StoreError(
+                    f"{target}: schema version {stored} is newer than this code "
+                    f"understands ({version}); upgrade statecore"
+                )
+            for statement in (*sql.audit_schema_sql(), sql.kinds_schema_sql()):
+                conn.execute(statement)
+            if stored != version:
+                for statement in sql.write_version_sql(version):
+                    conn.execute(statement)
+    except psycopg.Error as exc:
+        raise StoreError(f"{target}: opening failed: {target.scrub(str(exc))}") from exc
+    finally:
+        conn.close()
 
 
 class _Local(threading.local):

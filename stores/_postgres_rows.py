@@ -1,25 +1,44 @@
 """How the PostgreSQL store encodes and decodes one kind's rows: each registered kind's cached
 statement texts and row decoder (:class:`Kind`), the parameters of an audit entry
-(:func:`audit_row`) and the pieces a batch of creations is inserted in (:func:`distinct_chunks`).
+(:func:`audit_row`), the pieces a batch of creations is inserted in (:func:`distinct_chunks`),
+the checks of a due-timer query (:func:`due_bound`) and the rows of the kind catalog
+(:func:`catalog_row`, :func:`kind_records`).
 """
 
 from __future__ import annotations
 
+import json
+import math
+import time
 from collections.abc import Sequence
 from enum import Enum
 from typing import Any
 
 import stores._postgres_sql as sql
 from statecore.batch import Creation
+from statecore.catalog import declaration_json
 from statecore.entity import EntityKind
 from statecore.errors import StoreError
-from statecore.store import Audit, Row
+from statecore.lifecycle import Timer
+from statecore.store import Audit, Due, KindRecord, Row
 from stores._postgres_conn import Target
 
-__all__ = ["INSERT_PIECE", "Kind", "audit_row", "distinct_chunks"]
+__all__ = [
+    "INSERT_PIECE",
+    "MANAGED",
+    "Kind",
+    "audit_row",
+    "catalog_row",
+    "distinct_chunks",
+    "due_bound",
+    "kind_records",
+]
 
 INSERT_PIECE = 64
 """Rows per multi-row INSERT of ``insert_each``."""
+
+MANAGED = ("fence", "prev_state", "entered_at")
+"""The columns the store keeps on every kind's table besides id and state."""
 
 
 def audit_row(
@@ -47,7 +66,8 @@ class Kind:
         return text
 
     def row(self, raw: Sequence[Any], where: Target) -> Row[Any]:
-        """The Row a statement read or returned (a trailing prev_state ignored)."""
+        """The Row a statement read or returned (trailing columns after the fields -- a
+        prev_state, an entered and a due time -- ignored)."""
         try:
             state = self.states[raw[1]]
         except KeyError:
@@ -55,6 +75,57 @@ class Kind:
                 f"{where}: {self.kind.name} {raw[0]!r} has unknown state {raw[1]!r}"
             ) from None
         return Row(raw[0], state, raw[2], dict(zip(self.columns, raw[3:], strict=False)))
+
+    def due(self, raw: Sequence[Any], where: Target) -> Due[Any]:
+        """The Due a :func:`~stores._postgres_sql.due_sql` row describes."""
+        return Due(self.row(raw, where), float(raw[-2]), float(raw[-1]))
+
+
+def due_bound(kind: EntityKind[Any], timer: object, now: object, limit: object) -> float:
+    """Check a ``due_timers`` call; return the time up to which rows are due (``now``, or
+    infinity for None).  Raises ``TypeError`` for a ``timer`` that is not a Timer, a ``limit``
+    not an int or a ``now`` not a number; ``ValueError`` for a negative ``limit``, a NaN
+    ``now`` or a timer not of ``kind``'s lifecycle."""
+    if not isinstance(timer, Timer):
+        raise TypeError(f"timer must be a Timer, not {type(timer).__name__}")
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        raise TypeError(f"limit must be an int, not {type(limit).__name__}")
+    if limit < 0:
+        raise ValueError(f"limit must be a non-negative int, not {limit!r}")
+    if now is not None:
+        if not isinstance(now, int | float) or isinstance(now, bool):
+            raise TypeError(f"now must be a number or None, not {type(now).__name__}")
+        if math.isnan(now):
+            raise ValueError("now must be a number, not NaN")
+    lifecycle = kind.lifecycle
+    if not isinstance(timer.source, lifecycle.state_type) or timer not in lifecycle.timers:
+        raise ValueError(f"{timer!r} is not a timer of entity kind {kind.name!r}")
+    return math.inf if now is None else float(now)
+
+
+def catalog_row(kind: EntityKind[Any]) -> tuple[Any, ...]:
+    """The parameters of :func:`~stores._postgres_sql.write_kind_sql` recording ``kind`` now.
+    Raises ``StoreError`` for a kind with a field named like a :data:`MANAGED` column (it
+    would be the store's column)."""
+    if any(f.name in MANAGED for f in kind.fields):
+        raise StoreError(
+            f"entity kind {kind.name!r}: a field may not be named "
+            f"{' or '.join(MANAGED)}: the store keeps that column itself"
+        )
+    declaration = json.dumps(declaration_json(kind), sort_keys=True, separators=(",", ":"))
+    return (kind.name, kind.lifecycle.name, kind.lifecycle.version, declaration, time.time())
+
+
+def kind_records(raws: Sequence[Sequence[Any]], where: Target) -> list[KindRecord]:
+    """The catalog's records from the rows of ``READ_KINDS``.  Raises ``StoreError`` for a
+    row that cannot be read (not written by this store)."""
+    try:
+        return [
+            KindRecord(name, lifecycle, int(version), json.loads(declaration), float(at))
+            for name, lifecycle, version, declaration, at in raws
+        ]
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"{where}: unreadable kind catalog: {exc}") from exc
 
 
 def distinct_chunks(

@@ -15,7 +15,13 @@
   The layout is versioned (table ``statecore_schema``) and tables are migrated in place (columns
   a kind declares but its table lacks are added with their defaults), every creation and
   migration under the schema's ``pg_advisory_xact_lock``.  A layout newer than this code is
-  refused with ``StoreError``.
+  refused with ``StoreError``.  Every kind registered is recorded in ``statecore_kinds``
+  (:meth:`PostgresStore.catalog`), in register()'s transaction.
+* Timers (``statecore.timers``): every write that sets a state also sets the row's managed
+  ``entered_at`` to its audit time; register() gives each timer of a kind a partial index over
+  the rows of its source state, so :meth:`PostgresStore.due_timers` is one range scan over due
+  rows (``FOR UPDATE SKIP LOCKED`` inside a block, so that processes firing timers share them).
+* :meth:`PostgresStore.connection`: the block's own connection, for the caller's tables.
 * Claims and wake-ups (``statecore.claims``): :meth:`PostgresStore.claim_candidates` is a
   ``SELECT ... FOR UPDATE SKIP LOCKED`` on the block's connection, so concurrent sweepers get
   disjoint rows and never queue for each other's row locks (the server may still wait, inside
@@ -32,11 +38,8 @@
 
 from __future__ import annotations
 
-import json
-import math
 import re
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import Enum
 from typing import Any, TypeVar
@@ -52,7 +55,6 @@ from statecore.batch import (
     transition_each_sequentially,
 )
 from statecore.batching import routes_through_overrides, transition_many_one_by_one
-from statecore.catalog import declaration_json
 from statecore.claims import check_notification
 from statecore.entity import EntityKind
 from statecore.errors import StoreError
@@ -75,9 +77,17 @@ from statecore.store import (
     valid_states,
 )
 from stores._closing import ClosesOnExit
-from stores._postgres_conn import Connections, Target, Txn
+from stores._postgres_conn import Connections, Target, Txn, open_schema
 from stores._postgres_listen import Listener
-from stores._postgres_rows import Kind, audit_row, distinct_chunks
+from stores._postgres_rows import (
+    MANAGED,
+    Kind,
+    audit_row,
+    catalog_row,
+    distinct_chunks,
+    due_bound,
+    kind_records,
+)
 from stores._schema import migration, registered
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
@@ -91,13 +101,12 @@ managed ``entered_at`` column of every kind's table (added to an older table, an
 its audit entries, when its kind is registered) and the ``statecore_kinds`` catalog."""
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-_MANAGED = ("fence", "prev_state", "entered_at")
-"""The columns the store keeps on every kind's table besides id and state."""
 
 
 class PostgresStore(ClosesOnExit):
     """A :class:`~statecore.store.Store`, :class:`~statecore.batch.BatchStore`,
-    :class:`~statecore.claims.ClaimingStore` and :class:`~statecore.claims.NotifyingStore` on a
+    :class:`~statecore.claims.ClaimingStore`, :class:`~statecore.claims.NotifyingStore`,
+    :class:`~statecore.store.TimerStore` and :class:`~statecore.store.KindCatalog` on a
     PostgreSQL server (see the module docs).
 
     ``PostgresStore("postgresql://user:password@host:5432/db", pool_size=10,
@@ -141,46 +150,13 @@ class PostgresStore(ClosesOnExit):
         }
         if schema is not None:
             kwargs["options"] = f"-c search_path={schema}"
-        self._setup(kwargs, schema, connect_timeout_s)
+        open_schema(self._target, kwargs, schema, SCHEMA_VERSION)
         self._kwargs = kwargs
         self._listeners: set[Listener] = set()
         self._listening = threading.Lock()
         self._db = Connections(
             self._target, kwargs, pool_size=pool_size, timeout_s=max(connect_timeout_s, 5.0)
         )
-
-    def _setup(self, kwargs: dict[str, Any], schema: str | None, timeout_s: float) -> None:
-        """Connect once: refuse what cannot work, create or upgrade the shared tables."""
-        target = self._target
-        try:
-            conn = psycopg.connect(target.conninfo, **kwargs)
-        except psycopg.Error as exc:
-            raise StoreError(
-                f"cannot connect to PostgreSQL at {target.host}:{target.port}, database "
-                f"{target.dbname!r}: {target.scrub(str(exc).strip())}"
-            ) from None  # the driver's error may quote the conninfo
-        try:
-            with conn.transaction():
-                conn.execute(sql.lock_sql(), (schema or "",))  # first: concurrent openers wait
-                if schema is not None:
-                    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {sql.quote(schema)}")
-                conn.execute(sql.version_schema_sql())
-                found = conn.execute(sql.READ_VERSION).fetchone()
-                version = None if found is None else found[0]
-                if version is not None and version > SCHEMA_VERSION:
-                    raise StoreError(
-                        f"{target}: schema version {version} is newer than this code "
-                        f"understands ({SCHEMA_VERSION}); upgrade statecore"
-                    )
-                for statement in (*sql.audit_schema_sql(), sql.kinds_schema_sql()):
-                    conn.execute(statement)
-                if version != SCHEMA_VERSION:
-                    for statement in sql.write_version_sql(SCHEMA_VERSION):
-                        conn.execute(statement)
-        except psycopg.Error as exc:
-            raise StoreError(f"{target}: opening failed: {target.scrub(str(exc))}") from exc
-        finally:
-            conn.close()
 
     def __repr__(self) -> str:
         schema = "" if self.schema is None else f", schema={self.schema!r}"
@@ -204,14 +180,12 @@ class PostgresStore(ClosesOnExit):
     # -- schema -------------------------------------------------------------------------------
 
     def register(self, kind: EntityKind[Any]) -> None:
-        """Create ``kind``'s table, its declared indexes and one partial index per timer (see
-        :meth:`due_timers`), or add the columns an older table lacks (an ``entered_at`` added
-        to an older table is filled from each row's latest audit entry, or the time of the
-        upgrade for a row without one); and record the kind in the schema's catalog (see
-        :meth:`catalog`) -- all in one transaction, under the schema's advisory lock.  Raises
-        ``StoreError`` for a table that is not a table of this kind, a required column without
-        a default, a field named ``entered_at`` (the store's own column), or a different kind
-        of this name."""
+        """Create ``kind``'s table, its declared indexes and one partial index per timer, or
+        add the columns an older table lacks (``entered_at``: filled from each row's latest
+        audit entry, else the upgrade's time); record the kind in :meth:`catalog` -- in one
+        transaction, under the schema's advisory lock.  Raises ``StoreError`` for a table not
+        of this kind, a required column without a default, a field named like a managed
+        column (``entered_at``), or a different kind of this name."""
         if self._db.closed:
             raise StoreError(f"{self._target}: the store is closed")
         existing = self._kinds.get(kind.name)
@@ -219,18 +193,7 @@ class PostgresStore(ClosesOnExit):
             if existing.kind != kind:
                 raise StoreError(f"a different entity kind named {kind.name!r} is registered")
             return
-        if any(f.name in _MANAGED for f in kind.fields):
-            raise StoreError(
-                f"entity kind {kind.name!r}: a field may not be named "
-                f"{' or '.join(sorted(_MANAGED))}: the store keeps that column itself"
-            )
-        record = (
-            kind.name,
-            kind.lifecycle.name,
-            kind.lifecycle.version,
-            json.dumps(declaration_json(kind), sort_keys=True, separators=(",", ":")),
-            time.time(),
-        )
+        record = catalog_row(kind)  # refuses a field named like a managed column
 
         def create(conn: Conn) -> None:
             conn.execute(sql.lock_sql(), (self.schema or "",))
@@ -253,7 +216,7 @@ class PostgresStore(ClosesOnExit):
             have,
             add_managed=sql.add_managed_sql,
             add_field=sql.add_field_sql,
-            managed=_MANAGED,
+            managed=MANAGED,
         )
 
     def _compiled(self, kind: EntityKind[Any]) -> Kind:
@@ -266,13 +229,7 @@ class PostgresStore(ClosesOnExit):
         Raises ``StoreError`` once the store is closed or when the server fails."""
         self._check_open()
         raws = self._db.read("catalog", lambda conn: conn.execute(sql.READ_KINDS).fetchall())
-        try:
-            return [
-                KindRecord(name, lifecycle, int(version), json.loads(declaration), float(at))
-                for name, lifecycle, version, declaration, at in raws
-            ]
-        except (TypeError, ValueError) as exc:
-            raise StoreError(f"{self._target}: unreadable kind catalog: {exc}") from exc
+        return kind_records(raws, self._target)
 
     def connection(self) -> Conn:
         """The calling thread's psycopg connection, for writing tables of the caller's own in
@@ -372,39 +329,19 @@ class PostgresStore(ClosesOnExit):
     def due_timers(
         self, kind: EntityKind[S], timer: Timer[S], *, now: float | None, limit: int
     ) -> list[Due[S]]:
-        """Rows in ``timer.source`` whose timer is due at ``now``: entered (the ``at`` of the
-        write that last set the row's state) at least the timer's duration ago -- fixed, or
-        the row's field, a NULL field meaning no timer; ``now`` None: every row with a timer.
-        Soonest due first, then by id; at most ``limit`` (TimerStore).  One range scan of the
-        timer's partial index, which ends at the first row not yet due: its cost does not
-        grow with the rows still waiting.  Inside :meth:`atomic` the rows returned are locked
-        until the block ends and rows another transaction holds are skipped (``FOR UPDATE
-        SKIP LOCKED``): several processes firing timers get disjoint rows; fire them there,
-        each under its fence.
-
-        Raises ``TypeError`` for a ``timer`` that is not a Timer, a ``limit`` not an int or a
-        ``now`` not a number; ``ValueError`` for a negative ``limit``, a NaN ``now`` or a
-        timer not of ``kind``'s lifecycle -- before any query; ``StoreError`` as any read."""
+        """Rows in ``timer.source`` due at ``now`` (None: every row with a timer), soonest due
+        first, then by id; at most ``limit`` (TimerStore).  One range scan of the timer's
+        partial index, ending at the first row not yet due.  Inside :meth:`atomic` the rows
+        returned are locked until the block ends and rows another transaction holds are
+        skipped (``FOR UPDATE SKIP LOCKED``): concurrent sweepers get disjoint rows; fire them
+        in the block, each under its fence.  Raises as :func:`~stores._postgres_rows.due_bound`
+        says before any query (``TypeError``/``ValueError``), ``StoreError`` as any read."""
         c = self._compiled(kind)
-        if not isinstance(timer, Timer):
-            raise TypeError(f"timer must be a Timer, not {type(timer).__name__}")
-        if not isinstance(limit, int) or isinstance(limit, bool):
-            raise TypeError(f"limit must be an int, not {type(limit).__name__}")
-        if limit < 0:
-            raise ValueError(f"limit must be a non-negative int, not {limit!r}")
-        if now is not None:
-            if not isinstance(now, int | float) or isinstance(now, bool):
-                raise TypeError(f"now must be a number or None, not {type(now).__name__}")
-            if math.isnan(now):
-                raise ValueError("now must be a number, not NaN")
-        lifecycle = kind.lifecycle
-        if not isinstance(timer.source, lifecycle.state_type) or timer not in lifecycle.timers:
-            raise ValueError(f"{timer!r} is not a timer of entity kind {kind.name!r}")
+        bound = due_bound(kind, timer, now, limit)
         lock = self._db.local.conn is not None
-        bound = math.inf if now is None else float(now)
         text, params = sql.due_sql(kind, timer, bound, limit, lock=lock)
         raws = self._db.read("due_timers", lambda conn: conn.execute(text, params).fetchall())
-        return [Due(c.row(raw, self._target), float(raw[-2]), float(raw[-1])) for raw in raws]
+        return [c.due(raw, self._target) for raw in raws]
 
     def _current(self, conn: Conn, c: Kind, entity_id: str) -> Row[Any] | None:
         raw = conn.execute(c.get_sql, (entity_id,)).fetchone()
