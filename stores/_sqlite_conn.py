@@ -178,6 +178,20 @@ class Connections:
         self.local.conn = conn
         return conn
 
+    def in_atomic(self) -> sqlite3.Connection:
+        """The calling thread's connection while it is inside ``atomic()``; ``StoreError``
+        outside one (nothing to join: a statement there would commit on its own) or once the
+        store is closed."""
+        conn = self.local.conn
+        if self.closed:
+            raise StoreError(f"{self.path}: the store is closed")
+        if self.local.depth == 0 or conn is None:
+            raise StoreError(
+                f"{self.path}: connection() is only valid inside a store.atomic() block "
+                "(its writes then commit or roll back with the store's)"
+            )
+        return conn
+
     @contextmanager
     def guard(self, what: str) -> Iterator[None]:
         """Translate driver errors into StoreError naming the path; let ours through."""

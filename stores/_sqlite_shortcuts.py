@@ -10,6 +10,9 @@ writes exactly what it would:
   the same shape with plain values binds them directly instead of planning again.  Of a row the
   store wrote last (:meth:`CompiledKind.remember`), such a call proves in its ``UPDATE`` that
   the row is still that one, and the row written is known without reading it back.
+* :func:`due_params`, :func:`catalog_row`, :func:`kind_records` -- the checked bound values of
+  a timer's due query and the catalog's rows in and out (plain checks and conversions, kept
+  here so that the store's module stays one method per operation).
 * :class:`Step`, :func:`distinct_runs`, :func:`pieces` -- a batch of moves or creations cut into
   runs of one shape on distinct entities, each run into a few multi-row statements whose texts
   repeat (and so stay in the driver's statement cache).
@@ -21,6 +24,8 @@ golden files.  Nothing here touches a connection either.
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
@@ -28,9 +33,11 @@ from typing import Any, TypeVar
 
 import stores._sqlite_sql as sql
 from statecore.batch import Move
+from statecore.catalog import declaration_json
 from statecore.entity import EntityKind
 from statecore.errors import StoreError
-from statecore.store import Audit, Row, TransitionPlan, Where, plan_transition
+from statecore.lifecycle import Timer
+from statecore.store import Audit, KindRecord, Row, TransitionPlan, Where, plan_transition
 from statecore.trusted import trusted_constructor
 
 __all__ = [
@@ -39,8 +46,11 @@ __all__ = [
     "FastUpdate",
     "Step",
     "audit_values",
+    "catalog_row",
     "distinct_runs",
+    "due_params",
     "fast_key",
+    "kind_records",
     "learn",
     "new_row",
     "pieces",
@@ -443,3 +453,53 @@ def pieces(run: list[_T]) -> list[list[_T]]:
         out.append(run[start : start + size])
         start += size
     return out
+
+
+def due_params(kind: EntityKind[Any], timer: object, now: object, limit: object) -> list[Any]:
+    """The bound values of ``stores._sqlite_sql.due_timers_sql`` for ``timer`` at ``now``
+    (None: unbounded), at most ``limit`` rows.  Raises ``TypeError`` for a ``timer`` not a
+    Timer, a ``limit`` not an int or a ``now`` not a number; ``ValueError`` for a negative
+    ``limit``, a NaN ``now`` or a timer not of ``kind``'s lifecycle."""
+    if not isinstance(timer, Timer):
+        raise TypeError(f"timer must be a Timer, not {type(timer).__name__}")
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        raise TypeError(f"limit must be an int, not {type(limit).__name__}")
+    if limit < 0:
+        raise ValueError(f"limit must be a non-negative int, not {limit!r}")
+    lifecycle = kind.lifecycle
+    if not isinstance(timer.source, lifecycle.state_type) or timer not in lifecycle.timers:
+        raise ValueError(f"{timer!r} is not a timer of entity kind {kind.name!r}")
+    if now is None:
+        return [limit]
+    if not isinstance(now, int | float) or isinstance(now, bool):
+        raise TypeError(f"now must be a number or None, not {type(now).__name__}")
+    if math.isnan(now):
+        raise ValueError("now must be a number, not NaN")
+    seconds = timer.seconds
+    if seconds is None:
+        return [now, limit]
+    # The index range: every entered time whose sum with the duration is <= now (rounded up,
+    # so that no float rounding drops one); the exact sum decides in the statement.
+    bound = now - seconds
+    if math.isfinite(bound):
+        bound += 4 * math.ulp(max(abs(now), abs(seconds), abs(bound)))
+    return [bound, now, limit]
+
+
+def catalog_row(kind: EntityKind[Any], at: float) -> tuple[str, str, int, str, float]:
+    """``kind``'s catalog row as ``stores._sqlite_upgrade_sql.KIND_UPSERT`` binds it: name,
+    lifecycle, version, declaration (deterministic JSON), registered at ``at``."""
+    declaration = json.dumps(declaration_json(kind), sort_keys=True, separators=(",", ":"))
+    return (kind.name, kind.lifecycle.name, kind.lifecycle.version, declaration, at)
+
+
+def kind_records(raws: Sequence[Sequence[Any]], path: str) -> list[KindRecord]:
+    """The catalog's rows as read (``stores._sqlite_upgrade_sql.KINDS_ALL``); ``StoreError`` naming
+    ``path`` for a row that is not one this store wrote."""
+    try:
+        return [
+            KindRecord(str(name), str(lc), int(version), json.loads(declaration), float(at))
+            for name, lc, version, declaration, at in raws
+        ]
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"{path}: unreadable kind catalog: {exc}") from exc

@@ -29,10 +29,6 @@ __all__ = [
     "AUDIT_CHAIN_DELETE",
     "AUDIT_COLUMNS",
     "AUDIT_TABLE",
-    "KINDS_ALL",
-    "KINDS_TABLE",
-    "KIND_DECLARATION",
-    "KIND_UPSERT",
     "MANAGED_COLUMNS",
     "BulkShape",
     "add_field_sql",
@@ -50,7 +46,6 @@ __all__ = [
     "index_sql",
     "insert_rows_sql",
     "insert_sql",
-    "kinds_schema_sql",
     "literal",
     "literals",
     "member_columns",
@@ -237,60 +232,22 @@ def index_sql(kind: EntityKind[Any]) -> list[str]:
 
 
 def timer_index_sql(kind: EntityKind[Any]) -> list[str]:
-    """The indexes ``kind``'s timers are found by, if absent (none for a kind without timers):
-    per source state of a fixed-duration timer, a partial index over the entered time
-    (``audit_at``, which every write sets) and id ``WHERE state = '<source>'``; per source and
-    field of a field timer, a partial expression index over ``audit_at + <field>`` and id.  A
-    sweep of due rows is then a range scan of the index that stops at the first row not yet
-    due (see :func:`due_timers_sql`)."""
+    """The indexes of ``kind``'s timers, if absent (none without timers): per source state a
+    partial index over the entered time and id ``WHERE state = '<source>'`` (for a field
+    timer over ``audit_at + <field>``), which :func:`due_timers_sql` scans as a range."""
     statements: dict[str, str] = {}
     for timer in kind.lifecycle.timers:
         source = str(timer.source.value)
-        name = f"{kind.table}_timer_{source}"
-        if timer.field is not None:
-            name += f"_{timer.field}"
-        statements.setdefault(
-            name,
+        name = f"{kind.table}_timer_{source}" + (f"_{timer.field}" if timer.field else "")
+        statements[name] = (
             f"CREATE INDEX IF NOT EXISTS {name} ON {kind.table}"
-            f"({_entered_plus(timer)}, {kind.id_field}) WHERE state = {literal(source)}",
+            f"({_entered_plus(timer)}, {kind.id_field}) WHERE state = {literal(source)}"
         )
     return list(statements.values())
 
 
 def _entered_plus(timer: Timer[Any]) -> str:
-    """What a timer's index is over: the entered time, or the entered time plus the field."""
     return "audit_at" if timer.field is None else f"audit_at + {timer.field}"
-
-
-def kinds_schema_sql() -> str:
-    """The catalog of the kinds registered with the file, if absent: one row per kind name,
-    its lifecycle's name and version, its declaration (JSON of
-    :func:`statecore.catalog.declaration_json`) and when it was last (re)declared."""
-    return (
-        f"CREATE TABLE IF NOT EXISTS {KINDS_TABLE} (name TEXT PRIMARY KEY, lifecycle TEXT, "
-        "version INTEGER, declaration TEXT, registered_at REAL)"
-    )
-
-
-KINDS_TABLE = "statecore_kinds"
-"""The catalog table (see :func:`kinds_schema_sql`)."""
-
-KIND_DECLARATION = f"SELECT declaration FROM {KINDS_TABLE} WHERE name = ?"
-"""A kind's recorded declaration (bound: its name; no row when never registered)."""
-
-KIND_UPSERT = (
-    f"INSERT INTO {KINDS_TABLE} (name, lifecycle, version, declaration, registered_at) "
-    "VALUES (?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET lifecycle = excluded.lifecycle, "
-    "version = excluded.version, declaration = excluded.declaration, "
-    "registered_at = excluded.registered_at"
-)
-"""Records a kind (bound: name, lifecycle, version, declaration, registered_at), replacing
-its earlier record."""
-
-KINDS_ALL = (
-    f"SELECT name, lifecycle, version, declaration, registered_at FROM {KINDS_TABLE} ORDER BY name"
-)
-"""Every recorded kind, by name."""
 
 
 # -- reads ------------------------------------------------------------------------------------
@@ -346,15 +303,10 @@ def history_sql(kind: EntityKind[Any]) -> str:
 
 
 def due_timers_sql(kind: EntityKind[Any], timer: Timer[Any], *, bounded: bool) -> str:
-    """The rows of ``timer``'s source state whose timer is due, soonest first, then by id:
-    the :func:`select_cols` columns, then the entered time and the due time.  A range scan of
-    the timer's index (see :func:`timer_index_sql`), stopping at the first row not yet due.
-
-    Bound, when ``bounded``: for a fixed duration the index bound (``now`` less the duration,
-    rounded up a little), ``now`` and the limit -- the bound finds the range, the exact
-    ``audit_at + duration <= now`` decides; for a field timer ``now`` and the limit.  When not
-    ``bounded`` (every row with a timer), only the limit.  A row whose field is NULL has no
-    timer (its sum is NULL)."""
+    """The due rows of ``timer``, soonest first, then by id: the :func:`select_cols`, the
+    entered and the due time.  Bound: the limit, after (when ``bounded``) ``now`` -- for a
+    fixed duration after the index bound too, ``now`` less the duration rounded up: it
+    finds the range, the exact ``audit_at + duration <= now`` decides.  A NULL field: none."""
     entered = _entered_plus(timer)
     source = literal(str(timer.source.value))
     if timer.field is None:

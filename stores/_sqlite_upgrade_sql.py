@@ -1,8 +1,11 @@
-"""The SQL that upgrades a SQLite file written by an older layout of the store (schema
-versions 1 and 2) to the current one (a version 3 file differs only by its creation
-triggers, which the store replaces as it does any trigger whose text is not the current
-one): part of the store's SQL seam (``stores._sqlite_sql``), kept apart because it runs once
-per file, and pinned by the same golden files.
+"""The SQL of the SQLite store's bookkeeping at open and at register(), never on a write's
+path: part of the store's SQL seam (``stores._sqlite_sql``), kept apart because it runs once
+per file or per registration, and pinned by the same golden files.
+
+* The catalog of the kinds registered with a file (:data:`KINDS_TABLE`).
+* The upgrade of a file written by an older layout of the store (schema versions 1 and 2) to
+  the current one (a version 3 file differs only by its creation triggers, which the store
+  replaces as it does any trigger whose text is not the current one).
 
 The current layout chains each entity's audit entries (the audit table has no secondary index)
 and declares partial indexes over membership columns (see
@@ -22,6 +25,11 @@ from stores._sqlite_sql import AUDIT_TABLE, literal, literals
 
 __all__ = [
     "AUDIT_HEADS",
+    "KINDS_ALL",
+    "KINDS_SCHEMA",
+    "KINDS_TABLE",
+    "KIND_DECLARATION",
+    "KIND_UPSERT",
     "OLD_PARTIAL_INDEXES",
     "TRIGGER_TEXT",
     "add_member_sql",
@@ -31,6 +39,29 @@ __all__ = [
     "entered_at_sql",
     "heads_sql",
 ]
+
+KINDS_TABLE = "statecore_kinds"
+"""The catalog of registered kinds: name, lifecycle, version, declaration (JSON of
+:func:`statecore.catalog.declaration_json`), when last (re)declared."""
+
+KINDS_SCHEMA = (
+    f"CREATE TABLE IF NOT EXISTS {KINDS_TABLE} (name TEXT PRIMARY KEY, lifecycle TEXT, "
+    "version INTEGER, declaration TEXT, registered_at REAL)"
+)
+KIND_DECLARATION = f"SELECT declaration FROM {KINDS_TABLE} WHERE name = ?"
+"""A kind's recorded declaration (bound: its name; no row when never registered)."""
+
+KIND_UPSERT = (
+    f"INSERT INTO {KINDS_TABLE} (name, lifecycle, version, declaration, registered_at) "
+    "VALUES (?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET lifecycle = excluded.lifecycle, "
+    "version = excluded.version, declaration = excluded.declaration, "
+    "registered_at = excluded.registered_at"
+)
+"""Records a kind, replacing its record (bound: the columns in :data:`KINDS_TABLE` order)."""
+
+KINDS_ALL = f"SELECT name, lifecycle, version, declaration, registered_at FROM {KINDS_TABLE}"
+KINDS_ALL += " ORDER BY name"
+
 
 AUDIT_HEADS = "statecore_audit_heads"
 """While a file written before the chains is being upgraded: each entity's latest entry, read

@@ -18,11 +18,8 @@
 * The speed shortcuts -- statement texts cached per kind and shape, transition shapes learned
   once and then bound directly, batches run as multi-row statements -- sit behind one seam,
   ``stores._sqlite_shortcuts``; each admits and writes exactly what the plain path would.
-* Timers (:meth:`SQLiteStore.due_timers`): a row's entered time is its ``audit_at``, which
-  every write sets; each timer of a kind has a partial index over it (for a field timer, over
-  it plus the field) ``WHERE state = '<source>'``, so a sweep reads the due rows only.  Kinds
-  without timers have no such index.  Every registered kind is recorded in the file's
-  ``statecore_kinds`` table (:meth:`SQLiteStore.catalog`), in register()'s transaction.
+* A timer's rows are found by a partial index over the entered time (``audit_at``, set by
+  every write) ``WHERE state = '<source>'``; registered kinds are kept in ``statecore_kinds``.
 * The schema is versioned (``PRAGMA user_version``, :data:`SCHEMA_VERSION`) and tables are
   migrated in place: columns a kind declares but an older table lacks are added with their
   defaults, a version 1 table gains the audit columns and triggers, its history kept, and a
@@ -33,8 +30,6 @@
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import sqlite3
 import time
@@ -53,7 +48,6 @@ from statecore.batch import (
     transition_each_sequentially,
 )
 from statecore.batching import routes_through_overrides, transition_many_one_by_one
-from statecore.catalog import declaration_json
 from statecore.entity import EntityKind
 from statecore.errors import StoreError
 from statecore.lifecycle import Timer
@@ -89,8 +83,11 @@ from stores._sqlite_shortcuts import (
     CompiledKind,
     Step,
     audit_values,
+    catalog_row,
     distinct_runs,
+    due_params,
     fast_key,
+    kind_records,
     new_row,
     pieces,
 )
@@ -166,7 +163,7 @@ class SQLiteStore(ClosesOnExit):
         with self.atomic():
             conn = self._db.conn()
             conn.execute(sql.audit_schema_sql())
-            conn.execute(sql.kinds_schema_sql())
+            conn.execute(upgrade.KINDS_SCHEMA)
             audit = {r[1] for r in conn.execute(sql.table_info_named_sql(sql.AUDIT_TABLE))}
             if "prev" not in audit:  # written before the chains: chain it, once
                 for statement in upgrade.audit_chain_sql():
@@ -190,29 +187,18 @@ class SQLiteStore(ClosesOnExit):
         self._db.close()
 
     def connection(self) -> sqlite3.Connection:
-        """The calling thread's ``sqlite3`` connection, for writing tables of the caller's own
-        in the same transaction as the store's writes: valid only inside :meth:`atomic` (what
-        the caller executes on it commits or rolls back with the block).  The caller must not
-        commit, roll back or close it, nor keep it past the block.  Raises ``StoreError``
-        outside an ``atomic()`` block, or once the store is closed."""
-        if self._db.closed:
-            raise StoreError(f"{self.path}: the store is closed")
-        local = self._db.local
-        if local.depth == 0 or local.conn is None:
-            raise StoreError(
-                f"{self.path}: connection() is only valid inside a store.atomic() block "
-                "(its writes then commit or roll back with the store's)"
-            )
-        return local.conn
+        """The calling thread's ``sqlite3`` connection inside :meth:`atomic`: what the caller
+        executes on it (its own tables) commits or rolls back with the block.  Do not commit,
+        roll back or close it, nor keep it past the block.  Raises ``StoreError`` outside an
+        ``atomic()`` block, or once the store is closed."""
+        return self._db.in_atomic()
 
     # -- schema -------------------------------------------------------------------------------
 
     def register(self, kind: EntityKind[Any]) -> None:
-        """Create ``kind``'s table and indexes (its timers' too, see
-        :meth:`due_timers`), or add the columns an older table lacks; and record the kind in
-        the file's catalog (see :meth:`catalog`), in the same transaction.  Raises
-        ``StoreError`` when another kind of that name is registered with this store, the
-        table is not one of ``kind``, or the file cannot be written."""
+        """Create ``kind``'s table and indexes (its timers' too), or add what an older table
+        lacks, and record the kind in the catalog, in one transaction.  Raises ``StoreError``
+        when another kind of that name is registered, or the table is not one of ``kind``."""
         if self._db.closed:
             raise StoreError(f"{self.path}: the store is closed")
         existing = self._kinds.get(kind.name)
@@ -255,31 +241,17 @@ class SQLiteStore(ClosesOnExit):
 
     def _record(self, conn: sqlite3.Connection, kind: EntityKind[Any]) -> None:
         """Record ``kind`` in the catalog unless it is recorded with this very declaration."""
-        declaration = json.dumps(declaration_json(kind), sort_keys=True, separators=(",", ":"))
-        stored = conn.execute(sql.KIND_DECLARATION, (kind.name,)).fetchone()
-        if stored is not None and stored[0] == declaration:
-            return
-        lifecycle = kind.lifecycle
-        conn.execute(
-            sql.KIND_UPSERT,
-            (kind.name, lifecycle.name, lifecycle.version, declaration, time.time()),
-        )
+        record = catalog_row(kind, time.time())
+        stored = conn.execute(upgrade.KIND_DECLARATION, (kind.name,)).fetchone()
+        if stored is None or stored[0] != record[3]:
+            conn.execute(upgrade.KIND_UPSERT, record)
 
     def catalog(self) -> list[KindRecord]:
         """Every kind registered with this file (by any process, ever), by name, as last
         declared: rebuild one with :func:`statecore.catalog.kind_from_declaration`.  Raises
         ``StoreError`` once the store is closed or when the file cannot be read."""
-        if self._db.closed:
-            raise StoreError(f"{self.path}: the store is closed")
         with self._db.guard("catalog"):
-            raws = self._db.conn().execute(sql.KINDS_ALL).fetchall()
-        try:
-            return [
-                KindRecord(name, lifecycle, int(version), json.loads(declaration), float(at))
-                for name, lifecycle, version, declaration, at in raws
-            ]
-        except (TypeError, ValueError) as exc:
-            raise StoreError(f"{self.path}: unreadable kind catalog: {exc}") from exc
+            return kind_records(self._db.conn().execute(upgrade.KINDS_ALL).fetchall(), self.path)
 
     def _heads(self, conn: sqlite3.Connection, kind: EntityKind[Any]) -> tuple[str, ...]:
         """The statements giving an upgraded table's rows their audit heads (none when the
@@ -374,42 +346,13 @@ class SQLiteStore(ClosesOnExit):
         write that last set the row's state) at least the timer's duration ago -- fixed, or
         the row's field, a NULL field meaning no timer; ``now`` None: every row with a timer.
         Soonest due first, then by id; at most ``limit``.  One range scan of the timer's
-        index, which ends at the first row not yet due: its cost does not grow with the rows
-        still waiting.  Inside :meth:`atomic` it reads that transaction's view (SQLite has one
-        writer at a time, so firing rows read there races no other process).
-
-        Raises ``TypeError`` for a ``timer`` that is not a Timer, a ``limit`` not an int or a
-        ``now`` not a number; ``ValueError`` for a negative ``limit``, a NaN ``now`` or a
-        timer not of ``kind``'s lifecycle -- before any query; ``StoreError`` as any read."""
+        index, ending at the first row not yet due.  Inside :meth:`atomic` it reads that
+        transaction's view (one writer at a time: no other process fires those rows).
+        Raises ``TypeError``/``ValueError`` for bad arguments before any query (see
+        ``stores._sqlite_shortcuts.due_params``), ``StoreError`` as any read."""
         c = self._compiled(kind)
-        if not isinstance(timer, Timer):
-            raise TypeError(f"timer must be a Timer, not {type(timer).__name__}")
-        if not isinstance(limit, int) or isinstance(limit, bool):
-            raise TypeError(f"limit must be an int, not {type(limit).__name__}")
-        if limit < 0:
-            raise ValueError(f"limit must be a non-negative int, not {limit!r}")
-        if now is not None:
-            if not isinstance(now, int | float) or isinstance(now, bool):
-                raise TypeError(f"now must be a number or None, not {type(now).__name__}")
-            if math.isnan(now):
-                raise ValueError("now must be a number, not NaN")
-        lifecycle = kind.lifecycle
-        if not isinstance(timer.source, lifecycle.state_type) or timer not in lifecycle.timers:
-            raise ValueError(f"{timer!r} is not a timer of entity kind {kind.name!r}")
+        params = due_params(kind, timer, now, limit)
         text = sql.due_timers_sql(kind, timer, bounded=now is not None)
-        params: list[Any]
-        if now is None:
-            params = [limit]
-        elif timer.seconds is None:
-            params = [now, limit]
-        else:
-            # The index range: every entered time whose sum with the duration is <= now
-            # (rounded up, so no float rounding drops one); the exact sum decides in SQL.
-            seconds = timer.seconds
-            bound = now - seconds
-            if math.isfinite(bound):
-                bound += 4 * math.ulp(max(abs(now), abs(seconds), abs(bound)))
-            params = [bound, now, limit]
         with self._db.guard("due_timers"):
             raws = self._db.conn().execute(text, params).fetchall()
         return [Due(c.row(raw, self.path), float(raw[-2]), float(raw[-1])) for raw in raws]
