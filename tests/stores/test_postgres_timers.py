@@ -35,6 +35,7 @@ from statecore.errors import StoreError
 from statecore.lifecycle import Lifecycle, Timer, Transition
 from statecore.obligation import OBLIGATION_KIND
 from statecore.store import Audit, Due
+from statecore.timers import Timers
 from stores import _postgres_sql as sql
 from stores.postgres import SCHEMA_VERSION, PostgresStore
 from stores.testing import TICKET_KIND, StoreFactory
@@ -421,6 +422,45 @@ def test_a_row_locked_by_a_firing_is_skipped_not_waited_for(pg: PostgresStore) -
     assert not thread.is_alive()
     assert errors == []
     assert [d.row.id for d in _due(pg, RING, 2_000.0)] == ["a2"]  # a1 left the state
+
+
+def test_two_timer_services_on_one_schema_fire_each_row_once(
+    postgres_url: str, pg: PostgresStore
+) -> None:
+    """Two Timers, each on a store of its own over the schema (two processes), running at once
+    in small batches: every due row is fired exactly once, by one of them, and neither loses a
+    race (a row the other holds is skipped, never written stale)."""
+    for n in range(40):
+        arm(pg, f"a{n:02}", 1_000.0 + n)
+    arm(pg, "later", 5_000.0)
+    barrier = threading.Barrier(2, timeout=JOIN_S)
+    results: dict[str, list[str]] = {}
+    lost: dict[str, int] = {}
+    errors: list[BaseException] = []
+
+    def service(name: str) -> None:
+        try:
+            with PostgresStore(postgres_url, schema=pg.schema, pool_size=2) as store:
+                timers = Timers(store, [ALARM_KIND], clock=FakeClock(2_000.0), batch=3)
+                barrier.wait()
+                results[name] = [f.entity_id for f in timers.run_due(now=2_000.0)]
+                lost[name] = timers.lost_races
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=service, args=(n,), daemon=True) for n in "ab"]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(JOIN_S)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    fired = results["a"] + results["b"]
+    assert sorted(fired) == [f"a{n:02}" for n in range(40)]
+    assert lost == {"a": 0, "b": 0}
+    assert [r.id for r in pg.select(ALARM_KIND, states=[AS.SET])] == ["later"]
+    (entry,) = pg.history(ALARM_KIND, "a00")[-1:]
+    assert (entry.event, entry.at, entry.reason) == ("ring", 2_000.0, RING.describe())
 
 
 # -- catalog --------------------------------------------------------------------------------------
