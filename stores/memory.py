@@ -325,6 +325,8 @@ class InMemoryStore(ClosesOnExit):
         if isinstance(entity_ids, str):
             raise TypeError("entity_ids must be a sequence of ids, not one str")
         ids = list(dict.fromkeys(entity_ids))
+        if not ids:  # the event, expect and changes are checked all the same
+            plan_transition(kind, "", event, expect=expect, changes=changes)
         plans = [
             plan_transition(kind, entity_id, event, expect=expect, changes=changes)
             for entity_id in ids

@@ -26,7 +26,7 @@ from stores.memory import InMemoryStore
 from stores.postgres import PostgresStore
 from stores.sqlite import SQLiteStore
 from stores.testing import StoreFactory
-from stores.testing.lifecycle import LifecycleStores, lifecycle_tests
+from stores.testing.lifecycle import LifecycleStores, lifecycle_machine, lifecycle_tests
 
 
 class Parcel(StrEnum):
@@ -218,3 +218,25 @@ def test_every_declared_transition_is_a_test_of_its_own() -> None:
     assert ids(parcel, "test_removal") == ["delivered-forget", "returned-forget"]
     assert ids(parcel, "test_timer") == ["waiting-dispatch", "held-give_up"]
     assert not hasattr(lifecycle_tests("owner"), "test_timer")
+
+
+def test_the_hypothesis_machine_finds_the_stores_agreeing(tmp_path: Path) -> None:
+    """lifecycle_machine: the timed kind on SQLite against memory, Hypothesis choosing the
+    steps (a few short examples), agrees; against a store whose histories differ it fails."""
+    from hypothesis import HealthCheck, Phase, settings  # noqa: PLC0415
+    from hypothesis.stateful import run_state_machine_as_test  # noqa: PLC0415
+
+    paths = (tmp_path / f"machine-{n}.sqlite3" for n in itertools.count())
+    quick = settings(
+        max_examples=6,
+        stateful_step_count=12,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+        phases=(Phase.explicit, Phase.generate),  # a failure is not shrunk: the test is short
+    )
+    machine = lifecycle_machine(PARCEL_KIND, lambda: SQLiteStore(next(paths)))
+    run_state_machine_as_test(machine, settings=quick)
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(lifecycle_machine(PARCEL_KIND, _LateAudit), settings=quick)
