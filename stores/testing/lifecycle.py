@@ -14,17 +14,21 @@ store's tests subclass with a ``store`` factory fixture, exactly as for
             paths = (tmp_path / f"store-{n}.db" for n in itertools.count())
             return lambda: MyStore(next(paths))
 
-Each declared move is a test of its own (``test_move[held-resume]``): the entity is created,
-walked to the move's source by a shortest path of declared moves, and the move fired -- first
-with a stale fence (refused, nothing changed), then with the current one (the target, fence +
-1, one audit entry).  Every refused event of every state, every removal from every terminal
-state (and its refusal elsewhere), the audit history of a long walk and every timer (fired by
-:class:`~statecore.timers.Timers` on a :class:`~statecore.FakeClock`) are tested the same way,
-and ``test_compare_stores`` applies one seeded random walk of creations, moves, refusals,
-removals and timers to the store and to a second one (the ``other_store`` factory fixture, an
-:class:`~stores.memory.InMemoryStore` unless overridden), comparing rows, errors and histories
-after every step.  With Hypothesis installed, :func:`lifecycle_machine` offers the same
-comparison as a ``RuleBasedStateMachine`` (Hypothesis is imported only when it is called).
+Every declared transition is a test of its own: each creation (``test_creation[record]``),
+each move from each of its sources (``test_move[held-resume]``: the entity is created, walked
+to the source by a shortest path of declared moves, and the move fired -- first with a stale
+fence, refused with nothing changed, then with the current one: the target, fence + 1, one
+audit entry), each removal from each terminal state (``test_removal[done-purge]``) and each
+timer (``test_timer[held-expire]``, fired by :class:`~statecore.timers.Timers` on a
+:class:`~statecore.FakeClock`: not due a moment before, fired a moment after).  One test per
+kind each checks every refused (state, event) pair (``test_refused``: InvalidTransition,
+nothing changed), every removal's refusal outside its states (``test_removal_refused``), the
+audit history of seeded walks (``test_audit``) and, in ``test_compare_stores``, seeded random
+walks of creations, moves, refusals, bulk moves, removals and timer rounds applied to the store
+and to a second one (the ``other_store`` factory fixture, an
+:class:`~stores.memory.InMemoryStore` unless overridden), comparing results, errors, rows and
+histories after every step.  With Hypothesis installed, :func:`lifecycle_machine` offers the
+same comparison as a ``RuleBasedStateMachine`` (Hypothesis is imported only when it is called).
 
 Creation values come from ``values(n)`` (``n`` counts the entities of a test from 0) when
 given, else they are generated from the fields: defaults, None for nullable fields, a value of
