@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 from websockets.asyncio.client import ClientConnection, connect
 
 from relay.web._dashboard_kinds import VALUE_CHARS, CatalogView, builtin_kinds
@@ -24,6 +28,7 @@ from statecore.store import Audit
 from stores import SQLiteStore
 from stores.memory import InMemoryStore
 from stores.testing.timers import ALARM_KIND
+from tests.relay.web.browser import console_errors
 
 BOUND_S = 10.0
 T0 = 1_700_000_000.0
@@ -190,3 +195,50 @@ def test_a_kind_a_store_holds_as_another_object_is_listed_unreadable() -> None:
     alarm = of(CatalogView(store).counts(T0), "kit_alarm")
     assert (alarm["readable"], alarm["counts"], alarm["timers"]) == (False, None, [])
     assert alarm["svg"].startswith("<svg")
+
+
+def test_the_page_draws_a_cataloged_kind_and_browses_its_rows(browser: Any, tmp_path: Path) -> None:
+    """In the browser: the alarm kind drawn with its counts and timers; its rows on a click,
+    then one row's history."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def call(work: Any) -> Any:
+        future: Future[Any] = asyncio.run_coroutine_threadsafe(work, loop)
+        return future.result(BOUND_S)
+
+    def wait(check: Callable[[Any], Any], what: str) -> Any:
+        return WebDriverWait(browser, BOUND_S, poll_frequency=0.05).until(check, what)
+
+    stack = running(tmp_path)
+    try:
+        _store, _ledger, url = call(stack.__aenter__())
+        browser.get(url.replace("ws", "http", 1).removesuffix("ws"))
+        figure = '#kinds figure[data-kind="kit_alarm"]'
+        wait(
+            lambda d: d.find_elements(By.CSS_SELECTOR, f'{figure} td[data-state="set"]'),
+            "the alarm kind's counts",
+        )
+        counted = browser.find_element(By.CSS_SELECTOR, f'{figure} td[data-state="snoozed"]')
+        assert counted.text == "1"
+        timer = browser.find_element(By.CSS_SELECTOR, f'{figure} tr[data-timer="ring"]')
+        assert timer.text.split()[:6] == ["ring", "set", "rung", "30", "s", "2"]
+        browser.find_element(By.CSS_SELECTOR, f"{figure} button[data-kind]").click()
+        wait(
+            lambda d: d.find_elements(By.CSS_SELECTOR, '#kind-rows tr[data-id="a3"]'),
+            "the rows",
+        )
+        assert browser.find_element(By.ID, "kind-total").text == "3 of 3 shown"
+        browser.find_element(By.CSS_SELECTOR, '#kind-rows tr[data-id="a3"]').click()
+        wait(
+            lambda d: len(d.find_elements(By.CSS_SELECTOR, "#kind-history tbody tr")) == 2,
+            "the row's history",
+        )
+        assert browser.find_element(By.ID, "kind-row-state").text == "snoozed"
+        assert console_errors(browser) == []
+    finally:
+        call(stack.__aexit__(None, None, None))
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(BOUND_S)
+        loop.close()
