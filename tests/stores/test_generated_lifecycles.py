@@ -127,6 +127,8 @@ def test_every_shipped_kind_is_tested() -> None:
     """The kernel's kinds and those the installed packages declare each got their tests."""
     names = {k.name for k in KINDS}
     assert {"obligation", "owner", "parcel"} <= names
+    # the statecore.kinds entry points of this package: the chat runtime's and the relay's
+    assert {"session", "delegation", "buffer_entry", "driver_note"} <= names
     for kind in KINDS:
         assert f"Test{_camel(kind.name)}OnPostgres" in globals()
 
