@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import stores._sqlite_pragmas as pragmas
-from statecore.errors import StatecoreError, StoreError
+from statecore.errors import StaleVersion, StatecoreError, StoreError
+from stores._sqlite_upgrade_sql import KIND_RECORD, STALE_MARK
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
@@ -142,6 +143,17 @@ class Connections:
         self.closed = False
         self._lock = threading.Lock()
         self._connections: list[sqlite3.Connection] = []
+        # Lifecycle name -> the version this process registered (named by a refusal).
+        self.versions: dict[str, int] = {}
+
+    def catalog_version(self, name: str) -> int | None:
+        """The version the catalog records for kind ``name`` now (None: not recorded, or
+        unreadable -- only an error's message depends on it)."""
+        try:
+            raw = self.conn().execute(KIND_RECORD, (name,)).fetchone()
+        except (sqlite3.Error, StoreError):
+            return None
+        return None if raw is None else int(raw[2])
 
     def conn(self) -> sqlite3.Connection:
         """The calling thread's connection (opened now if it has none); ``StoreError`` once the
@@ -203,8 +215,14 @@ class Connections:
             raise self.error(exc, what) from exc
 
     def error(self, exc: BaseException, what: str) -> StoreError:
-        """The StoreError for a driver failure during ``what`` (chain it with ``from``)."""
+        """The StoreError for a driver failure during ``what`` (chain it with ``from``): a
+        version trigger's refusal (see ``stores._sqlite_upgrade_sql.version_trigger_sql``) is a
+        :class:`~statecore.errors.StaleVersion`."""
         message = str(exc)
+        if message.startswith(STALE_MARK):
+            name, _, stored = message[len(STALE_MARK) :].rpartition("@")
+            ours = self.versions.get(name, 1)
+            return StaleVersion(name, ours, int(stored), f"{self.path}: {what} refused")
         if "not a database" in message or "malformed" in message:
             return StoreError(f"{self.path}: not a usable SQLite database ({message})")
         if "locked" in message or "busy" in message:

@@ -35,9 +35,17 @@ import stores._sqlite_sql as sql
 from statecore.batch import Move
 from statecore.catalog import declaration_json
 from statecore.entity import EntityKind
-from statecore.errors import StoreError
+from statecore.errors import StaleVersion, StoreError
 from statecore.lifecycle import Timer
-from statecore.store import Audit, KindRecord, Row, TransitionPlan, Where, plan_transition
+from statecore.store import (
+    Audit,
+    KindRecord,
+    Row,
+    TransitionPlan,
+    TransitionRecord,
+    Where,
+    plan_transition,
+)
 from statecore.trusted import trusted_constructor
 
 __all__ = [
@@ -86,12 +94,17 @@ class CompiledKind:
         "select_cols",
         "state_values",
         "states",
+        "stored_version",
         "texts",
         "values",
     )
 
-    def __init__(self, kind: EntityKind[Any]) -> None:
+    def __init__(
+        self, kind: EntityKind[Any], stored_version: Callable[[], int | None] = lambda: None
+    ) -> None:
         self.kind = kind
+        # The version the store's catalog holds now (read only when a value is not a state).
+        self.stored_version = stored_version
         self.columns = tuple(f.name for f in kind.fields)
         self.select_cols = sql.select_cols(kind)
         self.states: dict[str, Enum] = {s.value: s for s in kind.lifecycle.states}
@@ -184,14 +197,59 @@ class CompiledKind:
 
     def row(self, raw: Sequence[Any], path: str) -> Row[Any]:
         """The Row a statement read or returned (a transition's trailing prev_state ignored);
-        raises ``StoreError`` naming ``path`` for a state this kind does not declare."""
+        raises :class:`~statecore.errors.StaleVersion` for a state this kind does not declare
+        when the store holds another version of its lifecycle, else ``StoreError`` naming
+        ``path``."""
         try:
             state = self.states[raw[1]]
         except KeyError:
-            raise StoreError(
-                f"{path}: {self.kind.name} {raw[0]!r} has unknown state {raw[1]!r}"
-            ) from None
+            raise self.unknown(raw[0], raw[1], path) from None
         return new_row(raw[0], state, raw[2], self.values(raw))
+
+    def unknown(self, entity_id: str, value: object, path: str) -> StoreError:
+        """The error for a stored state value this kind's lifecycle does not know."""
+        lifecycle, what = self.kind.lifecycle, f"{path}: {self.kind.name} {entity_id!r}"
+        stored = self.stored_version()
+        if stored is not None and stored != lifecycle.version:
+            detail = f"{what} is in state {value!r}"
+            return StaleVersion(lifecycle.name, lifecycle.version, stored, detail)
+        return StoreError(f"{what} has unknown state {value!r}")
+
+    def records(
+        self, entity_id: str, raws: Sequence[Sequence[Any]], path: str
+    ) -> list[TransitionRecord]:
+        """An entity's audit entries as read (``history_sql``); a value that is not a state of
+        this version (an entry written before a migration) decodes through
+        ``Lifecycle.decode``, else raises as :meth:`unknown`."""
+        states = self.states
+        try:
+            return [
+                TransitionRecord(
+                    entity_id,
+                    event,
+                    None if source is None else states[source],
+                    states[target],
+                    at,
+                    owner,
+                    attempts,
+                    reason,
+                )
+                for event, source, target, at, owner, attempts, reason in raws
+            ]
+        except KeyError:
+            pass
+
+        def decode(value: str) -> Enum:
+            state = states.get(value)
+            try:
+                return state if state is not None else self.kind.lifecycle.decode(value)
+            except ValueError:
+                raise self.unknown(entity_id, value, path) from None
+
+        return [
+            TransitionRecord(entity_id, e, None if s is None else decode(s), decode(t), *rest)
+            for e, s, t, *rest in raws
+        ]
 
 
 def _values_decoder(kind: EntityKind[Any]) -> Callable[[Sequence[Any]], dict[str, Any]]:

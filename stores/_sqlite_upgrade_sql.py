@@ -17,20 +17,24 @@ when its kind is registered, every history kept.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
 from statecore.entity import EntityKind
-from stores._sqlite_sql import AUDIT_TABLE, literal, literals
+from stores._sqlite_sql import AUDIT_TABLE, literal, literals, member_columns
 
 __all__ = [
     "AUDIT_HEADS",
+    "AUDIT_LAST",
     "KINDS_ALL",
     "KINDS_SCHEMA",
     "KINDS_TABLE",
     "KIND_DECLARATION",
+    "KIND_RECORD",
     "KIND_UPSERT",
     "OLD_PARTIAL_INDEXES",
+    "STALE_MARK",
     "TRIGGER_TEXT",
     "add_member_sql",
     "audit_chain_sql",
@@ -38,6 +42,9 @@ __all__ = [
     "drop_trigger_sql",
     "entered_at_sql",
     "heads_sql",
+    "migrate_sql",
+    "states_sql",
+    "version_trigger_sql",
 ]
 
 KINDS_TABLE = "statecore_kinds"
@@ -48,6 +55,11 @@ KINDS_SCHEMA = (
     f"CREATE TABLE IF NOT EXISTS {KINDS_TABLE} (name TEXT PRIMARY KEY, lifecycle TEXT, "
     "version INTEGER, declaration TEXT, registered_at REAL)"
 )
+KIND_RECORD = (
+    f"SELECT name, lifecycle, version, declaration, registered_at FROM {KINDS_TABLE} WHERE name = ?"
+)
+"""A kind's catalog row (bound: its name; no row when never registered)."""
+
 KIND_DECLARATION = f"SELECT declaration FROM {KINDS_TABLE} WHERE name = ?"
 """A kind's recorded declaration (bound: its name; no row when never registered)."""
 
@@ -138,3 +150,69 @@ def drop_trigger_sql(name: str) -> str:
     """Drops a trigger of an older layout (a name from
     :func:`stores._sqlite_sql.audit_trigger_sql`), to be created again as it is now."""
     return f"DROP TRIGGER IF EXISTS {name}"
+
+
+# -- versioned lifecycles (see stores._versions) -----------------------------------------------
+
+STALE_MARK = "statecore: stale lifecycle "
+"""How a version trigger's refusal begins (then ``<lifecycle>@<version>``): the store reads
+it back as :class:`~statecore.errors.StaleVersion` (see ``stores._sqlite_conn``)."""
+
+AUDIT_LAST = f"SELECT COALESCE(MAX(seq), 0) FROM {AUDIT_TABLE}"
+"""The audit table's last seq (0 when empty): entries after it were written since."""
+
+
+def states_sql(kind: EntityKind[Any]) -> str:
+    """The distinct states ``kind``'s rows are in (persisted values)."""
+    return f"SELECT DISTINCT state FROM {kind.table}"
+
+
+def migrate_sql(
+    kind: EntityKind[Any], moves: Mapping[str, Enum], reasons: Mapping[str, str]
+) -> tuple[str, str]:
+    """The two statements migrating ``kind``'s rows: every row in an old state (a key of
+    ``moves``) moves to its new state, its fence + 1, its membership columns set for the new
+    state and its audit columns to a migration's (bound: event, at, owner; the reason per old
+    state from ``reasons``) -- the table's trigger appends each row's audit entry and chains
+    it.  The second gives each moved row back its entered time (the ``at`` of the entry before
+    the migration's; bound: the audit table's last seq before the first statement)."""
+    olds = sorted(moves)
+    new = " ".join(f"WHEN {literal(o)} THEN {literal(moves[o].value)}" for o in olds)
+    why = " ".join(f"WHEN {literal(o)} THEN {literal(reasons[o])}" for o in olds)
+    sets = [f"state = CASE state {new} END", "fence = fence + 1", "prev_state = state"]
+    for states, column in member_columns(kind).items():
+        inside = [literal(o) for o in olds if moves[o] in states]
+        sets.append(
+            f"{column} = CASE WHEN state IN ({', '.join(inside)}) THEN 1 END"
+            if inside
+            else f"{column} = NULL"
+        )
+    sets += ["audit_event = ?", "audit_at = ?", "audit_owner = ?", "audit_attempts = NULL"]
+    sets.append(f"audit_reason = CASE state {why} END")
+    table = kind.table
+    targets = literals(set(moves.values()))
+    return (
+        f"UPDATE {table} SET {', '.join(sets)} WHERE state IN ({', '.join(map(literal, olds))})",
+        f"UPDATE {table} SET audit_at = COALESCE((SELECT p.at FROM {AUDIT_TABLE} AS m "
+        f"JOIN {AUDIT_TABLE} AS p ON p.seq = m.prev WHERE m.seq = {table}.audit_head), audit_at) "
+        f"WHERE audit_head > ? AND state IN ({targets})",
+    )
+
+
+def version_trigger_sql(kind: EntityKind[Any]) -> tuple[tuple[str, str], ...]:
+    """The triggers refusing a write of a state ``kind``'s lifecycle does not declare (a
+    process still on an older version), as (name, ``CREATE TRIGGER`` text): none for a
+    version 1 lifecycle, which therefore pays nothing."""
+    lifecycle = kind.lifecycle
+    if lifecycle.version < 2:
+        return ()
+    table, states = kind.table, literals(lifecycle.states)
+    refusal = literal(f"{STALE_MARK}{lifecycle.name}@{lifecycle.version}")
+    return tuple(
+        (
+            f"{table}_version_{name}",
+            f"CREATE TRIGGER {table}_version_{name} BEFORE {event} ON {table} "
+            f"WHEN NEW.state NOT IN ({states}) BEGIN SELECT RAISE(ABORT, {refusal}); END",
+        )
+        for name, event in (("insert", "INSERT"), ("update", "UPDATE OF state"))
+    )

@@ -20,6 +20,8 @@
   ``stores._sqlite_shortcuts``; each admits and writes exactly what the plain path would.
 * A timer's rows are found by a partial index over the entered time (``audit_at``, set by
   every write) ``WHERE state = '<source>'``; registered kinds are kept in ``statecore_kinds``.
+* A lifecycle's newer version migrates the rows when registered (``stores._versions``); one of
+  version >= 2 gets triggers refusing the states it does not declare (an older process).
 * The schema is versioned (``PRAGMA user_version``, :data:`SCHEMA_VERSION`) and tables are
   migrated in place: columns a kind declares but an older table lacks are added with their
   defaults, a version 1 table gains the audit columns and triggers, its history kept, and a
@@ -40,6 +42,7 @@ from typing import Any, Literal, TypeVar
 import stores._sqlite_pragmas as pragmas
 import stores._sqlite_sql as sql
 import stores._sqlite_upgrade_sql as upgrade
+import stores._versions as versions
 from statecore.batch import (
     REFUSALS,
     Creation,
@@ -121,10 +124,9 @@ class SQLiteStore(ClosesOnExit):
     ``ValueError`` (``TypeError`` if not an int), before anything is opened.  Safe to share
     between threads; each thread gets its own connection, all closed by :meth:`close`.
 
-    SQLiteStore is long because it is the whole Store and BatchStore protocol for one file, one
-    method per operation; everything else lives beside it: statement text in
-    ``stores._sqlite_sql``, speed shortcuts in ``stores._sqlite_shortcuts``, connections and
-    transactions in ``stores._sqlite_conn``.
+    SQLiteStore is the whole Store and BatchStore protocol for one file, one method each;
+    statement text is in ``stores._sqlite_sql``, speed shortcuts in ``stores._sqlite_shortcuts``,
+    connections in ``stores._sqlite_conn``.
     """
 
     def __init__(
@@ -197,8 +199,12 @@ class SQLiteStore(ClosesOnExit):
 
     def register(self, kind: EntityKind[Any]) -> None:
         """Create ``kind``'s table and indexes (its timers' too), or add what an older table
-        lacks, and record the kind in the catalog, in one transaction.  Raises ``StoreError``
-        when another kind of that name is registered, or the table is not one of ``kind``."""
+        lacks; migrate its rows when the catalog holds an older version of its lifecycle (see
+        ``stores._sqlite_upgrade_sql.migrate_sql``: fence + 1, one ``migrate`` entry each, the
+        entered time kept; states are read only when the versions differ); record the kind in
+        the catalog.  One transaction.  Raises ``StaleVersion`` (a newer version is recorded)
+        or ``MigrationError`` (states nothing maps) with nothing written, ``StoreError`` when
+        another kind of that name is registered, or the table is not one of ``kind``."""
         if self._db.closed:
             raise StoreError(f"{self.path}: the store is closed")
         existing = self._kinds.get(kind.name)
@@ -209,6 +215,11 @@ class SQLiteStore(ClosesOnExit):
         with Txn(self._db, f"register {kind.name}"):
             conn = self._db.conn()
             have = {r[1] for r in conn.execute(sql.table_info_sql(kind))}
+            raw = conn.execute(upgrade.KIND_RECORD, (kind.name,)).fetchone()
+            stored = None if raw is None else kind_records([raw], self.path)[0]
+            same = (1 if stored is None else stored.version) == kind.lifecycle.version
+            present = () if same or not have else conn.execute(upgrade.states_sql(kind))
+            plan = versions.plan_versions(kind, stored, (value for (value,) in present))
             if not have:
                 conn.execute(sql.create_table_sql(kind))
             else:
@@ -220,31 +231,34 @@ class SQLiteStore(ClosesOnExit):
                             conn.execute(statement)
                 if "audit_head" not in have:  # written before the chains
                     old = conn.execute(upgrade.OLD_PARTIAL_INDEXES, (kind.table,)).fetchall()
-                    for statement in (
-                        *(upgrade.drop_index_sql(name) for (name,) in old),
-                        *self._heads(conn, kind),
-                    ):
+                    # Heads noted at open (none noted: the audit table had no entries).
+                    noted = conn.execute(sql.table_info_named_sql(upgrade.AUDIT_HEADS)).fetchone()
+                    heads = () if noted is None else upgrade.heads_sql(kind)
+                    for statement in (*(upgrade.drop_index_sql(n) for (n,) in old), *heads):
                         conn.execute(statement)
                 if "audit_at" not in have:  # written before the audit columns
                     conn.execute(upgrade.entered_at_sql(kind))
-            for name, text in sql.audit_trigger_sql(kind):
+            for name, text in (*sql.audit_trigger_sql(kind), *upgrade.version_trigger_sql(kind)):
                 # An older layout's trigger of this name is replaced (one transaction: no
                 # write can come between the drop and the create).
-                stored = conn.execute(upgrade.TRIGGER_TEXT, (name,)).fetchone()
-                if stored is None or stored[0] != text:
+                was = conn.execute(upgrade.TRIGGER_TEXT, (name,)).fetchone()
+                if was is None or was[0] != text:
                     conn.execute(upgrade.drop_trigger_sql(name))
                     conn.execute(text)
             for statement in (*sql.index_sql(kind), *sql.timer_index_sql(kind)):
                 conn.execute(statement)
-            self._record(conn, kind)
-        self._kinds[kind.name] = CompiledKind(kind)
-
-    def _record(self, conn: sqlite3.Connection, kind: EntityKind[Any]) -> None:
-        """Record ``kind`` in the catalog unless it is recorded with this very declaration."""
-        record = catalog_row(kind, time.time())
-        stored = conn.execute(upgrade.KIND_DECLARATION, (kind.name,)).fetchone()
-        if stored is None or stored[0] != record[3]:
-            conn.execute(upgrade.KIND_UPSERT, record)
+            now = time.time()
+            if plan.moves:  # rows of old states move (see upgrade.migrate_sql)
+                last = conn.execute(upgrade.AUDIT_LAST).fetchone()[0]
+                why = {old: versions.migration_reason(kind, plan, old) for old in plan.moves}
+                move, keep = upgrade.migrate_sql(kind, plan.moves, why)
+                conn.execute(move, (versions.MIGRATE_EVENT, now, versions.MIGRATION_OWNER))
+                conn.execute(keep, (last,))
+            record = catalog_row(kind, now)
+            if raw is None or raw[3] != record[3]:  # not recorded with this very declaration
+                conn.execute(upgrade.KIND_UPSERT, record)
+        self._db.versions[kind.lifecycle.name] = kind.lifecycle.version
+        self._kinds[kind.name] = CompiledKind(kind, lambda: self._db.catalog_version(kind.name))
 
     def catalog(self) -> list[KindRecord]:
         """Every kind registered with this file (by any process, ever), by name, as last
@@ -252,12 +266,6 @@ class SQLiteStore(ClosesOnExit):
         ``StoreError`` once the store is closed or when the file cannot be read."""
         with self._db.guard("catalog"):
             return kind_records(self._db.conn().execute(upgrade.KINDS_ALL).fetchall(), self.path)
-
-    def _heads(self, conn: sqlite3.Connection, kind: EntityKind[Any]) -> tuple[str, ...]:
-        """The statements giving an upgraded table's rows their audit heads (none when the
-        file's audit table was chained without a note of heads: it had no entries)."""
-        noted = conn.execute(sql.table_info_named_sql(upgrade.AUDIT_HEADS)).fetchone()
-        return upgrade.heads_sql(kind) if noted is not None else ()
 
     def _migration(self, kind: EntityKind[Any], have: set[str]) -> list[str]:
         return migration(
@@ -321,23 +329,12 @@ class SQLiteStore(ClosesOnExit):
             return int(self._db.conn().execute(text, params).fetchone()[0])
 
     def history(self, kind: EntityKind[S], entity_id: str) -> list[TransitionRecord]:
-        """The entity's audit entries, oldest first."""
+        """The entity's audit entries, oldest first (an entry of an older version's state
+        decoded through the lifecycle's migrations)."""
         c = self._compiled(kind)
         with self._db.guard("history"):
             raws = self._db.conn().execute(c.history_sql, (entity_id, kind.name)).fetchall()
-        return [
-            TransitionRecord(
-                entity_id,
-                event,
-                None if source is None else c.states[source],
-                c.states[target],
-                at,
-                owner,
-                attempts,
-                reason,
-            )
-            for event, source, target, at, owner, attempts, reason in raws
-        ]
+        return c.records(entity_id, raws, self.path)
 
     def due_timers(
         self, kind: EntityKind[S], timer: Timer[S], *, now: float | None, limit: int
