@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,7 +34,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 import stores._postgres_sql as sql
 from statecore.claims import NoTransaction
-from statecore.errors import StatecoreError, StoreError
+from statecore.errors import StaleVersion, StatecoreError, StoreError
 
 __all__ = ["RETRIES", "Connections", "Target", "Txn", "open_schema"]
 
@@ -42,6 +43,8 @@ T = TypeVar("T")
 RETRIES = 5
 """Attempts of one call's transaction when the server aborts it as a serialization failure or a
 deadlock victim (the first included)."""
+_CHECKED = re.compile(r"statecore_states_v(\d+)")
+"""The name of a kind's version constraint (``stores._postgres_versions.CONSTRAINT``)."""
 _RETRYABLE = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
 
 
@@ -139,6 +142,7 @@ class Connections:
         self.timeout_s = timeout_s
         self.closed = False
         self.local = _Local()
+        self.versions: dict[str, tuple[str, int]] = {}  # table -> lifecycle name, our version
         self.pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             target.conninfo,
             kwargs=kwargs,
@@ -162,12 +166,30 @@ class Connections:
                 f"(server unreachable, or all {self.pool.max_size} connections in use)"
             )
         detail = self.target.scrub(str(exc).strip() or type(exc).__name__)
+        if isinstance(exc, psycopg.errors.CheckViolation):
+            refused = self._refused(exc, what)
+            if refused is not None:
+                return refused
         if isinstance(exc, _RETRYABLE):
             return StoreError(
                 f"{self.target}: {what} aborted by the server ({detail}); "
                 "nothing of the transaction was kept: run it again"
             )
         return StoreError(f"{self.target}: {what} failed: {detail}")
+
+    def _refused(self, exc: psycopg.errors.CheckViolation, what: str) -> StoreError | None:
+        """A write refused by a kind's version constraint (stores._postgres_versions): this
+        process runs an older declaration (``StaleVersion``) or another one of that version."""
+        found = _CHECKED.fullmatch(exc.diag.constraint_name or "")
+        table = exc.diag.table_name or ""
+        if found is None:
+            return None
+        stored = int(found.group(1))
+        lifecycle, ours = self.versions.get(table, ("of table " + table, 0))
+        detail = f"{what} set a state version {stored} does not declare; nothing was written"
+        if ours < stored:
+            return StaleVersion(lifecycle, ours, stored, f"{self.target}: {detail}")
+        return StoreError(f"{self.target}: lifecycle {lifecycle!r}: {detail}")
 
     @contextmanager
     def guard(self, what: str) -> Iterator[None]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Any
 
@@ -18,7 +18,7 @@ import stores._postgres_sql as sql
 from statecore.batch import Creation
 from statecore.catalog import declaration_json
 from statecore.entity import EntityKind
-from statecore.errors import StoreError
+from statecore.errors import StaleVersion, StoreError
 from statecore.lifecycle import Timer
 from statecore.store import Audit, Due, KindRecord, Row
 from stores._postgres_conn import Target
@@ -51,8 +51,11 @@ def audit_row(
 class Kind:
     """One registered kind's statement texts and row decoder."""
 
-    def __init__(self, kind: EntityKind[Any]) -> None:
+    def __init__(
+        self, kind: EntityKind[Any], stored: Callable[[], int | None] | None = None
+    ) -> None:
         self.kind = kind
+        self.stored = stored  # the catalog's version of the kind, read when a state is unknown
         self.columns = tuple(f.name for f in kind.fields)
         self.states: dict[str, Enum] = {s.value: s for s in kind.lifecycle.states}
         self.get_sql = sql.get_sql(kind)
@@ -71,10 +74,32 @@ class Kind:
         try:
             state = self.states[raw[1]]
         except KeyError:
-            raise StoreError(
-                f"{where}: {self.kind.name} {raw[0]!r} has unknown state {raw[1]!r}"
-            ) from None
+            raise self.unknown(raw[0], raw[1], where) from None
         return Row(raw[0], state, raw[2], dict(zip(self.columns, raw[3:], strict=False)))
+
+    def decode(self, entity_id: str, value: str, where: Target) -> Enum:
+        """The state an audit entry's persisted ``value`` names (the slow path, for a value not
+        of this version: through the lifecycle's migrations).  Raises as :meth:`unknown`."""
+        try:
+            state: Enum = self.kind.lifecycle.decode(value)
+            return state
+        except ValueError:
+            raise self.unknown(entity_id, value, where) from None
+
+    def unknown(self, entity_id: str, value: object, where: Target) -> StoreError:
+        """The error for a stored state this version does not know: ``StaleVersion`` when the
+        catalog records a newer version of the lifecycle, else ``StoreError``."""
+        lifecycle = self.kind.lifecycle
+        stored = None if self.stored is None else self.stored()
+        if stored is not None and stored > lifecycle.version:
+            return StaleVersion(
+                lifecycle.name,
+                lifecycle.version,
+                stored,
+                f"{where}: {self.kind.name} {entity_id!r} is in state {value!r}, which "
+                f"version {lifecycle.version} does not declare; run the new declaration",
+            )
+        return StoreError(f"{where}: {self.kind.name} {entity_id!r} has unknown state {value!r}")
 
     def due(self, raw: Sequence[Any], where: Target) -> Due[Any]:
         """The Due a :func:`~stores._postgres_sql.due_sql` row describes."""

@@ -38,6 +38,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -88,6 +89,7 @@ from stores._postgres_rows import (
     due_bound,
     kind_records,
 )
+from stores._postgres_versions import register_kind, stored_version
 from stores._schema import migration, registered
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
@@ -182,8 +184,11 @@ class PostgresStore(ClosesOnExit):
     def register(self, kind: EntityKind[Any]) -> None:
         """Create ``kind``'s table, its declared indexes and one partial index per timer, or
         add the columns an older table lacks (``entered_at``: filled from each row's latest
-        audit entry, else the upgrade's time); record the kind in :meth:`catalog` -- in one
-        transaction, under the schema's advisory lock.  Raises ``StoreError`` for a table not
+        audit entry, else the upgrade's time); migrate rows of an older lifecycle version and
+        place the version's constraint (``stores._postgres_versions``); record the kind in
+        :meth:`catalog` -- in one transaction, under the schema's advisory lock.  Raises
+        ``StaleVersion`` when the schema holds a newer version, ``MigrationError`` naming
+        stored states nothing maps (then nothing was written), ``StoreError`` for a table not
         of this kind, a required column without a default, a field named like a managed
         column (``entered_at``), or a different kind of this name."""
         if self._db.closed:
@@ -194,20 +199,15 @@ class PostgresStore(ClosesOnExit):
                 raise StoreError(f"a different entity kind named {kind.name!r} is registered")
             return
         record = catalog_row(kind)  # refuses a field named like a managed column
-
-        def create(conn: Conn) -> None:
-            conn.execute(sql.lock_sql(), (self.schema or "",))
-            have = {r[0] for r in conn.execute(sql.columns_sql(), (kind.table,))}
-            statements = [sql.create_table_sql(kind)] if not have else self._migration(kind, have)
-            if have and "entered_at" not in have:
-                statements.append(sql.fill_entered_sql(kind))
-            for statement in (*statements, *sql.index_sql(kind), *sql.timer_index_sql(kind)):
-                conn.execute(statement)
-            conn.execute(sql.write_kind_sql(), record)
-
+        upgrade = functools.partial(self._migration, kind)
         with self._db.atomic(f"register {kind.name}"):
-            self._db.write(f"register {kind.name}", create)
-        self._kinds[kind.name] = Kind(kind)
+            self._db.write(
+                f"register {kind.name}",
+                lambda conn: register_kind(conn, kind, self.schema, record, upgrade),
+            )
+        self._db.versions[kind.table] = (kind.lifecycle.name, kind.lifecycle.version)
+        stored = functools.partial(stored_version, self._target.conninfo, self._kwargs, kind.name)
+        self._kinds[kind.name] = Kind(kind, stored)
 
     def _migration(self, kind: EntityKind[Any], have: set[str]) -> list[str]:
         return migration(
@@ -312,12 +312,13 @@ class PostgresStore(ClosesOnExit):
         raws = self._db.read(
             "history", lambda conn: conn.execute(sql.HISTORY, (kind.name, entity_id)).fetchall()
         )
+        st, where = c.states, self._target  # a value of an older version: c.decode's slow path
         return [
             TransitionRecord(
                 entity_id,
                 event,
-                None if source is None else c.states[source],
-                c.states[target],
+                None if source is None else st.get(source) or c.decode(entity_id, source, where),
+                st.get(target) or c.decode(entity_id, target, where),
                 at,
                 owner,
                 attempts,
