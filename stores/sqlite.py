@@ -124,9 +124,9 @@ class SQLiteStore(ClosesOnExit):
     ``ValueError`` (``TypeError`` if not an int), before anything is opened.  Safe to share
     between threads; each thread gets its own connection, all closed by :meth:`close`.
 
-    SQLiteStore is the whole Store and BatchStore protocol for one file, one method each;
-    statement text is in ``stores._sqlite_sql``, speed shortcuts in ``stores._sqlite_shortcuts``,
-    connections in ``stores._sqlite_conn``.
+    SQLiteStore is long because it is the whole Store and BatchStore protocol for one file, one
+    method each; statement text is in ``stores._sqlite_sql``, speed shortcuts in
+    ``stores._sqlite_shortcuts``, connections in ``stores._sqlite_conn``.
     """
 
     def __init__(
