@@ -54,7 +54,13 @@ class V2(StrEnum):
     CLOSED = "closed"
 
 
-MAPPING = {"draft": V2.NEW, "pending": V2.QUEUED, "waiting": V2.BLOCKED, "held": V2.BLOCKED, "review": V2.NEW}
+MAPPING = {
+    "draft": V2.NEW,
+    "pending": V2.QUEUED,
+    "waiting": V2.BLOCKED,
+    "held": V2.BLOCKED,
+    "review": V2.NEW,
+}
 
 LC1 = Lifecycle(
     "vc_case",
