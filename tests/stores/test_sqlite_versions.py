@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 
+import stores._sqlite_sql as sql
 from statecore import Migration
-from statecore.entity import EntityKind, Field
+from statecore.entity import EntityKind, Field, Index
 from statecore.errors import MigrationError, StaleVersion
 from statecore.lifecycle import Lifecycle, Transition
 from statecore.store import Audit
@@ -292,3 +293,28 @@ def test_version_triggers_only_for_version_2(open_store: Any, path: Path) -> Non
     # The new version's own states pass the triggers.
     store.insert(KIND2, "n-1", {"note": ""}, event="open", audit=Audit(at=1.0))
     assert store.transition(KIND2, "n-1", "queue", audit=Audit(at=2.0)).state is V2.QUEUED
+
+
+def test_a_migration_sets_the_new_versions_membership_columns(open_store: Any, path: Path) -> None:
+    owed = frozenset({V2.QUEUED, V2.BLOCKED})
+    indexed = EntityKind(
+        "case",
+        KIND2.lifecycle,
+        table="cases",
+        id_field="case_id",
+        fields=(Field("note", str),),
+        indexes=(Index(("note",), owed),),
+    )
+    [column] = sql.member_columns(indexed).values()
+    old = open_store()
+    populate(old)
+    old.close()
+    store = open_store()
+    store.register(indexed)
+    with sqlite3.connect(path) as conn:
+        members = dict(conn.execute(f"SELECT state, {column} FROM cases"))
+    assert members == {"new": None, "queued": 1, "blocked": 1, "closed": None}
+    # A select over the partial index's states finds exactly the moved rows.
+    found = store.select(indexed, states=owed, where={"note": "c-held"})
+    assert [r.id for r in found] == ["c-held"]
+    assert store.count(indexed, states=owed) == 4
