@@ -31,7 +31,7 @@ from statecore import FakeClock, Incarnation, Ledger
 from statecore.batch import Creation, Move
 from statecore.catalog import declaration_json, kind_from_declaration
 from statecore.entity import EntityKind, Field
-from statecore.errors import StoreError
+from statecore.errors import StaleVersion, StoreError
 from statecore.lifecycle import Lifecycle, Timer, Transition
 from statecore.obligation import OBLIGATION_KIND
 from statecore.store import Audit, Due
@@ -497,7 +497,8 @@ def test_a_changed_declaration_replaces_its_record_an_older_version_does_not(
     postgres_url: str, pg: PostgresStore
 ) -> None:
     """A kind registered again with a changed declaration (a new field) replaces its record;
-    a declaration of an older lifecycle version than the one recorded leaves it."""
+    a declaration of an older lifecycle version than the one recorded is refused
+    (StaleVersion) and leaves it."""
     (before,) = [r for r in pg.catalog() if r.name == "kit_alarm"]
     grown = EntityKind(
         "kit_alarm", ALARM_KIND.lifecycle, table="kit_alarms", id_field="alarm_id",
@@ -512,7 +513,9 @@ def test_a_changed_declaration_replaces_its_record_an_older_version_does_not(
     with PostgresStore(postgres_url, schema=pg.schema) as other:
         other.register(v2)
     with PostgresStore(postgres_url, schema=pg.schema) as other:
-        other.register(ALARM_KIND)  # version 1 again: the record keeps version 2
+        with pytest.raises(StaleVersion):
+            other.register(ALARM_KIND)  # version 1 again
+        assert other.catalog() == pg.catalog()
     (latest,) = [r for r in pg.catalog() if r.name == "kit_alarm"]
     assert latest.version == 2
     assert dict(latest.declaration) == declaration_json(v2)
