@@ -26,7 +26,8 @@ from stores.memory import InMemoryStore
 from stores.postgres import PostgresStore
 from stores.sqlite import SQLiteStore
 from stores.testing import StoreFactory
-from stores.testing.lifecycle import LifecycleStores, lifecycle_machine, lifecycle_tests
+from stores.testing.lifecycle import LifecycleStores, lifecycle_tests
+from stores.testing.lifecycle_machine import lifecycle_machine
 
 
 class Parcel(StrEnum):
