@@ -222,7 +222,8 @@ class Connections:
         if message.startswith(STALE_MARK):
             name, _, stored = message[len(STALE_MARK) :].rpartition("@")
             ours = self.versions.get(name, 1)
-            return StaleVersion(name, ours, int(stored), f"{self.path}: {what} refused")
+            detail = f"{self.path}: {what} refused: a state version {stored} does not declare"
+            return StaleVersion(name, ours, int(stored), detail)
         if "not a database" in message or "malformed" in message:
             return StoreError(f"{self.path}: not a usable SQLite database ({message})")
         if "locked" in message or "busy" in message:
