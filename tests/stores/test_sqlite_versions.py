@@ -318,3 +318,57 @@ def test_a_migration_sets_the_new_versions_membership_columns(open_store: Any, p
     found = store.select(indexed, states=owed, where={"note": "c-held"})
     assert [r.id for r in found] == ["c-held"]
     assert store.count(indexed, states=owed) == 4
+
+
+class V3(StrEnum):
+    """Version 3: blocked renamed stuck."""
+
+    NEW = "new"
+    QUEUED = "queued"
+    STUCK = "stuck"
+    CLOSED = "closed"
+
+
+V1_TO_V3 = {"pending": V3.QUEUED, "waiting": V3.STUCK, "held": V3.STUCK, "review": V3.NEW}
+"""Version 3 maps every state version 1 had and it lacks (its audit entries decode by it)."""
+
+KIND3 = case_kind(
+    Lifecycle(
+        "case",
+        V3,
+        initial=V3.NEW,
+        terminal=(V3.CLOSED,),
+        transitions=(
+            Transition("open", None, V3.NEW),
+            Transition("queue", V3.NEW, V3.QUEUED),
+            Transition("block", V3.NEW, V3.STUCK),
+            Transition("close", (V3.NEW, V3.QUEUED, V3.STUCK), V3.CLOSED),
+        ),
+        version=3,
+        migrations=(
+            Migration(1, V1_TO_V3),
+            Migration(2, {"blocked": V3.STUCK}),
+        ),
+    )
+)
+
+
+def test_version_3_migrates_past_version_2s_triggers(open_store: Any) -> None:
+    store = open_store()
+    populate(store)
+    store.close()
+    second = open_store()
+    second.register(KIND2)
+    second.close()
+    third = open_store()
+    third.register(KIND3)  # version 2's triggers, which refuse "stuck", are replaced first
+    row = third.get(KIND3, "c-waiting")
+    assert row is not None
+    assert (row.state, row.fence) == (V3.STUCK, 4)
+    history = third.history(KIND3, "c-waiting")
+    assert [r.event for r in history] == ["file", "accept", "wait", MIGRATE_EVENT, MIGRATE_EVENT]
+    # Values of versions 1 and 2 both decode through the migrations.
+    assert [r.to_state for r in history[2:]] == [V3.STUCK, V3.STUCK, V3.STUCK]
+    assert history[-1].reason == "lifecycle case version 2 -> 3: 'blocked' -> 'stuck'"
+    with pytest.raises(StaleVersion):  # a version 2 process is refused in turn
+        open_store().register(KIND2)
