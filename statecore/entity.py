@@ -25,7 +25,7 @@ __all__ = ["RESERVED_COLUMNS", "EntityKind", "Field", "Index"]
 
 S = TypeVar("S", bound=Enum)
 
-RESERVED_COLUMNS = frozenset({"state", "fence", "prev_state"})
+RESERVED_COLUMNS = frozenset({"state", "fence", "prev_state", "entered_at"})
 """Column names a kind may not declare as fields: the store manages them."""
 
 _TYPES: tuple[type, ...] = (str, int, float, bool)

@@ -45,6 +45,7 @@ from statecore.store import (
     valid_states,
 )
 from stores._closing import ClosesOnExit
+from stores._versions import MIGRATE_EVENT, MIGRATION_OWNER, migration_reason, plan_versions
 
 __all__ = ["InMemoryStore"]
 
@@ -97,15 +98,21 @@ class InMemoryStore(ClosesOnExit):
     # -- lifecycle of the store ---------------------------------------------------------------
 
     def register(self, kind: EntityKind[Any]) -> None:
-        """Prepare storage for ``kind``; idempotent.  A different kind under the same name
-        raises ``StoreError``."""
+        """Prepare storage for ``kind``; idempotent.  A newer version of the kind's lifecycle
+        migrates the rows held (see ``stores._versions``: fence + 1 and a ``migrate`` audit
+        entry per moved row, entered times kept, earlier entries read in the new states);
+        an older one raises ``StaleVersion``, states it cannot map ``MigrationError``, with
+        nothing changed.  A different kind of the same version under the same name raises
+        ``StoreError``."""
         with self._lock:
             self._check_open()
             existing = self._tables.get(kind.name)
             if existing is None:
                 self._tables[kind.name] = _Table(kind)
             elif existing.kind != kind:
-                raise StoreError(f"a different entity kind named {kind.name!r} is registered")
+                if existing.kind.lifecycle.version == kind.lifecycle.version:
+                    raise StoreError(f"a different entity kind named {kind.name!r} is registered")
+                self._tables[kind.name] = _migrated(existing, kind)
 
     def close(self) -> None:
         """Drop everything; later calls raise ``StoreError``."""
@@ -207,7 +214,8 @@ class InMemoryStore(ClosesOnExit):
         timer), soonest due first, then by id; at most ``limit``.
 
         The entered time of a row is the ``at`` of its last audit entry (every write that sets
-        a state appends one).  Raises ``TypeError`` for a timer that is not a Timer, a limit
+        a state appends one) other than a migration's (a migration keeps it).  Raises
+        ``TypeError`` for a timer that is not a Timer, a limit
         that is not an int or a ``now`` that is not a number; ``ValueError`` for a timer not
         of ``kind``'s lifecycle, a negative limit or a NaN ``now``; ``StoreError`` for an
         unregistered kind or a closed store.
@@ -222,7 +230,7 @@ class InMemoryStore(ClosesOnExit):
             index = None if timer.field is None else table.names.index(timer.field)
             found: list[tuple[float, str, float]] = []
             for entity_id in table.by_state[timer.source]:
-                entered: float = audit[entity_id][-1][3]
+                entered = _entered(audit[entity_id])
                 if index is None:
                     assert fixed is not None
                     due = entered + fixed
@@ -498,3 +506,38 @@ def _row(table: _Table, entity_id: str, rec: _Rec) -> Row[Any]:
 
 def _audit(audit: Audit) -> tuple[float, str | None, int | None, str | None]:
     return (audit.at, audit.owner, audit.attempts, audit.reason)
+
+
+def _entered(entries: list[_AuditRec]) -> float:
+    """A row's entered time: its last audit entry's ``at``, a migration's entries skipped."""
+    for entry in reversed(entries):
+        if entry[0] != MIGRATE_EVENT:
+            return entry[3]
+    return entries[-1][3]
+
+
+def _migrated(old: _Table, kind: EntityKind[Any]) -> _Table:
+    """``old``'s rows and histories as a table of ``kind`` (a newer version of its lifecycle):
+    planned first (raising before anything changes), then built aside and swapped in whole."""
+    present = [state.value for state, ids in old.by_state.items() if ids]
+    plan = plan_versions(kind, old.record, present)
+    lifecycle = kind.lifecycle
+    table = _Table(kind)
+    at = time.time()
+    for entity_id, (state, old_fence, values) in old.rows.items():
+        fence = old_fence
+        by_name = dict(zip(old.names, values, strict=True))
+        new_values = tuple(by_name.get(f.name, f.default) for f in kind.fields)
+        history = [
+            (e, None if f is None else lifecycle.decode(f.value), lifecycle.decode(t.value), *rest)
+            for e, f, t, *rest in old.audit.get(entity_id, ())
+        ]
+        target = lifecycle.decode(state.value)
+        if state.value in plan.moves:
+            fence += 1
+            reason = migration_reason(kind, plan, state.value)
+            history.append((MIGRATE_EVENT, target, target, at, MIGRATION_OWNER, None, reason))
+        table.rows[entity_id] = (target, fence, new_values)
+        table.by_state[target][entity_id] = None
+        table.audit[entity_id] = history
+    return table
