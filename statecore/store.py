@@ -38,6 +38,7 @@ __all__ = [
     "TransitionPlan",
     "TransitionRecord",
     "Where",
+    "check_due_query",
     "check_id",
     "check_increments",
     "check_limit",
@@ -536,6 +537,27 @@ def check_increments(
             raise TypeError(f"increment of {kind.name}.{name} must be an int, not {amount!r}")
         checked[name] = amount
     return checked
+
+
+def check_due_query(kind: EntityKind[Any], timer: object, now: object, limit: object) -> None:
+    """Refuse a ``due_timers`` call no store can answer, before anything is read: ``TypeError``
+    for a ``timer`` that is not a :class:`~statecore.lifecycle.Timer`, a ``limit`` not an int
+    or a ``now`` neither a number nor None; ``ValueError`` for a negative ``limit``, a timer
+    not of ``kind``'s lifecycle or a NaN ``now`` (every shipped store checks with this)."""
+    if not isinstance(timer, Timer):
+        raise TypeError(f"timer must be a Timer, not {type(timer).__name__}")
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        raise TypeError(f"limit must be an int, not {type(limit).__name__}")
+    if limit < 0:
+        raise ValueError(f"limit must be a non-negative int, not {limit!r}")
+    lifecycle = kind.lifecycle
+    if not isinstance(timer.source, lifecycle.state_type) or timer not in lifecycle.timers:
+        raise ValueError(f"{timer!r} is not a timer of entity kind {kind.name!r}")
+    if now is not None:
+        if isinstance(now, bool) or not isinstance(now, int | float):
+            raise TypeError(f"now must be a number or None, not {type(now).__name__}")
+        if now != now:  # noqa: PLR0124 - NaN
+            raise ValueError("now must be a number, not NaN")
 
 
 def check_limit(limit: int | None) -> None:

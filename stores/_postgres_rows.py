@@ -19,8 +19,7 @@ from statecore.batch import Creation
 from statecore.catalog import declaration_json
 from statecore.entity import EntityKind
 from statecore.errors import StaleVersion, StoreError
-from statecore.lifecycle import Timer
-from statecore.store import Audit, Due, KindRecord, Row
+from statecore.store import Audit, Due, KindRecord, Row, check_due_query
 from stores._postgres_conn import Target
 
 __all__ = [
@@ -111,20 +110,8 @@ def due_bound(kind: EntityKind[Any], timer: object, now: object, limit: object) 
     infinity for None).  Raises ``TypeError`` for a ``timer`` that is not a Timer, a ``limit``
     not an int or a ``now`` not a number; ``ValueError`` for a negative ``limit``, a NaN
     ``now`` or a timer not of ``kind``'s lifecycle."""
-    if not isinstance(timer, Timer):
-        raise TypeError(f"timer must be a Timer, not {type(timer).__name__}")
-    if not isinstance(limit, int) or isinstance(limit, bool):
-        raise TypeError(f"limit must be an int, not {type(limit).__name__}")
-    if limit < 0:
-        raise ValueError(f"limit must be a non-negative int, not {limit!r}")
-    if now is not None:
-        if not isinstance(now, int | float) or isinstance(now, bool):
-            raise TypeError(f"now must be a number or None, not {type(now).__name__}")
-        if math.isnan(now):
-            raise ValueError("now must be a number, not NaN")
-    lifecycle = kind.lifecycle
-    if not isinstance(timer.source, lifecycle.state_type) or timer not in lifecycle.timers:
-        raise ValueError(f"{timer!r} is not a timer of entity kind {kind.name!r}")
+    check_due_query(kind, timer, now, limit)
+    assert now is None or isinstance(now, int | float)
     return math.inf if now is None else float(now)
 
 

@@ -44,6 +44,7 @@ from statecore.store import (
     TransitionPlan,
     TransitionRecord,
     Where,
+    check_due_query,
     plan_transition,
 )
 from statecore.trusted import trusted_constructor
@@ -518,21 +519,11 @@ def due_params(kind: EntityKind[Any], timer: object, now: object, limit: object)
     (None: unbounded), at most ``limit`` rows.  Raises ``TypeError`` for a ``timer`` not a
     Timer, a ``limit`` not an int or a ``now`` not a number; ``ValueError`` for a negative
     ``limit``, a NaN ``now`` or a timer not of ``kind``'s lifecycle."""
-    if not isinstance(timer, Timer):
-        raise TypeError(f"timer must be a Timer, not {type(timer).__name__}")
-    if not isinstance(limit, int) or isinstance(limit, bool):
-        raise TypeError(f"limit must be an int, not {type(limit).__name__}")
-    if limit < 0:
-        raise ValueError(f"limit must be a non-negative int, not {limit!r}")
-    lifecycle = kind.lifecycle
-    if not isinstance(timer.source, lifecycle.state_type) or timer not in lifecycle.timers:
-        raise ValueError(f"{timer!r} is not a timer of entity kind {kind.name!r}")
+    check_due_query(kind, timer, now, limit)
+    assert isinstance(timer, Timer)
     if now is None:
         return [limit]
-    if not isinstance(now, int | float) or isinstance(now, bool):
-        raise TypeError(f"now must be a number or None, not {type(now).__name__}")
-    if math.isnan(now):
-        raise ValueError("now must be a number, not NaN")
+    assert isinstance(now, int | float)
     seconds = timer.seconds
     if seconds is None:
         return [now, limit]

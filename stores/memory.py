@@ -13,7 +13,6 @@ nothing extra: it is the ``at`` of the row's last audit entry, which every such 
 from __future__ import annotations
 
 import heapq
-import math
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -34,6 +33,7 @@ from statecore.store import (
     TransitionPlan,
     TransitionRecord,
     Where,
+    check_due_query,
     check_increments,
     check_limit,
     normalize_where,
@@ -220,7 +220,7 @@ class InMemoryStore(ClosesOnExit):
         of ``kind``'s lifecycle, a negative limit or a NaN ``now``; ``StoreError`` for an
         unregistered kind or a closed store.
         """
-        _check_timer_query(kind, timer, now, limit)
+        check_due_query(kind, timer, now, limit)
         with self._lock:
             table = self._table(kind)
             if limit == 0:
@@ -444,27 +444,6 @@ class InMemoryStore(ClosesOnExit):
                 table.audit.pop(entity_id, None)
             else:
                 table.audit[entity_id] = history
-
-
-def _check_timer_query(
-    kind: EntityKind[Any], timer: Timer[Any], now: float | None, limit: int
-) -> None:
-    """Refuse a due-timer query the store cannot answer, before reading anything (the checks
-    and errors of the SQL stores)."""
-    if not isinstance(timer, Timer):
-        raise TypeError(f"timer must be a Timer, not {type(timer).__name__}")
-    if not isinstance(limit, int) or isinstance(limit, bool):
-        raise TypeError(f"limit must be an int, not {type(limit).__name__}")
-    if limit < 0:
-        raise ValueError(f"limit must be a non-negative int, not {limit!r}")
-    lifecycle = kind.lifecycle
-    if not isinstance(timer.source, lifecycle.state_type) or timer not in lifecycle.timers:
-        raise ValueError(f"{timer!r} is not a timer of entity kind {kind.name!r}")
-    if now is not None:
-        if isinstance(now, bool) or not isinstance(now, int | float):
-            raise TypeError(f"now must be a number or None, not {type(now).__name__}")
-        if math.isnan(now):
-            raise ValueError("now must be a number, not NaN")
 
 
 def _apply(table: _Table, entity_id: str, old: _Rec | None, new: _Rec | None) -> None:
