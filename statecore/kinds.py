@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import logging
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, TypeVar
 
 from statecore.entity import EntityKind
 from statecore.errors import UnknownKind
 from statecore.leases import OWNER_KIND
 from statecore.obligation import OBLIGATION_KIND
 
-__all__ = ["KINDS_ENTRY_POINT_GROUP", "kind_named", "known_kinds"]
+__all__ = ["KINDS_ENTRY_POINT_GROUP", "declared_in", "kind_named", "known_kinds"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 KINDS_ENTRY_POINT_GROUP = "statecore.kinds"
 
@@ -32,16 +34,23 @@ def known_kinds() -> tuple[EntityKind[Any], ...]:
     ``statecore.kinds`` entry points declare, first declaration of a name winning.  An entry
     that cannot be loaded is logged and passed over."""
     found: dict[str, EntityKind[Any]] = {k.name: k for k in (OBLIGATION_KIND, OWNER_KIND)}
-    for entry in sorted(entry_points(group=KINDS_ENTRY_POINT_GROUP), key=lambda e: e.name):
+    for kind in declared_in(KINDS_ENTRY_POINT_GROUP, EntityKind):
+        found.setdefault(kind.name, kind)
+    return tuple(found.values())
+
+
+def declared_in(group: str, of: type[T]) -> list[T]:
+    """Every ``of`` the entry points of ``group`` declare (each entry: a sequence), entries in
+    name order; an entry that cannot be loaded is logged and passed over."""
+    values: list[T] = []
+    for entry in sorted(entry_points(group=group), key=lambda e: e.name):
         try:
             declared = entry.load()
         except Exception:
-            log.warning("cannot load entity kinds from %s", entry.value, exc_info=True)
+            log.warning("cannot load %s from %s", group, entry.value, exc_info=True)
             continue
-        for kind in declared:
-            if isinstance(kind, EntityKind):
-                found.setdefault(kind.name, kind)
-    return tuple(found.values())
+        values.extend(v for v in declared if isinstance(v, of))
+    return values
 
 
 def kind_named(name: str) -> EntityKind[Any]:

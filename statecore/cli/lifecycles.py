@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import logging
 from enum import Enum
-from importlib.metadata import entry_points
 from typing import Any
 
 from statecore.cli.plugin import EXIT_OK, Command, Context
+from statecore.kinds import declared_in
 from statecore.leases import OWNER
 from statecore.lifecycle import Lifecycle
 from statecore.lifecycles import DECLARED_LIFECYCLES
@@ -32,15 +32,8 @@ def all_lifecycles() -> tuple[Lifecycle[Any], ...]:
     entry: a sequence of lifecycles)."""
     own = (*DECLARED_LIFECYCLES, OWNER)
     found: dict[str, Lifecycle[Any]] = {lc.name: lc for lc in own}
-    for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        try:
-            declared = entry.load()
-        except Exception:
-            log.warning("cannot load lifecycles from %s", entry.value, exc_info=True)
-            continue
-        for lifecycle in declared:
-            if isinstance(lifecycle, Lifecycle):
-                found.setdefault(lifecycle.name, lifecycle)
+    for lifecycle in declared_in(ENTRY_POINT_GROUP, Lifecycle):
+        found.setdefault(lifecycle.name, lifecycle)
     return tuple(found.values())
 
 
