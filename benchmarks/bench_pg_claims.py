@@ -1,0 +1,200 @@
+"""Claims/s of concurrent claimers on one PostgresStore schema, and the lock waits they meet.
+
+Run: ``.venv/bin/python benchmarks/bench_pg_claims.py [--claimers 8] [--rows 4000]
+[--rounds 3] [--settlers 2]``.  The script starts its own throwaway PostgreSQL server
+(``stores.testing.postgres_server``) and stops it at exit.
+
+Each round files ``--rows`` tickets into a fresh schema, then runs ``--claimers`` threads that
+claim as the ledger's sweeps do -- list the open rows with a plain read (every claimer lists the
+same rows), then per chunk of 25, in one transaction: ``claim_candidates`` of the chunk's ids
+(``FOR UPDATE SKIP LOCKED``) and one guarded ``transition_many`` of what it locked -- while
+``--settlers`` threads move claimed rows on (held -> done, one guarded write each, as a gateway
+settles a delivery).  A sampler polls ``pg_stat_activity`` every 5 ms for the store's sessions
+waiting on a lock and counts them by ``wait_event`` (``transactionid``: a session queued behind
+another transaction's id, i.e. for its row lock).  Printed per round: claims/s, settles/s, the
+wait samples by event, the longest settle, and double claims (must be 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from statecore.batch import Creation  # noqa: E402
+from statecore.batching import chunks  # noqa: E402
+from statecore.errors import StaleState  # noqa: E402
+from statecore.store import Audit, one_of  # noqa: E402
+from stores.postgres import PostgresStore  # noqa: E402
+from stores.testing import TICKET_KIND  # noqa: E402
+from stores.testing._kit import TS  # noqa: E402
+from stores.testing.postgres_server import start_server  # noqa: E402
+
+CHUNK = 25
+
+
+def _seed(store: PostgresStore, rows: int) -> None:
+    ids = [f"t{i:06d}" for i in range(rows)]
+    for start in range(0, rows, 500):
+        store.insert_each(
+            TICKET_KIND,
+            [
+                Creation(i, {"title": i, "due_at": float(n)}, "file", Audit(1.0, "seed"))
+                for n, i in enumerate(ids[start : start + 500], start)
+            ],
+        )
+
+
+def _claimer(store: PostgresStore, k: int, got: list[str], settle: list[str]) -> None:
+    audit = Audit(2.0, f"claimer-{k}")
+    while True:
+        listed = store.select(TICKET_KIND, states=[TS.OPEN], order_by="due_at", limit=400)
+        if not listed:
+            return
+        for chunk in chunks(listed, CHUNK):
+            fences = {row.id: row.fence for row in chunk}
+            with store.atomic():
+                fresh = store.claim_candidates(
+                    TICKET_KIND,
+                    states=[TS.OPEN, TS.HELD],
+                    where={TICKET_KIND.id_field: one_of(*fences)},
+                )
+                mine = [row.id for row in fresh if fences.get(row.id) == row.fence]
+                moved = store.transition_many(
+                    TICKET_KIND, mine, "hold", audit=audit, expect={"assignee": None}
+                )
+            got.extend(row.id for row in moved)
+            settle.extend(row.id for row in moved)
+
+
+def _settler(
+    store: PostgresStore, settle: list[str], stop: threading.Event, longest: list[float]
+) -> int:
+    done = 0
+    while not stop.is_set() or settle:
+        try:
+            entity_id = settle.pop(0)
+        except IndexError:
+            time.sleep(0.001)
+            continue
+        started = time.perf_counter()
+        try:
+            store.transition(TICKET_KIND, entity_id, "finish", audit=Audit(3.0, "settler"))
+        except StaleState:
+            pass
+        longest.append(time.perf_counter() - started)
+        done += 1
+    return done
+
+
+def _sampler(url: str, stop: threading.Event, waits: Counter[str]) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        while not stop.is_set():
+            for (event,) in conn.execute(
+                "SELECT wait_event FROM pg_stat_activity WHERE application_name = 'statecore' "
+                "AND wait_event_type = 'Lock'"
+            ).fetchall():
+                waits[str(event)] += 1
+            time.sleep(0.005)
+
+
+def one_round(url: str, claimers: int, rows: int, settlers: int) -> dict[str, Any]:
+    """One measured round on a fresh schema; returns its numbers."""
+    store = PostgresStore(url, schema=f"b_{uuid.uuid4().hex[:12]}", pool_size=claimers + 4)
+    try:
+        store.register(TICKET_KIND)
+        _seed(store, rows)
+        got: list[list[str]] = [[] for _ in range(claimers)]
+        settle: list[str] = []
+        waits: Counter[str] = Counter()
+        stop, settled = threading.Event(), threading.Event()
+        longest: list[float] = []
+        counts: list[int] = []
+        sampler = threading.Thread(target=_sampler, args=(url, stop, waits), daemon=True)
+        threads = [
+            threading.Thread(target=_claimer, args=(store, k, got[k], settle), daemon=True)
+            for k in range(claimers)
+        ]
+        movers = [
+            threading.Thread(
+                target=lambda: counts.append(_settler(store, settle, settled, longest)),
+                daemon=True,
+            )
+            for _ in range(settlers)
+        ]
+        sampler.start()
+        for thread in movers:
+            thread.start()
+        started = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(300)
+        elapsed = time.perf_counter() - started
+        settled.set()
+        for thread in movers:
+            thread.join(300)
+        stop.set()
+        sampler.join(10)
+        claimed = [i for ids in got for i in ids]
+        return {
+            "claims_per_s": len(claimed) / elapsed,
+            "claimed": len(claimed),
+            "double": len(claimed) - len(set(claimed)),
+            "waits": dict(waits),
+            "settled": sum(counts),
+            "longest_settle_ms": 1000 * max(longest, default=0.0),
+        }
+    finally:
+        store.close()
+
+
+def main() -> int:
+    """Run the rounds and print them."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--claimers", type=int, default=8)
+    parser.add_argument("--rows", type=int, default=4000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--settlers", type=int, default=2)
+    args = parser.parse_args()
+    server = start_server()
+    try:
+        url = server.create_database("bench")
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET log_lock_waits = on")
+            conn.execute("ALTER SYSTEM SET deadlock_timeout = '2ms'")
+            conn.execute("ALTER SYSTEM SET fsync = on")
+            conn.execute("ALTER SYSTEM SET synchronous_commit = on")
+            conn.execute("SELECT pg_reload_conf()")
+        rates = []
+        for n in range(args.rounds):
+            result = one_round(url, args.claimers, args.rows, args.settlers)
+            rates.append(result["claims_per_s"])
+            print(f"round {n}: {result}", flush=True)
+            if result["double"] or result["claimed"] != args.rows:
+                print("FAILED: every row must be claimed exactly once", file=sys.stderr)
+                return 1
+        print(f"claims/s median {statistics.median(rates):.0f} ({args.claimers} claimers)")
+        return 0
+    finally:
+        log = (server.root / "server.log").read_text(errors="replace")
+        waits = [line for line in log.splitlines() if "still waiting" in line or "acquired" in line]
+        print(f"lock waits logged: {len(waits)}; log lines {len(log.splitlines())}")
+        print(log[-600:])
+        for line in waits[:10]:
+            print("  ", line[:300])
+        server.stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
