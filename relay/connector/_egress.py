@@ -79,6 +79,9 @@ class Egress:
         self.recheck: Callable[[str, str, str], Awaitable[bool]] | None = None
         """A cluster node's read of the shared provenance for a target this node's memory does
         not hold (None: a lone connector, whose memory is the whole truth)."""
+        self.read_tenant: Callable[[str, str], Awaitable[str | None]] | None = None
+        """A cluster node's read of a chat's tenant in the shared store, into its memory (None:
+        a lone connector, whose memory is the whole truth)."""
 
     async def outbound(self, instance: Instance, frame: Outbound) -> None:
         """Perform one outbound request of ``instance`` and send it the outcome."""
@@ -93,9 +96,7 @@ class Egress:
             return OutboundOutcome(
                 False, None, f"no hello for platform {platform!r}", "unknown_identity"
             )
-        if not self._allowed(instance.gateway_id, platform, frame.action) and not (
-            await self._learned_elsewhere(instance.gateway_id, platform, frame.action)
-        ):
+        if not await self._guard(instance.gateway_id, platform, frame.action):
             # A peer decides how many requests it sends: rate-limited, with counts.
             more = limited(instance.log_limit, "declined egress", logging.INFO)
             if more is not None:
@@ -155,6 +156,28 @@ class Egress:
         self._outcome_order.append(key)
         while len(self._outcome_order) > _IDEMPOTENCY_CACHE:
             self._outcomes.pop(self._outcome_order.popleft(), None)
+
+    async def _guard(self, gateway_id: str, platform: str, action: Mapping[str, Any]) -> bool:
+        """The tenant guard, with a cluster node's reads of the shared store: a chat this node
+        holds no tenant for is read before the guard decides, one whose tenant the guard would
+        decline is read again first (another node may have learned or moved it); a store that
+        cannot be read declines.  A hit that allows is one lookup."""
+        read_tenant = self.read_tenant
+        chat_id = target_chat(action)
+        if read_tenant is None or self._connector.tenants is None or chat_id is None:
+            return self._allowed(gateway_id, platform, action) or (
+                await self._learned_elsewhere(gateway_id, platform, action)
+            )
+        if self._chat_tenants.get(platform, chat_id) is not None and self._allowed(
+            gateway_id, platform, action
+        ):
+            return True
+        try:
+            await read_tenant(platform, chat_id)
+        except Exception:
+            log.warning("connector: reading the tenant of a chat failed", exc_info=True)
+            return False
+        return self._allowed(gateway_id, platform, action)
 
     async def _learned_elsewhere(
         self, gateway_id: str, platform: str, action: Mapping[str, Any]

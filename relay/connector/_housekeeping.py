@@ -15,9 +15,13 @@ Every ``prune_interval_s`` (0: never) one round runs on the store thread, in ord
   ``retention_s``, are expired (counted and logged at WARNING by the hold), and held entries
   released or expired more than ``buffer_retention_s`` ago are deleted (``held``);
 * rejected-event records an operator dismissed, and drivers' notes dropped, more than
-  ``buffer_retention_s`` ago are deleted (``rejected``, ``notes``).
+  ``buffer_retention_s`` ago are deleted (``rejected``, ``notes``);
+* with a tenants table, chat tenants an operator made the connector forget more than
+  ``buffer_retention_s`` ago are deleted, at most
+  :data:`~relay.connector.chat_tenants.PRUNE_BATCH` a round (``chat_tenants``: the key is in
+  the counts only with a tenants table, the only configuration that writes chat tenants).
 
-An unacked entry, a known target, an event still held, a record nobody dismissed and a saved
+An unacked entry, a known target or chat, an event still held, a record nobody dismissed and a saved
 note are never deleted.  Each count goes to the metrics hook (``metrics.pruned(what, rows)``)
 and the round is logged once at INFO with every count (``extra``: ``pruned``, ``expired``,
 ``expired_held``, ``duration_s``).
@@ -27,9 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
+from typing import Protocol
 
 from relay.connector._settings import HousekeepingSettings
 from relay.connector._store_thread import StoreThread
+from relay.connector.chat_tenants import ChatTenants
 
 __all__ = ["Housekeeping"]
 
@@ -37,10 +44,24 @@ __all__ = ["Housekeeping"]
 log = logging.getLogger("relay.connector.server")
 
 
+class _Settings(HousekeepingSettings, Protocol):
+    """What the housekeeping reads of the connector besides :class:`HousekeepingSettings`."""
+
+    @property
+    def tenants(self) -> Mapping[str, frozenset[str]] | None:
+        """The tenants table (None: no chat tenants are written, none are pruned)."""
+        ...
+
+    @property
+    def chat_tenants(self) -> ChatTenants:
+        """The chat tenants whose forgotten rows it prunes."""
+        ...
+
+
 class Housekeeping:
     """The connector's housekeeping timer and rounds (see the module docs)."""
 
-    def __init__(self, connector: HousekeepingSettings, *, store: StoreThread) -> None:
+    def __init__(self, connector: _Settings, *, store: StoreThread) -> None:
         self._connector = connector
         self._store = store
         self._timer: asyncio.Task[None] | None = None
@@ -71,8 +92,8 @@ class Housekeeping:
 
     async def run(self) -> dict[str, int]:
         """One round, on the store thread; returns what it deleted by table (``buffer``,
-        ``provenance``, ``seen``, ``held``, ``rejected``, ``notes``).  Raises ``StoreError``
-        when the store fails (nothing more is done)."""
+        ``provenance``, ``seen``, ``held``, ``rejected``, ``notes``, and ``chat_tenants`` with
+        a tenants table).  Raises ``StoreError`` when the store fails (nothing more is done)."""
         return await self._store.run(self._round)
 
     def _round(self) -> dict[str, int]:
@@ -92,20 +113,24 @@ class Housekeeping:
             "rejected": connector.rejected.prune(older_than_s=retention),
             "notes": connector.notes.prune(older_than_s=retention),
         }
+        if connector.tenants is not None:
+            pruned["chat_tenants"] = connector.chat_tenants.prune(older_than_s=retention)
         for what, rows in pruned.items():
             connector.metrics.pruned(what, rows)
         took = connector.clock.monotonic() - began
         expired_held = sum(held_out.values())
         log.info(
             "connector: housekeeping pruned %d settled buffer entries, %d forgotten targets, "
-            "%d dedupe keys, %d settled held events, %d dismissed rejected events and %d "
-            "dropped notes (expired %d unacked entries and %d held events) in %.3f s",
+            "%d dedupe keys, %d settled held events, %d dismissed rejected events, %d dropped "
+            "notes and %d forgotten chat tenants (expired %d unacked entries and %d held "
+            "events) in %.3f s",
             pruned["buffer"],
             pruned["provenance"],
             pruned["seen"],
             pruned["held"],
             pruned["rejected"],
             pruned["notes"],
+            pruned.get("chat_tenants", 0),
             expired,
             expired_held,
             took,

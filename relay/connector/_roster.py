@@ -55,6 +55,9 @@ class Roster:
         # A gateway decides how often it connects: its lines here are rate-limited per gateway
         # id (authenticated ids only, so the table is as small as the secrets).
         self._log_limits: dict[str, LogLimits] = {}
+        self.on_change: Callable[[], None] | None = None
+        """Called (on the loop, must not raise) whenever the served table changes: a cluster
+        node publishes its part of the cluster's roster then (:mod:`relay.connector.nodes`)."""
 
     def admit(self, instance: Instance) -> None:
         """Serve a new authenticated connection, or -- its gateway being served already -- hold
@@ -63,6 +66,7 @@ class Roster:
             self._stand_by(instance)
         else:
             self._served[instance.gateway_id] = instance
+            self._changed()
 
     def closed(self, instance: Instance) -> None:
         """The connection ended: settle its bookkeeping and, if it was the served one, promote
@@ -79,6 +83,11 @@ class Roster:
         if self._served.get(gateway_id) is instance:
             del self._served[gateway_id]
             self._promote(gateway_id)
+            self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def clear(self) -> None:
         """Forget every connection (the connector stopped; their tasks are cancelled), and log

@@ -37,9 +37,8 @@ collaborators, one concept each:
 * :mod:`relay.connector._housekeeping` -- expiring and pruning old rows (buffer entries,
   targets, dedupe keys, held events, rejected records, notes);
 * :mod:`relay.connector._http` -- ``GET /healthz`` and ``GET /metrics`` on the same port;
-* :mod:`relay.connector._cluster` -- nodes sharing one store: announced appends, catch-up
-  (chat tenants are read at start only: one learnt by another node afterwards falls back to
-  the gateway's claim on this node until it restarts);
+* :mod:`relay.connector._cluster` -- nodes sharing one store: announced appends, catch-up,
+  provenance and chat tenants read through, the cluster's roster (:meth:`Connector.roster`);
 * :mod:`relay.connector._tasks` -- the background tasks the connector owns.
 
 The collaborators never import this module: each reads the connector through a small protocol
@@ -477,6 +476,12 @@ class Connector:
         instance = self._instances.get(gateway_id)
         return instance is not None and instance.is_handshaken()
 
+    async def roster(self) -> dict[str, list[str]]:
+        """Node id -> the gateway ids it serves, of every live node of the cluster (read from
+        the store: raises ``StoreError``); a lone connector answers ``{"": its own}``."""
+        lone = {"": sorted(self._instances)}
+        return lone if self._cluster is None else await self._cluster.roster()
+
     @property
     def cluster_notices(self) -> int:
         """Peers' notices this cluster node acted on (entries another node appended for a
@@ -536,6 +541,8 @@ class Connector:
         self._store_thread.on_appended = cluster.announce_appended
         handshake.subscribe = cluster.subscribe
         egress.recheck = self._recheck_provenance
+        egress.read_tenant = cluster.read_tenant
+        self._roster.on_change = cluster.roster_changed
         self._inbound.refresh = cluster.refresh_subscriptions
         return cluster
 
