@@ -32,6 +32,7 @@ from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, TypeVar
 
+from statecore import tracing
 from statecore.batch import REFUSALS
 from statecore.checks import require_positive
 from statecore.clock import Clock
@@ -167,6 +168,9 @@ class AsyncLedger:
             "reply_to": reply_to,
             "adapter_profile": adapter_profile,
         }
+        # The current span's context, kept in the creation audit entry (statecore.tracing).
+        if tracing.enabled and (trace := tracing.current_traceparent()) is not None:
+            request["trace"] = trace
         return await self._submit(lambda: self.ledger.record(**request), "record", request)
 
     async def mark_attempting(self, obligation_id: str) -> Obligation:

@@ -27,7 +27,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from statecore.batch import Move
+import attrs
+
+from statecore.batch import Creation, Move
 from statecore.batching import batched, distinct_runs, insert_each, transition_each
 from statecore.checks import require_text
 from statecore.clock import Clock, SystemClock
@@ -42,6 +44,7 @@ from statecore.policy import ErrorKind, LedgerPolicy
 from statecore.recording import plan_record
 from statecore.store import Audit, Row, Store, TransitionRecord, lt
 from statecore.sweeps import Sweeper
+from statecore.tracing import audit_reason, is_traceparent
 from statecore.wakeups import leave_announced
 
 __all__ = ["Ledger"]
@@ -124,6 +127,7 @@ class Ledger:
         thread_id: str | int | None = None,
         reply_to: str | int | None = None,
         adapter_profile: str | None = None,
+        trace: str | None = None,
     ) -> Obligation:
         """Record the obligation to deliver ``content`` (pending), before sending it.
 
@@ -131,7 +135,9 @@ class Ledger:
         message_ref, content), and re-recording an existing id returns the stored row
         untouched.  Next: :meth:`mark_attempting` when the send begins.  Raises ``TypeError``
         for non-text content or ids and ``ValueError`` for empty session key, platform or chat
-        id; nothing is written then.
+        id; nothing is written then.  ``trace`` (a W3C traceparent, see
+        :mod:`statecore.tracing`) is kept in the creation audit entry, so that whoever sends it
+        later joins the trace that recorded it; a malformed one is not kept.
         """
         creation = plan_record(
             self.clock,
@@ -148,12 +154,27 @@ class Ledger:
             reply_to=reply_to,
             adapter_profile=adapter_profile,
         )
+        if trace is not None:
+            creation = _traced(creation, trace)
         if self._meter is None:
             return self._recorded(creation.apply(self.store, _K))
         # Counted in _recorded when created: a repeated record writes nothing.
         return self._meter.write(
             "record", lambda: self._recorded(creation.apply(self.store, _K)), counted=True
         )
+
+    def _plan(self, request: Mapping[str, Any]) -> Creation:
+        """:func:`plan_record` of one batched :meth:`record` keyword set (with its ``trace``)."""
+        if "trace" not in request:
+            return plan_record(
+                self.clock, self.policy, self.incarnation, self._owner_label, **request
+            )
+        kwargs = dict(request)
+        trace = kwargs.pop("trace")
+        creation = plan_record(
+            self.clock, self.policy, self.incarnation, self._owner_label, **kwargs
+        )
+        return _traced(creation, trace)
 
     def _record_each(self, requests: Sequence[Mapping[str, Any]]) -> list[Obligation | Exception]:
         """:meth:`record` for each keyword set, in one store batch (group commit); each
@@ -163,9 +184,7 @@ class Ledger:
         def write() -> list[Obligation | Exception]:
             return batched(
                 requests,
-                lambda request: plan_record(
-                    self.clock, self.policy, self.incarnation, self._owner_label, **request
-                ),
+                self._plan,
                 lambda creations: insert_each(store, _K, creations),
                 self._recorded,
             )
@@ -609,3 +628,10 @@ class Ledger:
         self._fences.pop(obligation_id, None)
         if self._meter is not None:
             self._meter.forget(obligation_id)
+
+
+def _traced(creation: Creation, trace: str | None) -> Creation:
+    """``creation`` whose audit entry keeps ``trace`` (when it is a well-formed traceparent)."""
+    if trace is None or not is_traceparent(trace):
+        return creation
+    return attrs.evolve(creation, audit=attrs.evolve(creation.audit, reason=audit_reason(trace)))

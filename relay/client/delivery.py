@@ -21,6 +21,7 @@ from relay.wire.errors import UndeliverableEvent
 from relay.wire.frames import Inbound, InboundEvent, InterruptInbound, PassthroughForward
 from relay.wire.logtext import peer_text
 from relay.wire.throttle import LogLimits
+from statecore import tracing
 
 __all__ = [
     "BufferDedupe",
@@ -105,7 +106,10 @@ class Deliveries:
                     # Nobody handled it: leave a buffered delivery unacked (it is delivered
                     # again once a handler is set) rather than let the connector retire it.
                     return None
-                await self.handler(frame.event)
+                if tracing.enabled:
+                    await self._traced(self.handler, frame)
+                else:
+                    await self.handler(frame.event)
             else:
                 handler = (
                     self.interrupt_handler
@@ -136,6 +140,28 @@ class Deliveries:
                     more,
                 )
             return None
+
+    async def _traced(self, handler: InboundHandler, frame: Inbound) -> None:
+        """Run ``handler`` inside the ``transport inbound`` span, a child of the connector's
+        span when the frame carries its ``traceparent`` (a malformed one is ignored)."""
+        event = frame.event
+        source = event.source
+        attributes = {
+            "relay.connector": self.label,
+            "relay.platform": source.platform,
+            "relay.chat_id": source.chat_id,
+            "relay.chat_type": source.chat_type,
+            "relay.message_id": event.message_id,
+            "relay.buffer_id": frame.buffer_id,
+        }
+        with tracing.span(
+            "transport inbound",
+            attributes,
+            parent=frame.traceparent,
+            kind=tracing.Kind.CONSUMER,
+            source=f"connector {self.label}",
+        ):
+            await handler(event)
 
     async def undeliverable(
         self, frame_type: str, buffer_id: str | None, reason: str, raw_line: str

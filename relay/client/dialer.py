@@ -18,10 +18,11 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from relay.client.teardown import TEARDOWN_AWAIT_S
 from relay.wire.auth import bearer_header, mint_token
 from relay.wire.codec import encode
-from relay.wire.compat import ACKED_LIVE, features_header
+from relay.wire.compat import ACKED_LIVE, TRACE_CONTEXT, features_header
 from relay.wire.descriptor import CONTRACT_VERSION
 from relay.wire.errors import RelayBroken
 from relay.wire.frames import Hello
+from statecore import tracing
 
 __all__ = ["Dialer", "UpgradeRefused"]
 
@@ -58,6 +59,10 @@ class Dialer:
         self._gateway_id = gateway_id
         self._secret = secret
         self._token_ttl_s = token_ttl_s
+        if features and TRACE_CONTEXT not in features and tracing.refresh():
+            # Announced only while tracing is on, and never by a gateway that announces
+            # nothing (it must stay an original-contract peer).
+            features = (*features, TRACE_CONTEXT)
         self._features = features
         self._identities = tuple(identities)
         self._announcement = [features_header(features)] if features else []

@@ -24,7 +24,7 @@ from relay.client.delivery import Delivery
 from relay.client.requests import PendingRequests
 from relay.client.teardown import TEARDOWN_AWAIT_S, bounded
 from relay.wire.codec import FrameDecoder, encode, error_frame_for
-from relay.wire.compat import ERROR_FRAMES
+from relay.wire.compat import ERROR_FRAMES, TRACE_CONTEXT
 from relay.wire.descriptor import CapabilityDescriptor
 from relay.wire.errors import ContractVersionError, ProtocolError, UndeliverableEvent
 from relay.wire.frames import (
@@ -158,7 +158,7 @@ class ConnectionReader:
     def _on_own_platform(self, frame: Inbound) -> Inbound:
         """An event whose source names no platform came from this connection's platform."""
         source = attrs.evolve(frame.event.source, platform=self._platform)
-        return Inbound(attrs.evolve(frame.event, source=source), frame.buffer_id)
+        return Inbound(attrs.evolve(frame.event, source=source), frame.buffer_id, frame.traceparent)
 
     def _route(self, frame: object) -> None:
         """Route one decoded frame other than a delivery; an error in one frame never affects
@@ -172,6 +172,7 @@ class ConnectionReader:
             elif isinstance(frame, DescriptorFrame):
                 if self._adopt(frame.descriptor):
                     self.peer_features = frozenset(frame.descriptor.features)
+                    self._pending.traced = TRACE_CONTEXT in self.peer_features
             elif isinstance(frame, GoingIdleAck):
                 self._pending.idle_acked(frame.request_id)
             elif isinstance(frame, ErrorFrame):

@@ -17,6 +17,7 @@ from relay.client.teardown import wait_future
 from relay.wire.codec import encode
 from relay.wire.errors import RelayBroken, RelayClosed
 from relay.wire.frames import Outbound, OutboundOutcome
+from statecore import tracing
 from statecore.clock import Clock, Deadline
 
 __all__ = ["PendingRequests", "RequestOutcome", "RequestResult", "result_of"]
@@ -72,6 +73,9 @@ class PendingRequests:
         self._ids = itertools.count(1)
         self._results: dict[str, asyncio.Future[OutboundOutcome]] = {}
         self._idle: dict[str, asyncio.Future[bool]] = {}
+        self.traced = False
+        """Whether the connector announced the trace feature (outbound frames may then carry
+        a ``traceparent``; set by the reader from each connection's descriptor)."""
 
     def __len__(self) -> int:
         """How many requests await their result."""
@@ -141,19 +145,34 @@ class PendingRequests:
         clock: Clock,
         deadline: Deadline,
         timeout_s: float,
+        traceparent: str | None = None,
     ) -> RequestResult:
         """Send one outbound action on ``ws`` and wait for its result until ``deadline``.
 
         A send on a closed socket, no result in time, or a failure by :meth:`fail_all` gives
         ``UNKNOWN`` (it may have been executed); otherwise the connector's answer.  The request
-        is registered only while it is waited for.
+        is registered only while it is waited for.  While tracing is on the request is a
+        ``transport outbound`` span whose context the frame carries (``traceparent``; only to a
+        connector that announced it).
         """
+        if tracing.enabled and traceparent is None:
+            return await self._traced(
+                ws,
+                action,
+                idempotency_key,
+                platform,
+                bot_id,
+                clock=clock,
+                deadline=deadline,
+                timeout_s=timeout_s,
+            )
         request_id = self.new_id()
         key = idempotency_key or self.default_key(request_id)
         future = self.expect(request_id)
         try:
             try:
-                await ws.send(encode(Outbound(request_id, action, key, platform, bot_id)))
+                frame = Outbound(request_id, action, key, platform, bot_id, traceparent or None)
+                await ws.send(encode(frame))
             except ConnectionClosed:
                 return RequestResult(RequestOutcome.UNKNOWN, request_id, error="connection lost")
             if not await wait_future(clock, future, deadline.remaining()):
@@ -167,6 +186,45 @@ class PendingRequests:
         finally:
             self.forget(request_id)
         return result_of(request_id, outcome)
+
+    async def _traced(
+        self,
+        ws: ClientConnection,
+        action: dict[str, Any],
+        idempotency_key: str | None,
+        platform: str | None,
+        bot_id: str | None,
+        *,
+        clock: Clock,
+        deadline: Deadline,
+        timeout_s: float,
+    ) -> RequestResult:
+        """:meth:`perform` inside its ``transport outbound`` span (tracing is on)."""
+        chat = action.get("chat_id")
+        attributes = {
+            "relay.op": str(action.get("op")),
+            "relay.chat_id": chat if isinstance(chat, str | int) else None,
+            "relay.platform": platform,
+            "relay.idempotency_key": idempotency_key,
+        }
+        with tracing.span("transport outbound", attributes, kind=tracing.Kind.CLIENT) as span:
+            # "": no field on the wire (the connector did not announce it), and no second span.
+            traceparent = (tracing.current_traceparent() if self.traced else None) or ""
+            result = await self.perform(
+                ws,
+                action,
+                idempotency_key,
+                platform,
+                bot_id,
+                clock=clock,
+                deadline=deadline,
+                timeout_s=timeout_s,
+                traceparent=traceparent,
+            )
+            if span is not None:
+                span.set_attribute("relay.request_id", result.request_id or "")
+                span.set_attribute("relay.outcome", result.outcome.value)
+            return result
 
     def fail_all(self, error: Exception) -> None:
         """Fail every waiting request with ``error`` and every going-idle waiter with False."""

@@ -16,12 +16,14 @@ from relay.connector._log import limited, log
 from relay.connector._settings import InboundSettings
 from relay.connector._store_thread import StoreThread
 from relay.connector._tasks import Tasks
+from relay.connector._tracing import traceparent_for
 from relay.connector.chat_tenants import ChatTenants
 from relay.connector.intake import IntakeFull
-from relay.wire.codec import encode
+from relay.wire.codec import encode, with_traceparent
 from relay.wire.frames import Inbound, InboundEvent
 from relay.wire.logtext import peer_text
 from relay.wire.throttle import LogLimits
+from statecore import tracing
 from statecore.metrics import IntakeMetrics, IntakeOutcome
 
 __all__ = ["InboundRouter"]
@@ -155,6 +157,8 @@ class InboundRouter:
                 instance.appended += 1
             buffered.append(gateway_id)
             offered.append(None)
+        # The connector's span for this event (statecore.tracing), for gateways that trace.
+        trace = tracing.current_traceparent() if tracing.enabled else None
         if buffered or key is not None:
             # The key and the appends commit together: a crash leaves both or neither, and a
             # redelivered copy finds the key.
@@ -164,7 +168,10 @@ class InboundRouter:
                 return
             for gateway_id, instance, line in zip(buffered, offered, lines, strict=True):
                 if instance is not None:
-                    self._delivery.offer(instance, *line)
+                    buffer_id, seq, text = line
+                    if trace is not None and (tp := traceparent_for(instance, trace)):
+                        text = with_traceparent(text, tp)
+                    self._delivery.offer(instance, buffer_id, seq, text)
                 else:
                     self._maybe_wake(gateway_id)
         for gateway_id in live:
@@ -173,7 +180,9 @@ class InboundRouter:
                 instance is not None
                 and instance.live
                 and platform in instance.platforms()
-                and await instance.send(encode(Inbound(event)))
+                and await instance.send(
+                    encode(Inbound(event, None, trace and traceparent_for(instance, trace)))
+                )
             ):
                 continue  # delivered live (a failed live send falls back to the buffer)
             if instance is not None and instance.is_replaying():

@@ -75,6 +75,7 @@ from relay.connector._roster import Roster
 from relay.connector._settings import MetricsText, WakeHook
 from relay.connector._store_thread import StoreThread
 from relay.connector._tasks import Tasks
+from relay.connector._tracing import traced
 from relay.connector.buffer import InboundBuffer
 from relay.connector.chat_tenants import ChatTenants
 from relay.connector.connection import CONNECTION, ConnectionState
@@ -87,7 +88,7 @@ from relay.connector.rejected import RejectedEvents
 from relay.connector.seen import SeenKeys
 from relay.connector.subscriptions import Subscriptions
 from relay.wire.auth import DEFAULT_MAX_TTL_S
-from relay.wire.compat import OUR_FEATURES
+from relay.wire.compat import OUR_FEATURES, TRACE_CONTEXT
 from relay.wire.descriptor import CapabilityDescriptor
 from relay.wire.frames import InboundEvent
 from relay.wire.logtext import peer_text
@@ -96,6 +97,7 @@ from statecore.claims import NotifyingStore
 from statecore.clock import Clock, SystemClock
 from statecore.metrics import NO_METRICS, Metrics
 from statecore.store import Store
+from statecore.tracing import refresh as tracing_on
 
 __all__ = [
     "CONNECTION",
@@ -232,6 +234,7 @@ class Connector:
                 descriptor,
                 features=[
                     *OUR_FEATURES,
+                    *((TRACE_CONTEXT,) if tracing_on() else ()),  # only while tracing is on
                     *(f for f in descriptor.features if f not in OUR_FEATURES),
                 ],
             )
@@ -305,6 +308,7 @@ class Connector:
             holding=holding,
         )
         egress = Egress(self, chat_tenants=self.chat_tenants)
+        traced(self._inbound, egress, "connector")  # a no-op while tracing is off
         self._reader = Reader(
             self,
             roster=self._roster,

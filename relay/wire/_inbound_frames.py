@@ -252,18 +252,25 @@ class Inbound:
 
     ``buffer_id`` is set iff it came from the durable buffer: the caller must send
     ``InboundAck(buffer_id)`` after its handler returned normally (and not if it raised).
+    ``traceparent`` is the W3C trace context of the connector's span for the event: set only
+    toward a gateway that announced :data:`~relay.wire.compat.TRACE_CONTEXT`, read as sent
+    (anything but a string reads as absent; its form is checked where it is used).
     """
 
     TYPE: ClassVar[str] = "inbound"
 
     event: InboundEvent = attrs.field(validator=attrs.validators.instance_of(InboundEvent))
     buffer_id: str | None = attrs.field(default=None, validator=is_opt_str)
+    traceparent: str | None = attrs.field(default=None, validator=is_opt_str)
 
     def to_wire(self) -> dict[str, Any]:
-        """Return the frame's JSON object (``bufferId`` only for a buffered delivery)."""
+        """Return the frame's JSON object (``bufferId`` only for a buffered delivery,
+        ``traceparent`` only when set)."""
         wire: dict[str, Any] = {"type": "inbound", "event": self.event.to_wire()}
         if self.buffer_id is not None:
             wire["bufferId"] = self.buffer_id
+        if self.traceparent is not None:
+            wire["traceparent"] = self.traceparent
         return wire
 
     @classmethod
@@ -277,7 +284,9 @@ class Inbound:
         if type(event) is not dict:
             event = as_object(event, "event", ref)
         event = _event_from_wire(event, "event.", ref)
-        return _new_inbound(event, buffer_id)
+        traceparent = obj.get("traceparent")
+        # Never refused for it: a trace context of another type is no trace context.
+        return _new_inbound(event, buffer_id, traceparent if type(traceparent) is str else None)
 
 
 @attrs.frozen

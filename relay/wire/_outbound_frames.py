@@ -108,6 +108,9 @@ class Outbound:
     shallow copy and ``to_wire`` hands out that copy (do not mutate it). Reuse the same
     ``idempotency_key`` when retrying an ambiguous send so the connector can de-duplicate.
     ``platform``/``bot_id`` pick a non-default identity announced by a :class:`Hello`.
+    ``traceparent`` (W3C trace context of the gateway's span for the send) is set only toward a
+    connector that announced :data:`~relay.wire.compat.TRACE_CONTEXT`; read as sent (anything
+    but a string reads as absent).
     """
 
     TYPE: ClassVar[str] = "outbound"
@@ -118,6 +121,7 @@ class Outbound:
     idempotency_key: str | None = attrs.field(default=None, validator=is_opt_str)
     platform: str | None = attrs.field(default=None, validator=is_opt_str)
     bot_id: str | None = attrs.field(default=None, validator=is_opt_str)
+    traceparent: str | None = attrs.field(default=None, validator=is_opt_str)
 
     def to_wire(self) -> dict[str, Any]:
         """Return the frame's JSON object (``None`` fields omitted)."""
@@ -132,6 +136,8 @@ class Outbound:
             wire["platform"] = self.platform
         if self.bot_id is not None:
             wire["botId"] = self.bot_id
+        if self.traceparent is not None:
+            wire["traceparent"] = self.traceparent
         return wire
 
     @classmethod
@@ -157,8 +163,13 @@ class Outbound:
         bot_id = get("botId")
         if bot_id is not None and type(bot_id) is not str:
             bot_id = as_str(bot_id, "botId", ref)
+        traceparent = get("traceparent")
+        if type(traceparent) is not str:
+            traceparent = None  # never refused for it: no trace context, that is all
         # A private copy: the frame must not change if the caller's dict does.
-        return _new_outbound(request_id, dict(action), idempotency_key, platform, bot_id)
+        return _new_outbound(
+            request_id, dict(action), idempotency_key, platform, bot_id, traceparent
+        )
 
 
 @attrs.frozen

@@ -44,6 +44,7 @@ __all__ = [
     "encode_event",
     "error_frame_for",
     "plain_acks",
+    "with_traceparent",
 ]
 
 DEFAULT_MAX_FRAME_BYTES: Final = 1_048_576
@@ -142,6 +143,19 @@ def buffered_inbound_line(buffer_id: str, event_json: str) -> str:
     since it was buffered: a replay sends it without parsing and encoding it again.  Raises
     nothing."""
     return f'{{"type":"inbound","event":{event_json},"bufferId":{_ENCODE(buffer_id)}}}\n'
+
+
+def with_traceparent(line: str, traceparent: str) -> str:
+    """``line`` (an ``inbound`` line as :func:`encode` or :func:`buffered_inbound_line` wrote
+    it) with its ``traceparent`` field added, for a gateway that announced
+    :data:`~relay.wire.compat.TRACE_CONTEXT`.  ``traceparent`` must be well formed
+    (``statecore.tracing.is_traceparent``): ``ValueError`` otherwise, and for a line that is not
+    one compact object."""
+    if len(traceparent) != 55 or not traceparent.isascii() or '"' in traceparent:
+        raise ValueError("not a W3C traceparent")
+    if not line.endswith("}\n"):
+        raise ValueError("not a compact frame line")
+    return f'{line[:-2]},"traceparent":"{traceparent}"}}\n'
 
 
 def error_frame_for(err: ProtocolError) -> ErrorFrame:

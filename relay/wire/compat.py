@@ -27,6 +27,7 @@ __all__ = [
     "IDEMPOTENT_SENDS",
     "OUR_FEATURES",
     "REPLACED_4409",
+    "TRACE_CONTEXT",
     "features_header",
     "parse_features",
 ]
@@ -52,6 +53,15 @@ most once, however often the connector performed it and across the connector's r
 Not in :data:`OUR_FEATURES`: only a platform driver whose platform does this announces it, in
 the ``features`` of its own descriptor (the connector adds them to its own), together with
 ``idempotency_window_s``.  A descriptor announcing it without a window promises nothing."""
+
+TRACE_CONTEXT: Final = "trace_context"
+"""The peer reads and writes a W3C ``traceparent`` field on ``inbound`` (connector -> gateway)
+and ``outbound`` (gateway -> connector) frames, so one trace spans both processes.
+
+Not in :data:`OUR_FEATURES`: each side announces it only while tracing is on
+(:mod:`statecore.tracing`), so a process without tracing sends exactly the frames it always
+did.  The field goes only to a peer that announced it; a frame without it is never refused,
+and a malformed one is ignored."""
 
 OUR_FEATURES: Final[tuple[str, ...]] = (ERROR_FRAMES, EXPIRED_4419, REPLACED_4409, ACKED_LIVE)
 """What this project's gateway and connector announce (a driver may add

@@ -8,6 +8,7 @@ the send and its settling write are the send path's (:mod:`statecore.gateway.sen
 
 from __future__ import annotations
 
+from statecore import tracing
 from statecore.async_ledger import AsyncLedger
 from statecore.errors import InvalidTransition, StaleState
 from statecore.gateway.adapter import SendResult
@@ -58,8 +59,13 @@ class Finals:
         # replies to the message.
         recorded: list[Obligation] = []
         for number, (part, ref) in enumerate(zip(parts, refs, strict=True)):
-            recorded.append(
-                await self.ledger.record(
+            with (
+                tracing.span("obligation record", _record_attributes(platform, chat_id, profile))
+                if tracing.enabled
+                else tracing.OFF
+            ) as span:
+                # The record keeps this span's traceparent (see statecore.tracing).
+                obligation = await self.ledger.record(
                     session_key=session_key,
                     platform=platform,
                     chat_id=chat_id,
@@ -69,7 +75,12 @@ class Finals:
                     reply_to=None if number else reply_to,
                     adapter_profile=profile,
                 )
-            )
+                if span is not None:
+                    span.set_attribute("statecore.obligation_id", obligation.obligation_id)
+                    span.set_attribute("statecore.fence", obligation.fence)
+                    span.set_attribute("statecore.state", obligation.state.value)
+                    span.set_attribute("statecore.owner", str(obligation.owner))
+            recorded.append(obligation)
         ids = [ob.obligation_id for ob in recorded]
         self.path.hold(ids)
         try:
@@ -119,3 +130,13 @@ class Finals:
             obligation_id=oid,
         )
         return result
+
+
+def _record_attributes(platform: str, chat_id: str, profile: str) -> dict[str, str]:
+    """The attributes an ``obligation record`` span starts with (tracing is on)."""
+    return {
+        "statecore.kind": "obligation",
+        "statecore.platform": platform,
+        "statecore.chat_id": chat_id,
+        "statecore.profile": profile,
+    }

@@ -67,7 +67,7 @@ from statecore.gateway.recovery import (
 from statecore.gateway.routing import Route
 from statecore.gateway.sending import Redelivered, SendPath
 from statecore.gateway.sessions import Session, SessionStore
-from statecore.gateway.turn import Message, MessageHandler, Turn
+from statecore.gateway.turn import Message, MessageHandler, Turn, run_handler
 from statecore.metrics import NO_METRICS, Metrics
 from statecore.obligation import Claim
 from statecore.ownership import Incarnation, ProcessProbe
@@ -302,7 +302,7 @@ class Gateway:
     async def _dispatch(self, message: Message) -> None:
         if self._handler is None:
             return
-        await self._handler(Turn(self, message))
+        await run_handler(self._handler, Turn(self, message))
 
     def _reconnect_listener(self, platform: str, profile: str) -> Callable[[], None]:
         def reconnected() -> None:

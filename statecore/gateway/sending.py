@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from typing import Any, NamedTuple, TypeVar, cast
 
+from statecore import tracing
 from statecore.async_ledger import AsyncLedger
 from statecore.clock import Clock
 from statecore.gateway.adapter import DedupingSends, SendResult, abilities_of
@@ -111,6 +112,7 @@ class SendPath:
         the adapter's platform shows one send per idempotency key and its window covered every
         attempt (:func:`dedupe_covers`).  Never counted in ``labelled``."""
         self._held: Counter[str] = Counter()
+        tracing.refresh()  # a tracer provider configured before the gateway was built
 
     # -- holding -------------------------------------------------------------------------------
 
@@ -174,18 +176,44 @@ class SendPath:
             metadata["thread_id"] = thread_id
         if reply_to is not None:
             metadata["reply_to"] = reply_to
-        try:
-            result = await adapter.send(chat_id, content, metadata)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.warning("adapter send raised for %s: %s", obligation_id, exc, exc_info=True)
-            result = SendResult.failed(f"send raised: {exc}", ambiguous=True)
-        return result, await self.settle(obligation_id, result)
+        with (
+            tracing.span("obligation deliver", self._attributes(obligation_id, chat_id))
+            if tracing.enabled
+            else tracing.OFF
+        ) as span:
+            try:
+                result = await adapter.send(chat_id, content, metadata)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("adapter send raised for %s: %s", obligation_id, exc, exc_info=True)
+                result = SendResult.failed(f"send raised: {exc}", ambiguous=True)
+            if span is not None:
+                span.set_attribute("statecore.success", result.success)
+                span.set_attribute("statecore.ambiguous", result.ambiguous)
+            return result, await self.settle(obligation_id, result)
+
+    def _attributes(self, obligation_id: str, chat_id: str | None = None) -> dict[str, Any]:
+        """The attributes of this process's obligation spans (tracing is on)."""
+        return {
+            "statecore.kind": "obligation",
+            "statecore.obligation_id": obligation_id,
+            "statecore.chat_id": chat_id,
+            "statecore.owner": self.ledger.incarnation.label,
+        }
 
     async def settle(self, obligation_id: str, result: SendResult) -> bool:
         """Write the send's outcome; True when the row is now delivered.  A write that keeps
-        failing leaves the row attempting, for the stuck-row recovery."""
+        failing leaves the row attempting, for the stuck-row recovery.  While tracing is on
+        the write is an ``obligation settle`` span."""
+        if not tracing.enabled:
+            return await self._settle(obligation_id, result)
+        attributes = self._attributes(obligation_id)
+        attributes["statecore.event"] = "deliver" if result.success else "fail"
+        with tracing.span("obligation settle", attributes):
+            return await self._settle(obligation_id, result)
+
+    async def _settle(self, obligation_id: str, result: SendResult) -> bool:
         if result.success:
             settled = await self.write(
                 "mark_delivered",
@@ -279,7 +307,43 @@ class SendPath:
     ) -> bool | None:
         """Send one claim, labelled if needed (unless its platform deduplicates it); hand it
         back (refunded) when its adapter is missing.  None if it was not delivered, else
-        whether it went labelled."""
+        whether it went labelled.  While tracing is on it is an ``obligation redeliver`` span,
+        a child of the span that recorded the row (its creation audit entry keeps that
+        ``traceparent``): the same trace, whichever process recorded it."""
+        if not tracing.enabled:
+            return await self._resend(claim, adapter_of)
+        ob = claim.obligation
+        attributes = self._attributes(ob.obligation_id, ob.chat_id)
+        attributes.update(
+            {
+                "statecore.fence": ob.fence,
+                "statecore.attempts": claim.attempts,
+                "statecore.platform": ob.platform,
+                "statecore.profile": claim.profile,
+                "statecore.reason": claim.reason,
+                "statecore.recorded_by": str(ob.owner),
+            }
+        )
+        parent = await self._recorded_trace(ob.obligation_id)
+        with tracing.span("obligation redeliver", attributes, parent=parent, source="the ledger"):
+            return await self._resend(claim, adapter_of)
+
+    async def _recorded_trace(self, obligation_id: str) -> str | None:
+        """The ``traceparent`` the row's creation audit entry keeps, or None (none kept, or the
+        history cannot be read now: the redelivery then starts a trace of its own)."""
+        try:
+            history = await self.ledger.history(obligation_id)
+        except Exception:
+            log.debug("reading the trace of %s failed", obligation_id, exc_info=True)
+            return None
+        first = history[0] if history else None
+        if first is None or first.event != "record":
+            return None
+        return tracing.traceparent_of_reason(first.reason)
+
+    async def _resend(
+        self, claim: Claim, adapter_of: Callable[[str, str], Sendable | None]
+    ) -> bool | None:
         ob = claim.obligation
         oid = ob.obligation_id
         adapter = adapter_of(ob.platform, claim.profile)

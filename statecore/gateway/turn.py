@@ -10,12 +10,21 @@ from typing import Protocol
 
 import attrs
 
+from statecore import tracing
 from statecore.clock import Clock
 from statecore.gateway.adapter import InboundLike, SendResult
 from statecore.gateway.live import LiveActions
 from statecore.policy import ErrorKind
 
-__all__ = ["TYPING_REFRESH_S", "Message", "MessageHandler", "Replier", "Turn", "session_key_for"]
+__all__ = [
+    "TYPING_REFRESH_S",
+    "Message",
+    "MessageHandler",
+    "Replier",
+    "Turn",
+    "run_handler",
+    "session_key_for",
+]
 
 TYPING_REFRESH_S = 4.0
 """How often :meth:`Turn.keep_typing` shows typing again: platforms drop the status by
@@ -210,3 +219,26 @@ class Turn:
 
 MessageHandler = Callable[[Turn], Awaitable[None]]
 """A bot's logic: ``await handler(turn)`` for every inbound message."""
+
+
+def run_handler(handler: MessageHandler, turn: Turn) -> Awaitable[None]:
+    """``handler(turn)``; while tracing is on (:mod:`statecore.tracing`), inside the turn's
+    ``gateway handle`` span (a child of the ``transport inbound`` span current then).  Await
+    the result; it raises what the handler raises."""
+    if not tracing.enabled:
+        return handler(turn)
+    return _traced(handler, turn)
+
+
+async def _traced(handler: MessageHandler, turn: Turn) -> None:
+    m = turn.message
+    attributes = {
+        "statecore.platform": m.platform,
+        "statecore.profile": m.profile,
+        "statecore.chat_id": m.chat_id,
+        "statecore.chat_type": m.chat_type,
+        "statecore.message_id": m.message_id,
+        "statecore.session_key": m.session_key,
+    }
+    with tracing.span("gateway handle", attributes):
+        await handler(turn)
