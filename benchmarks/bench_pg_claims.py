@@ -18,6 +18,7 @@ wait samples by event, the longest settle, and double claims (must be 0).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import threading
@@ -31,14 +32,14 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from statecore.batch import Creation  # noqa: E402
-from statecore.batching import chunks  # noqa: E402
-from statecore.errors import StaleState  # noqa: E402
-from statecore.store import Audit, one_of  # noqa: E402
-from stores.postgres import PostgresStore  # noqa: E402
-from stores.testing import TICKET_KIND  # noqa: E402
-from stores.testing._kit import TS  # noqa: E402
-from stores.testing.postgres_server import start_server  # noqa: E402
+from statecore.batch import Creation
+from statecore.batching import chunks
+from statecore.errors import StaleState
+from statecore.store import Audit, one_of
+from stores.postgres import PostgresStore
+from stores.testing import TICKET_KIND
+from stores.testing._kit import TS
+from stores.testing.postgres_server import start_server
 
 CHUNK = 25
 
@@ -88,10 +89,8 @@ def _settler(
             time.sleep(0.001)
             continue
         started = time.perf_counter()
-        try:
+        with contextlib.suppress(StaleState):
             store.transition(TICKET_KIND, entity_id, "finish", audit=Audit(3.0, "settler"))
-        except StaleState:
-            pass
         longest.append(time.perf_counter() - started)
         done += 1
     return done

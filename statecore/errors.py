@@ -20,6 +20,10 @@ __all__ = [
     "StaleVersion",
     "StatecoreError",
     "StoreError",
+    "StoreIdentityChanged",
+    "StoreOutcomeUnknown",
+    "StoreTimeout",
+    "StoreUnreachable",
     "UnknownEntity",
     "UnknownKind",
 ]
@@ -104,8 +108,61 @@ class UnknownEntity(StatecoreError, LookupError):
 class StoreError(StatecoreError):
     """The store's driver failed (I/O, corruption, lock timeout); the cause is ``__cause__``.
 
-    Nothing was committed by the operation that raised it.
+    Nothing was committed by the operation that raised it (except for
+    :class:`StoreOutcomeUnknown`, which says so).
     """
+
+
+class StoreUnreachable(StoreError):
+    """The store's server could not be reached (nothing listening, shutting down, refusing
+    connections) within the store's bounded retries; nothing was written.  The store keeps
+    trying to reconnect: call again later, no restart needed."""
+
+
+class StoreTimeout(StoreError):
+    """The server did not finish the statement within the store's bound (its statement or
+    lock timeout); the server cancelled it and the transaction was rolled back: nothing was
+    written.  Call again later, or raise the bound."""
+
+
+class StoreOutcomeUnknown(StoreError):
+    """The connection was lost while a transaction was being committed, and the store could
+    not learn from the server whether it committed.  The write may or may not have been kept:
+    do not repeat it as if it had failed -- re-read the entity (its state and fence say which)
+    and decide again.  ``what`` names the operation."""
+
+    def __init__(self, what: str, detail: str = "") -> None:
+        self.what = what
+        self.detail = detail
+        message = f"{what}: the commit's outcome is unknown (the connection was lost during it)"
+        super().__init__(f"{message}; {detail}" if detail else message)
+
+    def __reduce__(self) -> tuple[type[StoreOutcomeUnknown], tuple[str, str]]:
+        return (type(self), (self.what, self.detail))
+
+
+class StoreIdentityChanged(StoreError):
+    """The server at the store's address is not the database cluster the store's data was
+    written on: its ``system_identifier`` (``pg_control_system()``) is ``found``, the store
+    recorded ``recorded`` (a backup restored, a new cluster at the same address, a failover to
+    an unrelated server).  The store refuses every write from then on, so that nothing is
+    re-sent as if still owed.  An operator must check which server is right; if the data was
+    really restored from a backup of this store, reopen it with
+    ``PostgresStore(..., adopt_system_identifier=found)`` to record the new identifier."""
+
+    def __init__(self, where: str, recorded: int, found: int) -> None:
+        self.where = where
+        self.recorded = recorded
+        self.found = found
+        super().__init__(
+            f"{where}: the server's system identifier is {found}, but this store's data was "
+            f"written on the cluster with system identifier {recorded}: refusing every write. "
+            "Check that the store points at the right server; if its data was restored from a "
+            f"backup, reopen it with adopt_system_identifier={found} to record the new one"
+        )
+
+    def __reduce__(self) -> tuple[type[StoreIdentityChanged], tuple[str, int, int]]:
+        return (type(self), (self.where, self.recorded, self.found))
 
 
 def _plain(value: object) -> object:

@@ -3,17 +3,23 @@
 * :class:`Target` -- where the store connects, parsed once from a URL or a ``key=value``
   conninfo: what error messages and ``repr`` show (host, port, database, user), never the
   password, which :meth:`Target.scrub` removes from any text that might carry it.
-* :func:`open_schema` -- the one connection a store opens first: the schema's shared tables
-  created, its layout version checked and recorded.
-* :class:`Connections` -- a ``psycopg_pool.ConnectionPool`` of autocommit connections.  A call
-  outside an :meth:`Connections.atomic` block checks a connection out for its own short
-  transaction; a block checks one out for the calling thread until the outermost block ends, and
-  every call on that thread inside it uses that connection.  Nested blocks are savepoints.
+* :func:`open_schema` -- the one connection a store opens first (bounded retries): the schema's
+  shared tables created, its layout version checked and recorded, the cluster's system
+  identifier recorded or checked (``stores._postgres_identity``).
+* :class:`Connections` -- a ``psycopg_pool.ConnectionPool`` of autocommit connections, each new
+  one checked to be on the recorded cluster.  A call outside an :meth:`Connections.atomic`
+  block checks a connection out for its own short transaction; a block checks one out for the
+  calling thread until the outermost block ends, and every call on that thread inside it uses
+  that connection.  Nested blocks are savepoints.
 * Serialization failures and deadlocks of a call's own transaction are retried, a bounded number
   of times with a short jittered backoff; inside a block they cannot be (the block's earlier work
   is gone) and raise ``StoreError``.  A connection found dead when a call starts (the server
-  restarted, an idle connection was terminated) is replaced and the call runs again: nothing was
-  sent on it.  Any other driver error raises ``StoreError`` naming the server and database.
+  restarted, an idle connection was terminated) is replaced and the call runs again, with the
+  options' backoff: nothing was sent on it.  A server that cannot be reached raises
+  ``StoreUnreachable`` once the pool's bounded wait ends (the pool keeps reconnecting: a server
+  that comes back is used again); a statement cancelled at its bound raises ``StoreTimeout``;
+  a commit lost in flight is resolved or raises ``StoreOutcomeUnknown`` (:meth:`Connections.write`).
+  Any other driver error raises ``StoreError`` naming the server and database.
 """
 
 from __future__ import annotations
@@ -34,7 +40,18 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 import stores._postgres_sql as sql
 from statecore.claims import NoTransaction
-from statecore.errors import StaleVersion, StatecoreError, StoreError
+from statecore.errors import (
+    StaleVersion,
+    StatecoreError,
+    StoreError,
+    StoreOutcomeUnknown,
+    StoreTimeout,
+    StoreUnreachable,
+)
+from stores._postgres_claim import bounded_claim
+from stores._postgres_faults import BEGIN_WITH_XID, classify, commit_outcome, connect
+from stores._postgres_identity import Identity, record_identity
+from stores._postgres_options import Options
 
 __all__ = ["RETRIES", "Connections", "Target", "Txn", "open_schema"]
 
@@ -84,18 +101,16 @@ def _scrub_any(text: str, secret: str | None) -> str:
     return text
 
 
-def open_schema(target: Target, kwargs: dict[str, Any], schema: str | None, version: int) -> None:
-    """Connect once: refuse what cannot work (an unreachable server, a refused login, a layout
-    newer than ``version``), create the schema's shared tables (version, audit, catalog) if
-    absent and record ``version`` -- under the schema's advisory lock, so concurrent openers
-    take turns.  Raises ``StoreError`` naming the server, never the password."""
-    try:
-        conn = psycopg.connect(target.conninfo, **kwargs)
-    except psycopg.Error as exc:
-        raise StoreError(
-            f"cannot connect to PostgreSQL at {target.host}:{target.port}, database "
-            f"{target.dbname!r}: {target.scrub(str(exc).strip())}"
-        ) from None  # the driver's error may quote the conninfo
+def open_schema(target: Target, kwargs: dict[str, Any], options: Options, version: int) -> int:
+    """Connect once (bounded retries, :func:`stores._postgres_faults.connect`): refuse what
+    cannot work (an unreachable server, a refused login, a layout newer than this code, data
+    written on another cluster), create the schema's shared tables (version, audit, catalog,
+    meta) if absent, record the layout version and the cluster's system identifier -- under
+    the schema's advisory lock, so concurrent openers take turns.  Returns the identifier.
+    Raises ``StoreUnreachable``, ``StoreIdentityChanged`` or ``StoreError`` naming the server,
+    never the password."""
+    schema = options.schema
+    conn = connect(target, kwargs, options)
     try:
         with conn.transaction():
             conn.execute(sql.lock_sql(), (schema or "",))  # first: concurrent openers wait
@@ -109,15 +124,17 @@ def open_schema(target: Target, kwargs: dict[str, Any], schema: str | None, vers
                     f"{target}: schema version {stored} is newer than this code "
                     f"understands ({version}); upgrade statecore"
                 )
+            identifier = record_identity(conn, str(target), options.adopt_system_identifier)
             for statement in (*sql.audit_schema_sql(), sql.kinds_schema_sql()):
                 conn.execute(statement)
             if stored != version:
                 for statement in sql.write_version_sql(version):
                     conn.execute(statement)
     except psycopg.Error as exc:
-        raise StoreError(f"{target}: opening failed: {target.scrub(str(exc))}") from exc
+        raise classify(target, exc, "opening") from exc
     finally:
         conn.close()
+    return identifier
 
 
 class _Local(threading.local):
@@ -127,19 +144,18 @@ class _Local(threading.local):
 
 
 class Connections:
-    """The pool of one store, the calling thread's block connection, and the translation of
-    driver errors into ``StoreError`` naming the server and database."""
+    """The pool of one store, the calling thread's block connection, the identity check of
+    every new connection, and the translation of driver errors into typed ``StoreError``s
+    naming the server and database."""
 
     def __init__(
-        self,
-        target: Target,
-        kwargs: dict[str, Any],
-        *,
-        pool_size: int,
-        timeout_s: float,
+        self, target: Target, kwargs: dict[str, Any], options: Options, identity: Identity
     ) -> None:
         self.target = target
-        self.timeout_s = timeout_s
+        self.kwargs = kwargs
+        self.options = options
+        self.identity = identity
+        self.timeout_s = options.pool_timeout_s
         self.closed = False
         self.local = _Local()
         self.versions: dict[str, tuple[str, int]] = {}  # table -> lifecycle name, our version
@@ -147,35 +163,46 @@ class Connections:
             target.conninfo,
             kwargs=kwargs,
             min_size=1,
-            max_size=pool_size,
+            max_size=options.pool_size,
             open=True,
-            timeout=timeout_s,
+            timeout=self.timeout_s,
             num_workers=2,
             name="statecore",
+            configure=identity.check,  # a connection to another cluster is never handed out
+            reconnect_timeout=max(60.0, self.timeout_s),
         )
 
     # -- errors -----------------------------------------------------------------------------
 
     def error(self, exc: BaseException, what: str) -> StoreError:
         """The StoreError for a driver failure during ``what`` (chain it with ``from``)."""
+        if self.identity.changed is not None:
+            return self.identity.changed
         if isinstance(exc, PoolClosed) or self.closed:
             return StoreError(f"{self.target}: the store is closed")
         if isinstance(exc, PoolTimeout):
-            return StoreError(
+            stats = self.pool.get_stats()
+            if stats.get("pool_size", 0) >= self.pool.max_size:
+                return StoreTimeout(
+                    f"{self.target}: no connection within {self.timeout_s:g} s during {what}: "
+                    f"all {self.pool.max_size} connections in use"
+                )
+            return StoreUnreachable(
                 f"{self.target}: no connection within {self.timeout_s:g} s during {what} "
-                f"(server unreachable, or all {self.pool.max_size} connections in use)"
+                f"(the server cannot be reached; {self.options.connect_retries} tries per "
+                "connection): nothing was written; the store keeps trying to reconnect"
             )
-        detail = self.target.scrub(str(exc).strip() or type(exc).__name__)
         if isinstance(exc, psycopg.errors.CheckViolation):
             refused = self._refused(exc, what)
             if refused is not None:
                 return refused
         if isinstance(exc, _RETRYABLE):
+            detail = self.target.scrub(str(exc).strip() or type(exc).__name__)
             return StoreError(
                 f"{self.target}: {what} aborted by the server ({detail}); "
                 "nothing of the transaction was kept: run it again"
             )
-        return StoreError(f"{self.target}: {what} failed: {detail}")
+        return classify(self.target, exc, what)
 
     def _refused(self, exc: psycopg.errors.CheckViolation, what: str) -> StoreError | None:
         """A write refused by a kind's version constraint (stores._postgres_versions): this
@@ -206,24 +233,38 @@ class Connections:
     def _lease(self) -> AbstractContextManager[psycopg.Connection[Any]]:
         if self.closed:
             raise StoreError(f"{self.target}: the store is closed")
+        if self.identity.changed is not None:
+            raise self.identity.changed  # refused until an operator decides
         return self.pool.connection()
+
+    def _dead(self, conn: psycopg.Connection[Any], attempt: int) -> bool:
+        """After an OperationalError before anything of the call was sent: whether to try
+        again (the connection was dead: the server restarted, an idle connection was ended),
+        after replacing the pool's dead connections and the attempt's backoff."""
+        delays = self.options.delays()
+        if not conn.broken or attempt > len(delays):
+            return False
+        self.pool.check()
+        time.sleep(delays[attempt - 1] if attempt > 1 else 0.0)
+        return True
 
     def read(self, what: str, call: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``call(conn)`` on the thread's block connection, or on a pooled connection in
-        autocommit (one statement: its own snapshot).  Raises ``StoreError``."""
+        autocommit (one statement: its own snapshot), tried again on a dead connection with
+        the options' bounded backoff.  Raises ``StoreError``."""
         conn = self.local.conn
         if conn is not None:
             with self.guard(what):
                 return call(conn)
-        for attempt in range(2):
+        attempt = 0
+        while True:
+            attempt += 1
             with self.guard(what), self._lease() as conn:
                 try:
                     return call(conn)
                 except psycopg.OperationalError:
-                    if attempt or not conn.broken:
+                    if not self._dead(conn, attempt):
                         raise
-                    self.pool.check()  # a dead idle connection: replace them and read again
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def held(self, what: str, call: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``call(conn)`` on the thread's block connection, for work whose effect (a lock) only
@@ -235,11 +276,22 @@ class Connections:
         with self.guard(what):
             return call(conn)
 
+    def claim(self, what: str, text: str, params: list[Any]) -> list[Any]:
+        """The locking read ``text`` on the thread's block connection, waiting at most the
+        options' ``claim_lock_timeout_s`` for any lock (see ``stores._postgres_claim``): on
+        that bound, nothing is claimed this round (``[]``) and the block goes on.  Raises
+        ``NoTransaction`` outside a block, ``StoreError`` when the server fails."""
+        return self.held(what, lambda conn: bounded_claim(conn, text, params, self.options))
+
     def write(self, what: str, call: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``call(conn)`` in a transaction: the thread's block (joined, no savepoint: a single
         write matches or changes nothing) or a transaction of its own, committed, and retried
-        on a serialization failure or deadlock.  Raises ``StoreError`` or what ``call`` raises
-        (then nothing of it was kept)."""
+        on a serialization failure or deadlock, or a dead connection before anything was sent.
+        A commit whose reply was lost is resolved by asking the server
+        (:func:`~stores._postgres_faults.commit_outcome`): committed, the result is returned;
+        rolled back, the write runs again (bounded); unknown, ``StoreOutcomeUnknown`` -- never
+        retried blindly.  Raises ``StoreError`` or what ``call`` raises (then nothing of it was
+        kept)."""
         conn = self.local.conn
         if conn is not None:
             with self.guard(what):
@@ -249,24 +301,44 @@ class Connections:
             attempt += 1
             with self.guard(what), self._lease() as conn:
                 try:
-                    conn.execute(sql.BEGIN)
+                    begun = conn.execute(BEGIN_WITH_XID)
+                    begun.nextset()
+                    xid = str(begun.fetchone()[0])  # type: ignore[index]
                 except psycopg.OperationalError:
-                    if attempt > 1 or not conn.broken:
+                    if not self._dead(conn, attempt):
                         raise
-                    self.pool.check()  # dead before anything was sent: another connection
                     continue
                 try:
                     result = call(conn)
-                    conn.execute(sql.COMMIT)
-                    return result
                 except _RETRYABLE:
                     _rollback(conn)
                     if attempt >= RETRIES:
                         raise
+                    time.sleep(random.uniform(0.001, 0.005 * 2**attempt))
+                    continue
                 except BaseException:
                     _rollback(conn)
                     raise
-            time.sleep(random.uniform(0.001, 0.005 * 2**attempt))
+                try:
+                    conn.execute(sql.COMMIT)
+                    return result
+                except psycopg.OperationalError as exc:
+                    if not conn.broken:
+                        raise
+                    lost_commit = exc
+            # The connection broke while the COMMIT was in flight: ask what became of it.
+            outcome = commit_outcome(
+                self.target, self.kwargs, self.options, xid, self.identity.check
+            )
+            if outcome == "committed":
+                return result
+            if outcome is None:
+                raise StoreOutcomeUnknown(
+                    f"{self.target}: {what}",
+                    f"transaction {xid}: re-read the entity before trying again",
+                ) from lost_commit
+            if attempt >= RETRIES:  # rolled back each time: nothing was kept
+                raise self.error(lost_commit, what) from lost_commit
 
     def atomic(self, what: str) -> Txn:
         """A (possibly nested) transaction on the calling thread (see :class:`Txn`)."""
@@ -334,6 +406,14 @@ class Txn:
                     return
                 except psycopg.Error as error:
                     self._rollback(conn)
+                    if depth == 0 and conn.broken and db.identity.changed is None:
+                        # Lost in flight: the server may have committed it.  A block gives no
+                        # transaction id to ask about (taking one would make every read-only
+                        # block write a commit record): the caller must re-read.
+                        raise StoreOutcomeUnknown(
+                            f"{db.target}: {self.what}",
+                            "re-read what the block wrote before running it again",
+                        ) from error
                     raise db.error(error, f"{self.what} (commit)") from error
             self._rollback(conn)
             if isinstance(exc, psycopg.Error):

@@ -19,7 +19,7 @@ from statecore.batch import Creation
 from statecore.catalog import declaration_json
 from statecore.entity import EntityKind
 from statecore.errors import StaleVersion, StoreError
-from statecore.store import Audit, Due, KindRecord, Row, check_due_query
+from statecore.store import Audit, Due, KindRecord, Row, TransitionPlan, check_due_query
 from stores._postgres_conn import Target
 
 __all__ = [
@@ -65,6 +65,19 @@ class Kind:
         text = self.texts.get(count)
         if text is None:
             text = self.texts[count] = sql.insert_rows_sql(self.kind, count)
+        return text
+
+    def update_sql(self, plan: TransitionPlan[Any]) -> str:
+        """The guarded UPDATE of ``plan``, compiled once per shape (event, fence, changed and
+        expected columns)."""
+        shape = tuple(
+            (col, cmp.op, cmp.value is None, len(cmp.value) if cmp.op == "in" else 1)
+            for col, cmp in plan.expect
+        )
+        key = ("update", plan.event, plan.fence is not None, tuple(plan.changes), shape)
+        text = self.texts.get(key)
+        if text is None:
+            text = self.texts[key] = sql.update_sql(plan)
         return text
 
     def row(self, raw: Sequence[Any], where: Target) -> Row[Any]:

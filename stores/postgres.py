@@ -23,23 +23,22 @@
   rows (``FOR UPDATE SKIP LOCKED`` inside a block, so that processes firing timers share them).
 * :meth:`PostgresStore.connection`: the block's own connection, for the caller's tables.
 * Claims and wake-ups (``statecore.claims``): :meth:`PostgresStore.claim_candidates` is a
-  ``SELECT ... FOR UPDATE SKIP LOCKED`` on the block's connection, so concurrent sweepers get
-  disjoint rows and never queue for each other's row locks (the server may still wait, inside
-  that ``SELECT``, when a row it reaches was just moved and committed by another sweeper: it
-  follows the row to its new version, and waits for a claim that holds that version);
-  :meth:`PostgresStore.notify` is ``pg_notify`` (in a block: sent on commit) and
-  :meth:`PostgresStore.listen` a ``LISTEN`` on a dedicated connection with a thread of its own
-  (``stores._postgres_listen``), stopped by its unsubscribe or by :meth:`PostgresStore.close`.
-* Faults: an unreachable server raises ``StoreError`` naming host, port and database within
-  ``connect_timeout_s``; serialization failures and deadlocks are retried with a bound; a
-  connection lost mid-transaction leaves nothing half-written and raises ``StoreError``.  The
-  password never appears in an error message or a ``repr``.
+  ``SELECT ... FOR UPDATE SKIP LOCKED`` on the block's connection (concurrent sweepers get
+  disjoint rows), bounded by ``claim_lock_timeout_s`` against the waits the server may still
+  make (``stores._postgres_claim``); :meth:`PostgresStore.notify` is ``pg_notify`` (in a
+  block: sent on commit), :meth:`PostgresStore.listen` a ``LISTEN`` on a connection and thread
+  of its own (``stores._postgres_listen``), stopped by its unsubscribe or :meth:`close`.
+* Faults (``stores._postgres_faults``): an unreachable server raises ``StoreUnreachable``
+  after bounded retries, a cancelled statement ``StoreTimeout``, a lost commit is resolved or
+  raises ``StoreOutcomeUnknown``, another cluster at the address ``StoreIdentityChanged``;
+  serialization failures and deadlocks are retried with a bound; a connection lost
+  mid-transaction leaves nothing half-written.  The password never appears in an error
+  message or a ``repr``.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import Enum
@@ -79,7 +78,9 @@ from statecore.store import (
 )
 from stores._closing import ClosesOnExit
 from stores._postgres_conn import Connections, Target, Txn, open_schema
+from stores._postgres_identity import Identity
 from stores._postgres_listen import Listener
+from stores._postgres_options import Options
 from stores._postgres_rows import (
     MANAGED,
     Kind,
@@ -102,8 +103,6 @@ SCHEMA_VERSION = 2
 managed ``entered_at`` column of every kind's table (added to an older table, and filled from
 its audit entries, when its kind is registered) and the ``statecore_kinds`` catalog."""
 
-_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-
 
 class PostgresStore(ClosesOnExit):
     """A :class:`~statecore.store.Store`, :class:`~statecore.batch.BatchStore`,
@@ -111,19 +110,30 @@ class PostgresStore(ClosesOnExit):
     :class:`~statecore.store.TimerStore` and :class:`~statecore.store.KindCatalog` on a
     PostgreSQL server (see the module docs).
 
-    ``PostgresStore("postgresql://user:password@host:5432/db", pool_size=10,
-    connect_timeout_s=5.0, schema=None)`` -- a URL or a ``key=value`` conninfo string.  Opening
-    connects once (so an unreachable server, a wrong password or a schema newer than this code
-    raises ``StoreError`` at once, naming host and database, never the password), creates or
-    upgrades the schema's version and audit tables, then keeps a pool of up to ``pool_size``
-    connections.  Safe to share between threads; the caller must :meth:`close` it.  Raises
-    ``ValueError`` for a malformed URL or option.
+    ``PostgresStore(url, pool_size=10, connect_timeout_s=5.0, schema=None)`` -- a URL or a
+    ``key=value`` conninfo string.  Opening connects once (so a wrong password or a schema newer
+    than this code raises ``StoreError`` at once, naming host and database, never the
+    password), creates or upgrades the schema's shared tables, records or checks the cluster's
+    identifier, then keeps a pool of up to ``pool_size`` connections.  Safe to share between
+    threads; the caller must :meth:`close` it.  Raises ``ValueError`` for a malformed URL or
+    option.  Bounds against a bad server (``stores._postgres_faults``):
 
-    PostgresStore is long because it is the whole Store and BatchStore protocol, and the claim
-    and notification capabilities, for one database, one method per operation; statement text
-    lives in ``stores._postgres_sql``, connections and transactions in
-    ``stores._postgres_conn``, subscriptions in ``stores._postgres_listen``, row encoding in
-    ``stores._postgres_rows``.
+    * ``connect_retries=3``, ``retry_backoff_s=0.2``: a connection attempt (``connect_timeout_s``
+      each) is tried this many times, waiting 0.2, 0.4, ... s between tries, at open and for
+      every pooled connection; then ``StoreUnreachable`` (nothing written).  The pool keeps
+      reconnecting: a server that comes back is used again without a restart.
+    * ``statement_timeout_s=None``: the server's ``statement_timeout``; a statement cancelled
+      at it raises ``StoreTimeout`` (its transaction rolled back: nothing written).
+    * A commit lost in flight is resolved by asking the server about its transaction id: never
+      guessed; when it cannot be learnt, ``StoreOutcomeUnknown`` (re-read, then decide).
+    * ``claim_lock_timeout_s=1.0``: a claim waits at most this for a lock, then claims nothing
+      this round (``stores._postgres_claim``).
+    * ``adopt_system_identifier=None``: data written on another cluster (``system_identifier``)
+      raises ``StoreIdentityChanged`` at open, and on any reconnection every later call; an
+      operator who restored a backup passes the server's identifier here to record it.
+
+    Long because it is the whole Store protocol and its capabilities, one method per
+    operation; the rest is in the ``stores._postgres_*`` modules.
     """
 
     def __init__(
@@ -133,32 +143,29 @@ class PostgresStore(ClosesOnExit):
         pool_size: int = 10,
         connect_timeout_s: float = 5.0,
         schema: str | None = None,
+        statement_timeout_s: float | None = None,
+        connect_retries: int = 3,
+        retry_backoff_s: float = 0.2,
+        claim_lock_timeout_s: float = 1.0,
+        adopt_system_identifier: int | None = None,
     ) -> None:
         if not isinstance(conninfo, str):
             raise TypeError(f"conninfo must be a str, not {type(conninfo).__name__}")
-        if not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1:
-            raise ValueError(f"pool_size must be a positive int, not {pool_size!r}")
-        if not isinstance(connect_timeout_s, int | float) or connect_timeout_s <= 0:
-            raise ValueError(f"connect_timeout_s must be a positive number: {connect_timeout_s!r}")
-        if schema is not None and not _SCHEMA_NAME.fullmatch(schema):
-            raise ValueError(f"schema must be a lower-case SQL identifier, not {schema!r}")
+        options = Options(
+            pool_size, connect_timeout_s, schema, statement_timeout_s, connect_retries,
+            retry_backoff_s, claim_lock_timeout_s, adopt_system_identifier,
+        )  # fmt: skip
         self._target = Target(conninfo)
         self.schema = schema
         self._kinds: dict[str, Kind] = {}
-        kwargs: dict[str, Any] = {
-            "autocommit": True,
-            "connect_timeout": max(1, round(connect_timeout_s)),
-            "application_name": "statecore",
-        }
-        if schema is not None:
-            kwargs["options"] = f"-c search_path={schema}"
-        open_schema(self._target, kwargs, schema, SCHEMA_VERSION)
+        kwargs = options.kwargs()
+        self.system_identifier = open_schema(self._target, kwargs, options, SCHEMA_VERSION)
+        """The cluster's ``system_identifier`` this store's data was written on."""
         self._kwargs = kwargs
         self._listeners: set[Listener] = set()
         self._listening = threading.Lock()
-        self._db = Connections(
-            self._target, kwargs, pool_size=pool_size, timeout_s=max(connect_timeout_s, 5.0)
-        )
+        identity = Identity(str(self._target), self.system_identifier)
+        self._db = Connections(self._target, kwargs, options, identity)
 
     def __repr__(self) -> str:
         schema = "" if self.schema is None else f", schema={self.schema!r}"
@@ -191,8 +198,7 @@ class PostgresStore(ClosesOnExit):
         stored states nothing maps (then nothing was written), ``StoreError`` for a table not
         of this kind, a required column without a default, a field named like a managed
         column (``entered_at``), or a different kind of this name."""
-        if self._db.closed:
-            raise StoreError(f"{self._target}: the store is closed")
+        self._check_open()
         existing = self._kinds.get(kind.name)
         if existing is not None:
             if existing.kind != kind:
@@ -289,7 +295,7 @@ class PostgresStore(ClosesOnExit):
             raws = self._db.read(what, lambda conn: conn.execute(text, params).fetchall())
         else:
             text, params = sql.claim_sql(kind, wanted, conditions, order_by, limit)
-            raws = self._db.held(what, lambda conn: conn.execute(text, params).fetchall())
+            raws = self._db.claim(what, text, params)  # bounded: stores._postgres_claim
         return [c.row(raw, self._target) for raw in raws]
 
     def count(
@@ -341,7 +347,10 @@ class PostgresStore(ClosesOnExit):
         bound = due_bound(kind, timer, now, limit)
         lock = self._db.local.conn is not None
         text, params = sql.due_sql(kind, timer, bound, limit, lock=lock)
-        raws = self._db.read("due_timers", lambda conn: conn.execute(text, params).fetchall())
+        if lock:  # a claim: bounded as claim_candidates is
+            raws = self._db.claim("due_timers", text, params)
+        else:
+            raws = self._db.read("due_timers", lambda conn: conn.execute(text, params).fetchall())
         return [c.due(raw, self._target) for raw in raws]
 
     def _current(self, conn: Conn, c: Kind, entity_id: str) -> Row[Any] | None:
@@ -398,15 +407,7 @@ class PostgresStore(ClosesOnExit):
         self, conn: Conn, c: Kind, plan: TransitionPlan[Any], audit: Audit
     ) -> Row[Any] | Exception:
         """The plan's guarded UPDATE and audit entry: the row written, or the refusal."""
-        shape = tuple(
-            (col, cmp.op, cmp.value is None, len(cmp.value) if cmp.op == "in" else 1)
-            for col, cmp in plan.expect
-        )
-        key = ("update", plan.event, plan.fence is not None, tuple(plan.changes), shape)
-        text = c.texts.get(key)
-        if text is None:
-            text = c.texts[key] = sql.update_sql(plan)
-        raw = conn.execute(text, sql.update_params(plan, audit.at)).fetchone()
+        raw = conn.execute(c.update_sql(plan), sql.update_params(plan, audit.at)).fetchone()
         if raw is None:
             return plan.miss(self._current(conn, c, plan.entity_id))
         conn.execute(
