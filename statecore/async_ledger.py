@@ -32,7 +32,6 @@ from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, TypeVar
 
-from statecore import tracing
 from statecore.batch import REFUSALS
 from statecore.checks import require_positive
 from statecore.clock import Clock
@@ -155,6 +154,7 @@ class AsyncLedger:
         thread_id: str | int | None = None,
         reply_to: str | int | None = None,
         adapter_profile: str | None = None,
+        trace: str | None = None,
     ) -> Obligation:
         """:meth:`Ledger.record`, off the event loop."""
         request: dict[str, Any] = {
@@ -168,8 +168,7 @@ class AsyncLedger:
             "reply_to": reply_to,
             "adapter_profile": adapter_profile,
         }
-        # The current span's context, kept in the creation audit entry (statecore.tracing).
-        if tracing.enabled and (trace := tracing.current_traceparent()) is not None:
+        if trace is not None:  # kept in the creation audit entry (statecore.tracing)
             request["trace"] = trace
         return await self._submit(lambda: self.ledger.record(**request), "record", request)
 

@@ -74,6 +74,7 @@ class Finals:
                     thread_id=thread_id,
                     reply_to=None if number else reply_to,
                     adapter_profile=profile,
+                    trace=None if span is None else tracing.current_traceparent(),
                 )
                 if span is not None:
                     span.set_attribute("statecore.obligation_id", obligation.obligation_id)

@@ -258,7 +258,12 @@ async def test_a_redelivery_by_another_owner_joins_the_trace_that_recorded_it(
         with tracing.span("obligation record") as recording:
             assert recording is not None
             await ledger.record(
-                session_key="s", platform="loopback", chat_id="c1", content="hi", message_ref="m"
+                session_key="s",
+                platform="loopback",
+                chat_id="c1",
+                content="hi",
+                message_ref="m",
+                trace=tracing.current_traceparent(),
             )
         await ledger.aclose()
         tracing.disable()
