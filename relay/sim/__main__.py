@@ -7,20 +7,24 @@ loop (:mod:`relay.sim.real`; ``make sim-real SEEDS=1000``).
 
 ``--seeds N`` runs seeds ``--first`` .. ``--first + N - 1`` with a progress bar and ends with a
 summary table: runs, faults injected by kind, invariant checks made, violations.  A failing
-seed prints its fault schedule and its violations, and the command exits 1.  ``--seed S
---trace`` runs one seed and prints every step.
+seed prints its fault schedule and its violations, the summary lists every failing seed for a
+rerun, and the command exits 1.  ``--jobs N`` runs the seeds in N worker processes (0: one per
+core; :mod:`relay.sim.jobs`): the same outcomes, output and exit status as one process, in
+less time.  ``--seed S --trace`` runs one seed and prints every step.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import logging
 import sys
 import time
 from collections.abc import Callable
 
 from relay.sim.faults import KINDS, REAL_KINDS
+from relay.sim.jobs import jobs_wanted, outcomes
 from relay.sim.real import run_real_seed
 from relay.sim.run import Outcome, run_seed, shrink
 
@@ -52,38 +56,30 @@ def one_seed(seed: int, *, trace: bool, shrinking: bool, real: bool = False) -> 
     return 0 if outcome.ok else 1
 
 
-def campaign(first: int, seeds: int, *, real: bool = False) -> int:
-    """Run ``seeds`` seeds from ``first`` with a progress bar and the summary table; 0 when
-    every run held every invariant."""
+def campaign(first: int, seeds: int, *, real: bool = False, jobs: int = 1) -> int:
+    """Run ``seeds`` seeds from ``first`` (in ``jobs`` worker processes) with a progress bar
+    and the summary table; 0 when every run held every invariant."""
     faults: collections.Counter[str] = collections.Counter()
     stores: collections.Counter[str] = collections.Counter()
     totals: collections.Counter[str] = collections.Counter()
     failed: list[Outcome] = []
     began = time.monotonic()
     tty = sys.stdout.isatty()
-    for n, seed in enumerate(range(first, first + seeds), 1):
-        outcome = _runner(real)(seed)
-        faults.update(f.kind for f in outcome.faults)
-        stores[outcome.store] += 1
-        verdict = outcome.verdict
-        totals.update(
-            checks=verdict.checks,
-            replies=verdict.replies,
-            labelled=verdict.labelled,
-            abandoned=verdict.abandoned,
-            steps=outcome.steps,
-        )
-        if not outcome.ok:
-            failed.append(outcome)
-            print(("\n" if tty else "") + report_failure(outcome, real=real), flush=True)
-        if tty or n % max(1, seeds // 20) == 0 or n == seeds:
-            bar = "#" * (30 * n // seeds) + "." * (30 - 30 * n // seeds)
-            line = f"[{bar}] {n}/{seeds} seeds, {len(failed)} failed"
-            print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
+    with contextlib.closing(outcomes(first, seeds, real=real, jobs=jobs)) as runs:
+        for n, outcome in enumerate(runs, 1):
+            _count(outcome, faults, stores, totals)
+            if not outcome.ok:
+                failed.append(outcome)
+                print(("\n" if tty else "") + report_failure(outcome, real=real), flush=True)
+            if tty or n % max(1, seeds // 20) == 0 or n == seeds:
+                bar = "#" * (30 * n // seeds) + "." * (30 - 30 * n // seeds)
+                line = f"[{bar}] {n}/{seeds} seeds, {len(failed)} failed"
+                print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
     took = time.monotonic() - began
     print("\n" if tty else "", end="")
     print(
-        f"\n{seeds} runs (seeds {first}..{first + seeds - 1}) in {took:.1f} s; "
+        f"\n{seeds} runs (seeds {first}..{first + seeds - 1}) in {took:.1f} s "
+        f"({seeds / max(took, 1e-9):.2f} seeds/s); "
         f"stores: {dict(sorted(stores.items()))}; {totals['steps']} steps"
         + (" (turns of the event loop)" if real else "")
     )
@@ -100,7 +96,30 @@ def campaign(first: int, seeds: int, *, real: bool = False) -> int:
     print(f"  runs with a violation   {len(failed):>10}")
     for outcome in failed[:10]:
         print(f"  seed {outcome.seed}: {outcome.verdict.violations[0]}")
+    if failed:
+        flag = " --real" if real else ""
+        print(f"\nfailing seeds (rerun one: python -m relay.sim{flag} --seed N --trace):")
+        print("  " + " ".join(str(o.seed) for o in failed))
     return 1 if failed else 0
+
+
+def _count(
+    outcome: Outcome,
+    faults: collections.Counter[str],
+    stores: collections.Counter[str],
+    totals: collections.Counter[str],
+) -> None:
+    """Add one run to the campaign's tallies."""
+    faults.update(f.kind for f in outcome.faults)
+    stores[outcome.store] += 1
+    verdict = outcome.verdict
+    totals.update(
+        checks=verdict.checks,
+        replies=verdict.replies,
+        labelled=verdict.labelled,
+        abandoned=verdict.abandoned,
+        steps=outcome.steps,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--real", action="store_true", help="run the real runtime on the deterministic loop"
     )
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="worker processes for a campaign (0: one per core)"
+    )
     args = parser.parse_args(argv)
     # The ledger logs each abandonment at WARNING: expected under faults, counted instead.
     logging.getLogger("statecore").setLevel(logging.ERROR)
@@ -125,7 +147,11 @@ def main(argv: list[str] | None = None) -> int:
         return one_seed(args.seed, trace=args.trace, shrinking=args.shrink, real=args.real)
     if args.seeds < 1:
         parser.error("--seeds must be at least 1")
-    return campaign(args.first, args.seeds, real=args.real)
+    try:
+        jobs = jobs_wanted(args.jobs)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return campaign(args.first, args.seeds, real=args.real, jobs=jobs)
 
 
 if __name__ == "__main__":
