@@ -169,7 +169,7 @@ class Connections:
             num_workers=2,
             name="statecore",
             configure=identity.check,  # a connection to another cluster is never handed out
-            reconnect_timeout=max(60.0, self.timeout_s),
+            reconnect_timeout=self.timeout_s,  # then the next call tries again at once
         )
 
     # -- errors -----------------------------------------------------------------------------

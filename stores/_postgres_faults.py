@@ -43,13 +43,23 @@ shutting down, in recovery), connection exceptions."""
 _TIMEOUTS = (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)
 
 
+_PASSING = ("the database system is", "too many clients", "remaining connection slots")
+"""What a server says when it refuses a connection only for now (starting up, shutting down,
+in recovery, full): worth another try, unlike a refused login or an unknown database."""
+
+
 def lost(exc: BaseException) -> bool:
-    """Whether ``exc`` says the server could not be reached or the connection was lost."""
+    """Whether ``exc`` says the server could not be reached or the connection was lost (and
+    not that the server refused it for good)."""
     if isinstance(exc, psycopg.errors.AdminShutdown | psycopg.errors.CannotConnectNow):
         return True
     if not isinstance(exc, psycopg.OperationalError):
         return False
-    return exc.sqlstate is None or exc.sqlstate in _UNREACHABLE_STATES
+    if exc.sqlstate is not None:
+        return exc.sqlstate in _UNREACHABLE_STATES
+    # A failed connection carries no state: the server's own refusal is its FATAL text.
+    text = str(exc)
+    return "FATAL:" not in text or any(passing in text for passing in _PASSING)
 
 
 def classify(target: Target, exc: BaseException, what: str) -> StoreError:

@@ -87,6 +87,7 @@ class Identity:
             raise self.changed
         found = server_identifier(conn)
         if found != self.expected:
+            conn.close()  # the pool does not close a connection its hook refused
             with self._lock:
                 if self.changed is None:
                     self.changed = StoreIdentityChanged(self.where, self.expected, found)
