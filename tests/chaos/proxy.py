@@ -61,7 +61,7 @@ class _Conn:
 class Link:
     """One partitionable link (see the module docs); built by :meth:`Proxy.link`."""
 
-    def __init__(self, name: str, upstreams: Sequence[int]) -> None:
+    def __init__(self, name: str, upstreams: Sequence[int], first: int = 0) -> None:
         self.name = name
         self.upstreams = list(upstreams)
         self.port = 0
@@ -71,7 +71,7 @@ class Link:
         self._up_open.set()
         self._down_open.set()
         self._conns: set[_Conn] = set()
-        self._next = itertools.count()
+        self._next = itertools.count(first)
         self._server: asyncio.Server | None = None
         self.accepted = 0
         self.resets = 0
@@ -196,10 +196,12 @@ class Proxy:
         self.links: dict[str, Link] = {}
 
     async def link(self, name: str, upstreams: Sequence[int]) -> Link:
-        """Start a new link ``name`` in front of ``upstreams`` (ports on 127.0.0.1)."""
+        """Start a new link ``name`` in front of ``upstreams`` (ports on 127.0.0.1).  The links
+        take turns for their first upstream, so the first connections of several links in front
+        of the same nodes spread over them (as a load balancer would)."""
         if name in self.links:
             raise ValueError(f"a link named {name!r} exists already")
-        link = Link(name, upstreams)
+        link = Link(name, upstreams, first=sum(len(x.upstreams) > 1 for x in self.links.values()))
         await link.start()
         self.links[name] = link
         return link

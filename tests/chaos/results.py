@@ -66,9 +66,10 @@ def _counts_lines(outcome: Outcome) -> list[str]:
 
 def _facts(outcome: Outcome) -> str:
     c = outcome.config
+    alone = f"every {c.isolate_every}th made alone" if c.isolate_every else "none made alone"
     return (
-        f"seed {c.seed}, {len(outcome.faults)} faults ({c.faults} asked, every "
-        f"{c.isolate_every}rd made alone), {GATEWAYS} gateways, {NODES} connector nodes, "
+        f"seed {c.seed}, {len(outcome.faults)} faults ({c.faults} asked, {alone}), "
+        f"{GATEWAYS} gateways, {NODES} connector nodes, "
         f"{c.chats} chats in 2 tenants, users writing {c.rate:g} messages/s, lease "
         f"{c.lease_s:g} s (goal: back to 95 % within {c.lease_s + GOAL_EXTRA_S:g} s), steady "
         f"rate {outcome.steady:.2f} replies/s; {outcome.messages} user messages, "

@@ -63,6 +63,8 @@ class Config:
     warmup_s: float = 10.0
     quiet_s: float = 60.0
     isolate_every: int = 3
+    tail_s: float | None = None
+    """Load after the last fault (default: its goal window and one measuring window)."""
     quiet_output: bool = False
 
 
@@ -186,8 +188,8 @@ class _System:
                 self.workdir / f"gw-{i}.log",
             )
         injector = self.injector()
-        await asyncio.gather(*(injector.respawn(f"node-{j}") for j in range(NODES)))
-        await asyncio.gather(*(injector.respawn(f"gw-{i}") for i in range(GATEWAYS)))
+        # All at once: a gateway redials until a node listens.
+        await asyncio.gather(*(injector.respawn(name) for name in self.children.slots))
         if injector.spawn_failures:
             raise RuntimeError(f"children did not start: {injector.spawn_failures}")
 
@@ -314,8 +316,10 @@ async def _run(config: Config, workdir: Path, log: Callable[[str], None]) -> Out
         await injector.schedule(
             config.faults, config.seconds, isolate_every=config.isolate_every, settle=settle
         )
-        await asyncio.sleep(config.lease_s + GOAL_EXTRA_S + WINDOW_S)  # the last one's window
+        tail = config.lease_s + GOAL_EXTRA_S + WINDOW_S if config.tail_s is None else config.tail_s
+        await asyncio.sleep(tail)  # the last fault's after-window
         run_end = time.time()
+        log(f"faults done at {run_end - began:.1f} s; quiet period")
         system.children.check()
         quiet_s, settled = await system.quiesce()
         loader.cancel()
@@ -325,6 +329,7 @@ async def _run(config: Config, workdir: Path, log: Callable[[str], None]) -> Out
         assert system.platform is not None
         transcript = system.platform.transcript
         transcript.dump(workdir / "transcript.jsonl")
+        log(f"everything stopped at {time.time() - began:.1f} s; checking the history")
         verdict = await asyncio.to_thread(
             check,
             pg_url=system.db_url,
