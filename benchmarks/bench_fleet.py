@@ -37,6 +37,7 @@ Target: statecore >= 1.5x the better peer, in each shape (median of the rounds' 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import pstats
@@ -46,13 +47,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
-
 from bench_postgres import (
     ThrowawayPostgres,
     _admin,
@@ -67,6 +67,12 @@ GATEWAYS = 8
 BATCHED_CONCURRENCY = 16
 EACH_ENQUEUERS = 8
 POLL_S = 0.01
+# Items per round for each shape: a full run stays within about 5 minutes on a 2-core machine.
+SIZES = {"each": 2000, "batched": 4000}
+QUICK_SIZES = {"each": 160, "batched": 320}
+# A smoke run checks the machinery with 2 gateways / workers per contender: starting 26
+# interpreters per shape is most of a run's time on 2 cores.
+QUICK_PROCESSES = 2
 TARGET = 1.5
 CONTENDERS = ("statecore", "procrastinate", "pgqueuer")
 RESULTS: list[tuple[str, float, bool]] = []
@@ -80,7 +86,8 @@ class Child:
     :meth:`stop` whatever happened."""
 
     def __init__(self, url: str, spec: dict[str, Any]) -> None:
-        env = {**os.environ, "STATECORE_BENCH_PG_URL": url, "PYTHONPATH": str(HERE)}
+        path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, "STATECORE_BENCH_PG_URL": url, "PYTHONPATH": path}
         self.spec = spec
         self.proc = subprocess.Popen(
             [sys.executable, str(WORKER), json.dumps(spec)],
@@ -100,28 +107,40 @@ class Child:
                 return
         raise RuntimeError(f"{self.spec['role']} not ready in time")
 
-    def go(self) -> None:
+    @property
+    def driven(self) -> bool:
+        """A gateway or a producer: it works a round when told ``go`` (a worker waits for jobs)."""
+        return "worker" not in self.spec["role"]
+
+    def go(self, round_no: int) -> None:
         assert self.proc.stdin is not None
-        with suppress(BrokenPipeError):
-            self.proc.stdin.write("go\n")
-            self.proc.stdin.flush()
+        self.proc.stdin.write(f"go {round_no}\n")
+        self.proc.stdin.flush()
 
-    def result(self, timeout: float) -> dict[str, Any]:
-        """The child's JSON result line (it exits after it)."""
-        out, err = self.proc.communicate(timeout=timeout)
-        if self.proc.returncode != 0:
-            raise RuntimeError(f"{self.spec['role']} failed ({self.proc.returncode}):\n{err}")
-        return dict(json.loads(out.strip().splitlines()[-1]))
+    def result(self, deadline: float) -> dict[str, Any]:
+        """The JSON line the child prints when its round's share is done."""
+        line = _readline(self.proc, deadline)
+        if not line:
+            raise RuntimeError(f"{self.spec['role']} gave no result:\n{self._stderr()}")
+        return dict(json.loads(line))
 
-    def stop(self) -> None:
-        """SIGTERM (a peer's worker stops its own way), then SIGKILL after 10 s; reaped."""
+    def terminate(self) -> None:
+        """``stop`` (a gateway or producer ends) and SIGTERM (a peer's worker stops its own
+        way), if still running."""
         if self.proc.poll() is None:
+            with suppress(OSError):
+                assert self.proc.stdin is not None
+                self.proc.stdin.write("stop\n")
+                self.proc.stdin.flush()
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+
+    def reap(self, deadline: float) -> None:
+        """Wait for the exit until ``deadline`` (monotonic), then SIGKILL; reaped either way."""
+        try:
+            self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
         for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if pipe is not None:
                 with suppress(OSError):
@@ -152,13 +171,17 @@ def _children(url: str, specs: list[dict[str, Any]]) -> Iterator[list[Child]]:
     try:
         for spec in specs:
             children.append(Child(url, spec))
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         for child in children:
             child.wait_ready(deadline)
         yield children
     finally:
+        # Every item is settled (or the run failed): the workers get 5 s together, then SIGKILL.
         for child in children:
-            child.stop()
+            child.terminate()
+        deadline = time.monotonic() + 5
+        for child in children:
+            child.reap(deadline)
 
 
 # -- counting what is settled -------------------------------------------------------------------
@@ -170,17 +193,57 @@ _SETTLED = {
 }
 
 
-def _wait_settled(url: str, contender: str, n: int, start: float, timeout: float) -> float:
-    """Seconds from ``start`` (perf_counter) to the poll that counted ``n`` settled items."""
+def _wait_settled(
+    url: str, contender: str, n: int, start: float, timeout: float
+) -> tuple[float, int]:
+    """Seconds from ``start`` (perf_counter) to the poll that counted ``n`` settled items, and
+    the number of polls."""
+    polls = 0
     with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
         while True:
             row = conn.execute(_SETTLED[contender]).fetchone()
+            polls += 1
             now = time.perf_counter()
             if row is not None and int(row[0]) >= n:
-                return now - start
+                return now - start, polls
             if now - start > timeout:
                 raise RuntimeError(f"{contender}: {row} of {n} settled after {timeout:.0f} s")
             time.sleep(POLL_S)
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of ``pids`` so far (a process gone is counted as 0)."""
+    total = 0
+    for pid in pids:
+        with suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / _TICK
+
+
+def _server_pids(postmaster: int) -> list[int]:
+    """The postmaster and its children (backends, WAL writer, checkpointer...)."""
+    pids = [postmaster]
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == postmaster:
+                pids.append(int(stat.parent.name))
+    return pids
+
+
+def _server_counters(url: str) -> tuple[int, int]:
+    """(transactions committed in the database, WAL fsyncs on the server) so far."""
+    with _admin(url) as conn:
+        commits = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+        fsyncs = conn.execute(
+            "SELECT coalesce(sum(fsyncs), 0) FROM pg_stat_io WHERE object = 'wal'"
+        ).fetchone()
+    return int(commits[0]) if commits else 0, int(fsyncs[0]) if fsyncs else 0
 
 
 def _check_history(url: str, contender: str, n: int) -> None:
@@ -225,17 +288,19 @@ def _shares(n: int, parts: int) -> list[int]:
     return [n // parts + (1 if k < n % parts else 0) for k in range(parts)]
 
 
-def _specs(contender: str, shape: str, n: int, profile: str | None) -> list[dict[str, Any]]:
+def _specs(
+    contender: str, shape: str, n: int, profile: str | None, processes: int = GATEWAYS
+) -> list[dict[str, Any]]:
     conc = BATCHED_CONCURRENCY if shape == "batched" else 1
     if contender == "statecore":
         return [
             {"role": "statecore", "shape": shape, "index": k, "share": share,
              "concurrency": conc, "profile": profile if k == 0 else None}
-            for k, share in enumerate(_shares(n, GATEWAYS))
+            for k, share in enumerate(_shares(n, processes))
         ]  # fmt: skip
     workers = [
         {"role": f"{contender}-worker", "shape": shape, "concurrency": conc}
-        for _ in range(GATEWAYS)
+        for _ in range(processes)
     ]
     producer = {
         "role": f"{contender}-producer", "shape": shape, "index": 0, "share": n,
@@ -247,35 +312,65 @@ def _specs(contender: str, shape: str, n: int, profile: str | None) -> list[dict
 def _reset(url: str, contender: str) -> None:
     with _admin(url) as conn:
         if contender == "statecore":
-            for table in ("delivery_obligations", "statecore_audit", "statecore_owners"):
+            for table in ("delivery_obligations", "statecore_audit"):  # owners: the live ones
                 with suppress(psycopg.errors.UndefinedTable):
                     conn.execute(f"TRUNCATE fleet.{table}")
         elif contender == "procrastinate":
             conn.execute("TRUNCATE procrastinate_jobs CASCADE")
-            conn.execute("TRUNCATE procrastinate_workers CASCADE")
         else:
             conn.execute("TRUNCATE pgqueuer, pgqueuer_log")
 
 
 def run_once(
-    url: str, contender: str, shape: str, n: int, profile: str | None = None
+    url: str, contender: str, children: list[Child], n: int, *, round_no: int, postmaster: int
 ) -> dict[str, Any]:
-    """One timed run: N items through ``contender`` in ``shape``; its rate and children's
-    reports.  Raises ``RuntimeError`` if a child fails or the history does not add up."""
+    """One timed round: N items through ``contender``'s ready ``children``; its rate and the
+    gateways' or producer's reports.  Raises ``RuntimeError`` if a child fails or the history
+    does not add up."""
     _reset(url, contender)
     _checkpoint(url)
-    specs = _specs(contender, shape, n, profile)
-    with _children(url, specs) as children:
-        start = time.perf_counter()
-        for child in children:
-            child.go()
-        elapsed = _wait_settled(url, contender, n, start, timeout=240)
-        reports = [c.result(timeout=60) for c in children if "worker" not in c.spec["role"]]
+    driven = [c for c in children if c.driven]
+    clients = [c.proc.pid for c in children]
+    server = _server_pids(postmaster)
+    commits, fsyncs = _server_counters(url)
+    cpu_clients, cpu_server = _cpu_s(clients), _cpu_s(server)
+    start = time.perf_counter()
+    for child in driven:
+        child.go(round_no)
+    elapsed, polls = _wait_settled(url, contender, n, start, timeout=240)
+    deadline = time.monotonic() + 60
+    reports = [c.result(deadline) for c in driven]
+    cpu_clients, cpu_server = _cpu_s(clients) - cpu_clients, _cpu_s(server) - cpu_server
+    commits_after, fsyncs_after = _server_counters(url)
     _check_history(url, contender, n)
-    return {"rate": n / elapsed, "elapsed_s": elapsed, "reports": reports}
+    return {
+        "rate": n / elapsed,
+        "elapsed_s": elapsed,
+        "reports": reports,
+        # Per item: the contender's processes' CPU, the server's, commits (less the polls' own
+        # and the counter read's) and WAL fsyncs.
+        "client_ms": 1000 * cpu_clients / n,
+        "server_ms": 1000 * cpu_server / n,
+        "commits": (commits_after - commits - polls - 1) / n,
+        "fsyncs": (fsyncs_after - fsyncs) / n,
+    }
+
+
+class FleetPostgres(ThrowawayPostgres):
+    """The benchmark's server with room for every contender's connections at once (about
+    100 while a shape's three fleets are up); durability as shipped, as in ``bench_postgres``."""
+
+    SETTINGS: ClassVar[dict[str, str]] = {**ThrowawayPostgres.SETTINGS, "max_connections": "300"}
 
 
 # -- setup --------------------------------------------------------------------------------------
+
+
+async def _pgqueuer_install(url: str) -> None:
+    from pgqueuer import PsycopgDriver, Queries  # noqa: PLC0415 -- a heavy import, used once
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await Queries(PsycopgDriver(conn)).install()
 
 
 def _install(server: ThrowawayPostgres) -> dict[str, str]:
@@ -283,36 +378,54 @@ def _install(server: ThrowawayPostgres) -> dict[str, str]:
     with _admin(urls["statecore"]) as conn:
         conn.execute("CREATE SCHEMA fleet")
     _procrastinate_install(urls["procrastinate"])
-    subprocess.run(
-        [sys.executable, "-c",
-         "import asyncio, psycopg, sys\n"
-         "from pgqueuer import PsycopgDriver, Queries\n"
-         "async def main():\n"
-         "    async with await psycopg.AsyncConnection.connect(sys.argv[1], autocommit=True) as c:\n"
-         "        await Queries(PsycopgDriver(c)).install()\n"
-         "asyncio.run(main())\n",
-         urls["pgqueuer"]],
-        check=True, timeout=60, capture_output=True,
-    )  # fmt: skip
+    asyncio.run(_pgqueuer_install(urls["pgqueuer"]))
     return urls
 
 
-def _shape_rounds(urls: dict[str, str], shape: str, n: int, rounds: int) -> None:
-    """``rounds`` rounds of every contender (order rotating), then medians and paired ratios."""
+_COSTS = ("client_ms", "server_ms", "commits", "fsyncs")
+
+
+def _shape_rounds(
+    urls: dict[str, str], shape: str, n: int, *, rounds: int, postmaster: int, processes: int
+) -> None:
+    """``rounds`` rounds of every contender (order rotating), each contender's processes
+    started once for the shape; then medians and paired ratios."""
     rates: dict[str, list[float]] = {c: [] for c in CONTENDERS}
+    costs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONTENDERS}
     extra: list[dict[str, Any]] = []
-    for r in range(rounds):
-        order = CONTENDERS[r % 3 :] + CONTENDERS[: r % 3]
-        for contender in order:
-            got = run_once(urls[contender], contender, shape, n)
-            rates[contender].append(got["rate"])
-            if contender == "statecore":
-                extra.extend(got["reports"])
-        line = ", ".join(f"{c} {rates[c][-1]:,.0f}/s" for c in CONTENDERS)
-        print(f"  round {r + 1}: {line}", flush=True)
+    with ExitStack() as stack:
+        started = time.perf_counter()
+        fleets = {
+            c: stack.enter_context(_children(urls[c], _specs(c, shape, n, None, processes)))
+            for c in CONTENDERS
+        }
+        print(f"  {sum(map(len, fleets.values()))} processes ready in "
+              f"{time.perf_counter() - started:.1f} s", flush=True)  # fmt: skip
+        for r in range(rounds):
+            order = CONTENDERS[r % 3 :] + CONTENDERS[: r % 3]
+            for contender in order:
+                got = run_once(
+                    urls[contender],
+                    contender,
+                    fleets[contender],
+                    n,
+                    round_no=r,
+                    postmaster=postmaster,
+                )
+                rates[contender].append(got["rate"])
+                costs[contender].append(got)
+                if contender == "statecore":
+                    extra.extend(got["reports"])
+            line = ", ".join(f"{c} {rates[c][-1]:,.0f}/s" for c in CONTENDERS)
+            print(f"  round {r + 1}: {line}", flush=True)
     med = {c: statistics.median(v) for c, v in rates.items()}
+    print("  contender        items/s   per item: client CPU  server CPU  commits  WAL fsyncs")
     for c in CONTENDERS:
-        print(f"  {c:<14} {med[c]:10,.0f} items/s (median of {rounds})")
+        cost = {k: statistics.median(x[k] for x in costs[c]) for k in _COSTS}
+        print(
+            f"  {c:<14} {med[c]:9,.0f}   {cost['client_ms']:15.2f} ms {cost['server_ms']:8.2f} ms"
+            f" {cost['commits']:8.2f} {cost['fsyncs']:10.2f}"
+        )
     if shape == "batched":
         batches = sum(x.get("batches", 0) for x in extra)
         ops = sum(x.get("operations", 0) for x in extra)
@@ -330,12 +443,15 @@ def _shape_rounds(urls: dict[str, str], shape: str, n: int, rounds: int) -> None
             RESULTS.append((f"{shape}: statecore / {peer}", ratio, ok))
 
 
-def _profile(urls: dict[str, str], n: int, top: int = 25) -> None:
-    """One ``each`` run of statecore with gateway 0 under cProfile; its top functions."""
+def _profile(urls: dict[str, str], n: int, postmaster: int, top: int = 25) -> None:
+    """One ``each`` round of statecore with gateway 0 under cProfile; its top functions."""
     with tempfile.TemporaryDirectory(prefix="statecore-fleet-prof-") as tmp:
         path = str(Path(tmp) / "gateway0.prof")
-        got = run_once(urls["statecore"], "statecore", "each", n, profile=path)
-        print(f"  profiled run: {got['rate']:,.0f} obligations/s (gateway 0 under cProfile)")
+        with _children(urls["statecore"], _specs("statecore", "each", n, path)) as fleet:
+            got = run_once(
+                urls["statecore"], "statecore", fleet, n, round_no=0, postmaster=postmaster
+            )
+        print(f"  profiled round: {got['rate']:,.0f} obligations/s (gateway 0 under cProfile)")
         stats = pstats.Stats(path)
         stats.sort_stats("tottime").print_stats(top)
         stats.sort_stats("cumulative").print_stats(top)
@@ -350,11 +466,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="profile one gateway, no rounds")
     parser.add_argument("-n", type=int, default=None, help="items per run")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--processes", type=int, default=None, help="gateways / workers each")
     args = parser.parse_args(argv)
-    n = args.n or (800 if args.quick else 6000)
+    sizes = QUICK_SIZES if args.quick else SIZES
     rounds = args.rounds or (1 if args.quick else 3)
+    processes = args.processes or (QUICK_PROCESSES if args.quick else GATEWAYS)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    server = ThrowawayPostgres()
+    server = FleetPostgres()
     wall = time.perf_counter()
     try:
         server.start()
@@ -364,22 +482,23 @@ def main(argv: list[str] | None = None) -> int:
                 "SELECT current_setting('fsync'), current_setting('synchronous_commit')"
             ).fetchone()
         print(
-            f"PostgreSQL {version[0] if version else '?'} (throwaway), fsync={durable and durable[0]}"
-            f", synchronous_commit={durable and durable[1]}; {GATEWAYS} processes per contender, "
-            f"n={n}, {rounds} round(s)"
+            f"PostgreSQL {version[0] if version else '?'} (throwaway), "
+            f"fsync={durable and durable[0]}, synchronous_commit={durable and durable[1]}; "
+            f"{processes} gateways / workers per contender, {rounds} round(s)"
         )
         urls = _install(server)
+        assert server.proc is not None
+        postmaster = server.proc.pid
         if args.profile:
-            _profile(urls, n)
+            _profile(urls, args.n or sizes["each"], postmaster)
             return 0
-        shapes: dict[str, Callable[[], None]] = {
-            "each": lambda: _shape_rounds(urls, "each", n, rounds),
-            "batched": lambda: _shape_rounds(urls, "batched", n, rounds),
-        }
-        for name, run in shapes.items():
-            if args.only in (None, name):
-                print(f"\nshape {name}", flush=True)
-                run()
+        for shape, size in sizes.items():
+            if args.only in (None, shape):
+                print(f"\nshape {shape}: n={args.n or size} per round", flush=True)
+                _shape_rounds(
+                    urls, shape, args.n or size, rounds=rounds, postmaster=postmaster,
+                    processes=processes,
+                )  # fmt: skip
     finally:
         server.stop()
     missed = [r for r in RESULTS if not r[2]]

@@ -8,12 +8,13 @@ in ``$STATECORE_BENCH_PG_URL`` (never on a command line).  The spec names the ``
 ``batched``: ``concurrency`` in flight per process, batched where the library's public API
 offers it) and the child's share of the work.
 
-Protocol: the child sets everything up (connections, schema registration, listeners), prints
-``ready`` and waits for a line on stdin; the parent sends ``go`` to every child at once.  A
-statecore gateway and a producer then do their share and print one JSON line (what they did,
-their own elapsed time) and exit; a peer's worker runs until SIGTERM, which stops it the
-library's own way.  The parent, not the children, judges when every item is done (it counts
-settled rows in the database), so every contender is timed the same way.
+Protocol: the child sets everything up (connections, schema registration, listeners) and prints
+``ready``.  A statecore gateway and a producer then wait for a line on stdin: ``go R`` (the
+parent sends it to every child of the contender at once) makes them do their share for round
+``R`` and print one JSON line (what they did, their own elapsed time); ``stop`` or EOF ends
+them.  A peer's worker waits for jobs (woken by the library's LISTEN/NOTIFY) until SIGTERM,
+which stops it the library's own way.  The parent, not the children, judges when every item is
+done (it counts settled rows in the database), so every contender is timed the same way.
 """
 
 from __future__ import annotations
@@ -26,30 +27,51 @@ import os
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from typing import Any
 
-import procrastinate
 import psycopg
 
-# The payload of bench_postgres.py: the same five fields for every contender.
-from bench_postgres import _PAYLOAD
+# The payload of bench_postgres.py (its ``PAYLOAD``, not imported: that module imports every
+# library, and each child should load only its own): the same five fields for every contender.
+PAYLOAD = {
+    "session_key": "agent:main:slack:channel:C1",
+    "platform": "slack",
+    "chat_id": "C1",
+    "thread_id": "171.001",
+    "content": "x" * 100,
+}
 
 QUEUE = "bench"
 ENTRYPOINT = "deliver"
 STATECORE_SCHEMA = "fleet"
-# How long an idle peer worker waits before polling again when no NOTIFY woke it (both peers
-# are woken by LISTEN/NOTIFY on enqueue; this only bounds a missed wake-up).
-IDLE_POLL_S = 0.1
+# How long an idle peer worker waits before it polls when no NOTIFY woke it: both peers are woken
+# by LISTEN/NOTIFY on enqueue, and an idle worker must not load the server while another
+# contender is timed (procrastinate's default; pgqueuer's is 30 s).
+IDLE_POLL_S = 5.0
 logging.getLogger("procrastinate").setLevel(logging.ERROR)
 logging.getLogger("pgqueuer").setLevel(logging.ERROR)
 
 
-def _ready_then_wait() -> None:
-    """Say ``ready`` and block until the parent says ``go`` (EOF: the parent gave up)."""
+def _rounds() -> Iterator[int]:
+    """Say ``ready``, then each round the parent starts with ``go R``, until ``stop`` or EOF."""
     print("ready", flush=True)
-    if sys.stdin.readline().strip() != "go":
-        sys.exit(3)
+    while True:
+        words = sys.stdin.readline().split()
+        if len(words) != 2 or words[0] != "go":
+            return
+        yield int(words[1])
+
+
+async def _async_rounds() -> AsyncIterator[int]:
+    """:func:`_rounds` for a child on an event loop (stdin is read on a thread)."""
+    print("ready", flush=True)
+    while True:
+        words = (await asyncio.to_thread(sys.stdin.readline)).split()
+        if len(words) != 2 or words[0] != "go":
+            return
+        yield int(words[1])
 
 
 def _done(**result: Any) -> None:
@@ -63,9 +85,9 @@ def _no_op_send(obligation: Any) -> None:
     """The platform call: nothing (the benchmark measures the ledger, not a platform)."""
 
 
-def statecore_each(url: str, index: int, share: int) -> dict[str, Any]:
-    """``share`` obligations, one at a time, as a gateway sends one reply: ``Ledger.record``,
-    ``mark_attempting``, the send, ``mark_delivered``; three commits each."""
+def statecore_each(url: str, index: int, share: int) -> None:
+    """``share`` obligations a round, one at a time, as a gateway sends one reply:
+    ``Ledger.record``, ``mark_attempting``, the send, ``mark_delivered``; three commits each."""
     from statecore import Ledger  # noqa: PLC0415 -- only the statecore children need it
     from stores.postgres import PostgresStore  # noqa: PLC0415
 
@@ -74,20 +96,20 @@ def statecore_each(url: str, index: int, share: int) -> dict[str, Any]:
         ledger = Ledger(store)
         ledger.heartbeat()  # as a gateway's timer does before it sends
         ledger.sweep_recoverable()  # a gateway's startup sweep (nothing to claim here)
-        _ready_then_wait()
-        start = time.perf_counter()
-        for i in range(share):
-            ob = ledger.record(**_PAYLOAD, message_ref=f"g{index}-m{i}")
-            ledger.mark_attempting(ob.obligation_id)
-            _no_op_send(ob)
-            ledger.mark_delivered(ob.obligation_id)
-        return {"done": share, "elapsed_s": time.perf_counter() - start}
+        for r in _rounds():
+            start = time.perf_counter()
+            for i in range(share):
+                ob = ledger.record(**PAYLOAD, message_ref=f"r{r}-g{index}-m{i}")
+                ledger.mark_attempting(ob.obligation_id)
+                _no_op_send(ob)
+                ledger.mark_delivered(ob.obligation_id)
+            _done(done=share, elapsed_s=time.perf_counter() - start)
     finally:
         store.close()
 
 
-def statecore_batched(url: str, index: int, share: int, concurrency: int) -> dict[str, Any]:
-    """``share`` obligations, ``concurrency`` sends in flight at once through one
+def statecore_batched(url: str, index: int, share: int, concurrency: int) -> None:
+    """``share`` obligations a round, ``concurrency`` sends in flight at once through one
     ``AsyncLedger`` (its writer commits the operations queued meanwhile together: the group
     commit a gateway gets when many sessions reply at once)."""
     from statecore import AsyncLedger  # noqa: PLC0415
@@ -95,28 +117,32 @@ def statecore_batched(url: str, index: int, share: int, concurrency: int) -> dic
 
     store = PostgresStore(url, schema=STATECORE_SCHEMA, pool_size=4)
 
-    async def sender(ledger: Any, refs: range) -> None:
+    async def sender(ledger: Any, r: int, refs: range) -> None:
         for i in refs:
-            ob = await ledger.record(**_PAYLOAD, message_ref=f"g{index}-m{i}")
+            ob = await ledger.record(**PAYLOAD, message_ref=f"r{r}-g{index}-m{i}")
             await ledger.mark_attempting(ob.obligation_id)
             _no_op_send(ob)
             await ledger.mark_delivered(ob.obligation_id)
 
-    async def run() -> dict[str, Any]:
+    async def run() -> None:
         async with AsyncLedger(store) as ledger:
             await ledger.heartbeat()
             await ledger.sweep_recoverable()
-            await asyncio.to_thread(_ready_then_wait)
-            start = time.perf_counter()
-            await asyncio.gather(
-                *(sender(ledger, range(k, share, concurrency)) for k in range(concurrency))
-            )
-            elapsed = time.perf_counter() - start
-            batches, ops = ledger.batches, ledger.operations
-        return {"done": share, "elapsed_s": elapsed, "batches": batches, "operations": ops}
+            async for r in _async_rounds():
+                start = time.perf_counter()
+                batches, ops = ledger.batches, ledger.operations
+                await asyncio.gather(
+                    *(sender(ledger, r, range(k, share, concurrency)) for k in range(concurrency))
+                )
+                _done(
+                    done=share,
+                    elapsed_s=time.perf_counter() - start,
+                    batches=ledger.batches - batches,
+                    operations=ledger.operations - ops,
+                )
 
     try:
-        return asyncio.run(run())
+        asyncio.run(run())
     finally:
         store.close()
 
@@ -124,7 +150,9 @@ def statecore_batched(url: str, index: int, share: int, concurrency: int) -> dic
 # -- procrastinate ------------------------------------------------------------------------------
 
 
-def _procrastinate_app(url: str, pool: int) -> procrastinate.App:
+def _procrastinate_app(url: str, pool: int) -> Any:
+    import procrastinate  # noqa: PLC0415 -- only procrastinate's children load it
+
     connector = procrastinate.PsycopgConnector(conninfo=url, min_size=1, max_size=pool)
     app = procrastinate.App(connector=connector)
 
@@ -135,28 +163,29 @@ def _procrastinate_app(url: str, pool: int) -> procrastinate.App:
     return app
 
 
-async def _procrastinate_produce(url: str, index: int, share: int, shape: str, conc: int) -> int:
-    """Defer ``share`` jobs: ``each``, one ``defer_async`` (one commit) per job from ``conc``
-    concurrent tasks; ``batched``, ``batch_defer_async`` of up to 100 jobs per commit."""
+async def _procrastinate_produce(url: str, share: int, shape: str, conc: int) -> None:
+    """Defer ``share`` jobs a round: ``each``, one ``defer_async`` (one commit) per job from
+    ``conc`` concurrent tasks; ``batched``, ``batch_defer_async`` of up to 100 jobs a commit."""
     app = _procrastinate_app(url, conc)
     task = app.tasks[ENTRYPOINT]
+
+    async def one(r: int, refs: range) -> None:
+        for i in refs:
+            await task.defer_async(**PAYLOAD, obligation_id=f"r{r}-{i}")
+
     async with app.open_async():
-        await asyncio.to_thread(_ready_then_wait)
-        if shape == "each":
-
-            async def one(refs: range) -> None:
-                for i in refs:
-                    await task.defer_async(**_PAYLOAD, obligation_id=f"p{index}-{i}")
-
-            await asyncio.gather(*(one(range(k, share, conc)) for k in range(conc)))
-        else:
-            for lo in range(0, share, 100):
-                jobs = [
-                    {**_PAYLOAD, "obligation_id": f"p{index}-{i}"}
-                    for i in range(lo, min(share, lo + 100))
-                ]
-                await task.batch_defer_async(*jobs)
-    return share
+        async for r in _async_rounds():
+            start = time.perf_counter()
+            if shape == "each":
+                await asyncio.gather(*(one(r, range(k, share, conc)) for k in range(conc)))
+            else:
+                for lo in range(0, share, 100):
+                    jobs = [
+                        {**PAYLOAD, "obligation_id": f"r{r}-{i}"}
+                        for i in range(lo, min(share, lo + 100))
+                    ]
+                    await task.batch_defer_async(*jobs)
+            _done(done=share, elapsed_s=time.perf_counter() - start)
 
 
 async def _procrastinate_work(url: str, shape: str, conc: int) -> None:
@@ -179,34 +208,37 @@ async def _procrastinate_work(url: str, shape: str, conc: int) -> None:
 # -- pgqueuer -----------------------------------------------------------------------------------
 
 
-async def _pgqueuer_produce(url: str, index: int, share: int, shape: str, conc: int) -> int:
-    """Enqueue ``share`` jobs: ``each``, one ``Queries.enqueue`` (one commit) per job from
-    ``conc`` concurrent tasks, a connection each; ``batched``, lists of up to 100 per call."""
+async def _pgqueuer_produce(url: str, share: int, shape: str, conc: int) -> None:
+    """Enqueue ``share`` jobs a round: ``each``, one ``Queries.enqueue`` (one commit) per job
+    from ``conc`` concurrent tasks, a connection each; ``batched``, lists of up to 100 a call."""
     from pgqueuer import PsycopgDriver, Queries  # noqa: PLC0415
 
-    body = json.dumps(_PAYLOAD).encode()
+    body = json.dumps(PAYLOAD).encode()
+
+    async def one(q: Any, refs: range) -> None:
+        for _i in refs:
+            await q.enqueue(ENTRYPOINT, body)
+
     conns = [
         await psycopg.AsyncConnection.connect(url, autocommit=True)
         for _ in range(conc if shape == "each" else 1)
     ]
     try:
         queries = [Queries(PsycopgDriver(c)) for c in conns]
-        await asyncio.to_thread(_ready_then_wait)
-        if shape == "each":
-
-            async def one(q: Any, refs: range) -> None:
-                for _i in refs:
-                    await q.enqueue(ENTRYPOINT, body)
-
-            await asyncio.gather(*(one(q, range(k, share, conc)) for k, q in enumerate(queries)))
-        else:
-            for lo in range(0, share, 100):
-                count = min(share, lo + 100) - lo
-                await queries[0].enqueue([ENTRYPOINT] * count, [body] * count, [0] * count)
+        async for _r in _async_rounds():
+            start = time.perf_counter()
+            if shape == "each":
+                await asyncio.gather(
+                    *(one(q, range(k, share, conc)) for k, q in enumerate(queries))
+                )
+            else:
+                for lo in range(0, share, 100):
+                    count = min(share, lo + 100) - lo
+                    await queries[0].enqueue([ENTRYPOINT] * count, [body] * count, [0] * count)
+            _done(done=share, elapsed_s=time.perf_counter() - start)
     finally:
         for c in conns:
             await c.close()
-    return share
 
 
 async def _pgqueuer_work(url: str, shape: str, conc: int) -> None:
@@ -239,42 +271,38 @@ async def _pgqueuer_work(url: str, shape: str, conc: int) -> None:
 # -- entry point --------------------------------------------------------------------------------
 
 
-def run(spec: dict[str, Any]) -> dict[str, Any] | None:
-    """Run the role ``spec`` names; the result line to print, or None for a peer's worker."""
+def run(spec: dict[str, Any]) -> None:
+    """Run the role ``spec`` names until the parent stops it."""
     url = os.environ["STATECORE_BENCH_PG_URL"]
     role, shape = spec["role"], spec["shape"]
     share, index, conc = spec.get("share", 0), spec.get("index", 0), spec["concurrency"]
-    if role == "statecore":
-        if shape == "each":
-            return statecore_each(url, index, share)
-        return statecore_batched(url, index, share, conc)
-    if role == "procrastinate-worker":
+    if role == "statecore" and shape == "each":
+        statecore_each(url, index, share)
+    elif role == "statecore":
+        statecore_batched(url, index, share, conc)
+    elif role == "procrastinate-worker":
         asyncio.run(_procrastinate_work(url, shape, conc))
-        return None
-    if role == "pgqueuer-worker":
+    elif role == "pgqueuer-worker":
         asyncio.run(_pgqueuer_work(url, shape, conc))
-        return None
-    start = time.perf_counter()
-    if role == "procrastinate-producer":
-        done = asyncio.run(_procrastinate_produce(url, index, share, shape, conc))
+    elif role == "procrastinate-producer":
+        asyncio.run(_procrastinate_produce(url, share, shape, conc))
     elif role == "pgqueuer-producer":
-        done = asyncio.run(_pgqueuer_produce(url, index, share, shape, conc))
+        asyncio.run(_pgqueuer_produce(url, share, shape, conc))
     else:
         raise SystemExit(f"unknown role {role!r}")
-    return {"done": done, "elapsed_s": time.perf_counter() - start}
 
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
     profile = spec.get("profile")
-    if profile:
-        profiler = cProfile.Profile()
-        result = profiler.runcall(run, spec)
+    if not profile:
+        run(spec)
+        return
+    profiler = cProfile.Profile()
+    try:
+        profiler.runcall(run, spec)
+    finally:
         profiler.dump_stats(profile)
-    else:
-        result = run(spec)
-    if result is not None:
-        _done(**result)
 
 
 if __name__ == "__main__":
