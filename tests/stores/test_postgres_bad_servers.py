@@ -1,8 +1,8 @@
-"""PostgresStore against bad servers, on real throwaway clusters started and stopped here:
+"""PostgresStore against bad servers, on a real throwaway cluster started and stopped here:
 nothing listening, a server stopped and started again on the same data directory, a statement
-that cannot finish in time, and another cluster (another ``initdb``: another system
-identifier) at the store's address or holding a copy of its data.  Each is a typed error that
-writes nothing; a server that comes back is used again by the same store."""
+that cannot finish in time, and another cluster (the session's server: another ``initdb``,
+another system identifier) at the store's address or holding a copy of its data.  Each is a
+typed error that writes nothing; a server that comes back is used again by the same store."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from stores.testing.postgres_server import (
     _run_as,
     start_server,
 )
+from tests.stores.test_postgres_lost_commit import Proxy, proxied, upstream_of
 
 BOUND_S = 20.0
 """Every wait of these tests ends within this (a server start, a reconnection)."""
@@ -98,9 +99,14 @@ class Cluster:
                 time.sleep(0.05)
         raise AssertionError(f"the cluster did not start on port {port} within {BOUND_S} s")
 
-    def identifier(self, port: int | None = None) -> int:
+    def identifier(self) -> int:
         """The running cluster's system identifier."""
-        with psycopg.connect(self.url(port), autocommit=True, connect_timeout=5) as conn:
+        return self.identifier_at(self.url())
+
+    @staticmethod
+    def identifier_at(url: str) -> int:
+        """The system identifier of the cluster ``url`` names."""
+        with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
             row = conn.execute("SELECT system_identifier FROM pg_control_system()").fetchone()
         assert row is not None
         return int(row[0])
@@ -112,31 +118,24 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def clusters() -> Iterator[tuple[Cluster, Cluster]]:
-    """Two clusters (two system identifiers), both running; removed at the end."""
-    made: list[Cluster] = []
+def cluster() -> Iterator[Cluster]:
+    """A cluster of this module's own (the session's server is the other one); removed at
+    the end."""
+    made = Cluster()
     try:
-        made.append(Cluster())
-        made.append(Cluster())
-        yield made[0], made[1]
+        yield made
     finally:
-        for cluster in made:
-            cluster.remove()
+        made.remove()
 
 
 @pytest.fixture
-def primary(clusters: tuple[Cluster, Cluster]) -> Iterator[Cluster]:
-    """The first cluster, running on its own port before and after the test."""
-    first, second = clusters
-    yield first
-    for cluster in (first, second):
-        if cluster.process is not None and cluster.process.poll() is not None:
-            cluster.process = None  # it died
-    if first.process is None:
-        second.stop()  # it may have taken the first one's port
-        first.start()
-    if second.process is None:
-        second.start()
+def primary(cluster: Cluster) -> Cluster:
+    """The module's cluster, started again if a test left it stopped."""
+    if cluster.process is not None and cluster.process.poll() is not None:
+        cluster.process = None  # it died
+    if cluster.process is None:
+        cluster.start()
+    return cluster
 
 
 def _schema() -> str:
@@ -205,7 +204,7 @@ def test_a_stopped_server_raises_unreachable_and_is_used_again_once_back(primary
     nothing; once it is back on the same data directory the same store works again, and the
     write asked for while it was down was not kept."""
     schema = _schema()
-    store = PostgresStore(primary.url(), schema=schema, **FAST)
+    store = PostgresStore(primary.url(), schema=schema, **{**FAST, "connect_retries": 2})
     try:
         store.register(TICKET_KIND)
         file_ticket(store, "t1")
@@ -283,42 +282,52 @@ def test_the_store_records_its_cluster_identifier(primary: Cluster) -> None:
 
 
 def test_another_cluster_at_the_address_is_refused_and_nothing_is_written(
-    clusters: tuple[Cluster, Cluster], primary: Cluster
+    primary: Cluster, postgres_url: str
 ) -> None:
-    """The store wrote on the first cluster; the first stops and the second starts at the same
-    port: every call raises StoreIdentityChanged naming both identifiers and the override, and
-    nothing is written on the second (its database never gets the schema)."""
-    second = clusters[1]
-    first_id, second_id = primary.identifier(), second.identifier()
-    assert first_id != second_id  # two initdb's
+    """The store wrote on one cluster; then another cluster answers at the same address (a
+    proxy in front, switched to the session's server): every call raises StoreIdentityChanged
+    naming both identifiers and the override, and nothing is written on the other cluster (its
+    database never gets the schema)."""
+    other = Cluster.identifier_at(postgres_url)
+    ours = primary.identifier()
+    assert ours != other  # two initdb's
     schema = _schema()
-    store = PostgresStore(primary.url(), schema=schema, **FAST)
+    proxy = Proxy(upstream_of(primary.url()))
+    store = PostgresStore(proxied(primary.url(), proxy.port), schema=schema, **FAST)
     try:
         store.register(TICKET_KIND)
         file_ticket(store, "t1")
-        primary.stop()
-        second.stop()
-        second.start(primary.port)  # another cluster at the store's address
+        proxy.retarget(upstream_of(postgres_url))  # another cluster at the store's address
         with pytest.raises(StoreIdentityChanged) as info:
             store.transition(TICKET_KIND, "t1", "hold", audit=Audit(2.0, "x"), fence=0)
         message = str(info.value)
-        assert str(first_id) in message
-        assert str(second_id) in message
-        assert f"adopt_system_identifier={second_id}" in message
-        assert (info.value.recorded, info.value.found) == (first_id, second_id)
+        assert str(ours) in message
+        assert str(other) in message
+        assert f"adopt_system_identifier={other}" in message
+        assert (info.value.recorded, info.value.found) == (ours, other)
         for call in (  # and from then on, every call, at once
             lambda: store.get(TICKET_KIND, "t1"),
             lambda: file_ticket(store, "t2"),
             lambda: store.notify("ch"),
         ):
+            started = time.monotonic()
             with pytest.raises(StoreIdentityChanged):
                 call()
-        assert _count(
-            primary.url(), "SELECT count(*) FROM pg_namespace WHERE nspname = %s", schema
-        ) == 0  # fmt: skip
+            assert time.monotonic() - started < 0.5
+        namespaces = "SELECT count(*) FROM pg_namespace WHERE nspname = %s"
+        assert _count(postgres_url, namespaces, schema) == 0
+        row = PostgresStore(primary.url(), schema=schema, **FAST)  # the first still holds it
+        row.register(TICKET_KIND)
+        assert _state(row, "t1") is TS.OPEN
+        row.close()
     finally:
         store.close()
-        second.stop()
+        proxy.close()
+
+
+def _state(store: PostgresStore, entity_id: str) -> TS | None:
+    found = store.get(TICKET_KIND, entity_id)
+    return None if found is None else found.state
 
 
 def _copy_schema(source: str, target: str, schema: str, root: Path) -> None:
@@ -337,34 +346,31 @@ def _copy_schema(source: str, target: str, schema: str, root: Path) -> None:
 
 
 def test_a_copy_on_another_cluster_is_refused_until_an_operator_adopts_it(
-    clusters: tuple[Cluster, Cluster], primary: Cluster, tmp_path: Path
+    primary: Cluster, postgres_url: str, tmp_path: Path
 ) -> None:
-    """A schema dumped from the first cluster and restored on the second (a restored backup):
-    opening it raises StoreIdentityChanged and writes nothing (the restored rows and the
-    recorded identifier unchanged); adopting a wrong identifier is refused; adopting the
-    second's records it, and the store then opens without the override."""
-    second = clusters[1]
+    """A schema dumped from one cluster and restored on another (the session's: a restored
+    backup): opening it raises StoreIdentityChanged and writes nothing (the restored rows and
+    the recorded identifier unchanged); adopting a wrong identifier is refused; adopting the
+    server's records it, and the store then opens without the override."""
     schema = _schema()
     with PostgresStore(primary.url(), schema=schema, **FAST) as store:
         store.register(TICKET_KIND)
         file_ticket(store, "t1")
         file_ticket(store, "t2")
-    _copy_schema(primary.url(), second.url(), schema, tmp_path)
+    _copy_schema(primary.url(), postgres_url, schema, tmp_path)
+    other = Cluster.identifier_at(postgres_url)
     recorded = f"SELECT value::bigint FROM {schema}.statecore_meta WHERE key = 'system_identifier'"
     audits = f"SELECT count(*) FROM {schema}.statecore_audit"
-    before = (_count(second.url(), recorded), _count(second.url(), audits))
+    before = (_count(postgres_url, recorded), _count(postgres_url, audits))
     assert before == (primary.identifier(), 2)
-    with pytest.raises(StoreIdentityChanged, match=str(second.identifier())):
-        PostgresStore(second.url(), schema=schema, **FAST)
+    with pytest.raises(StoreIdentityChanged, match=str(other)):
+        PostgresStore(postgres_url, schema=schema, **FAST)
     with pytest.raises(StoreError, match="not this server's system identifier"):
-        PostgresStore(second.url(), schema=schema, adopt_system_identifier=12345, **FAST)
-    assert (_count(second.url(), recorded), _count(second.url(), audits)) == before
-    adopted = PostgresStore(
-        second.url(), schema=schema, adopt_system_identifier=second.identifier(), **FAST
-    )
-    adopted.close()
-    assert _count(second.url(), recorded) == second.identifier()
-    with PostgresStore(second.url(), schema=schema, **FAST) as store:
+        PostgresStore(postgres_url, schema=schema, adopt_system_identifier=12345, **FAST)
+    assert (_count(postgres_url, recorded), _count(postgres_url, audits)) == before
+    PostgresStore(postgres_url, schema=schema, adopt_system_identifier=other, **FAST).close()
+    assert _count(postgres_url, recorded) == other
+    with PostgresStore(postgres_url, schema=schema, **FAST) as store:
         store.register(TICKET_KIND)
         assert [r.id for r in store.select(TICKET_KIND)] == ["t1", "t2"]
 
