@@ -6,43 +6,21 @@ once it received from it again (a forgotten target is learned afresh)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from relay.connector.provenance import PROVENANCE_KIND, ProvenanceState
-from relay.connector.server import Connector
+from tests.relay.connector.cluster_harness import Cluster, cluster, deafen, raw_gateway
 from tests.relay.connector.connector_harness import (
-    Harness,
     eventually,
-    is_live,
-    raw_hello,
     raw_request,
     recv_frame,
     send_action,
     send_line,
 )
-from tests.relay.connector.test_connector_cluster import Cluster
 
-
-@pytest_asyncio.fixture
-async def cluster(postgres_url: str) -> AsyncIterator[Cluster]:
-    c = Cluster(postgres_url)
-    try:
-        yield c
-    finally:
-        await c.close()
-
-
-async def _raw_live(cluster: Cluster, node: Connector) -> Any:
-    raw = await Harness(cluster.stores[-1]).raw(node, "gw-a", announce=False)
-    cluster.harness_sockets.append(raw)
-    await raw_hello(raw)
-    await eventually(lambda: is_live(node, "gw-a"), "live")
-    await cluster.heard_everywhere("gw-a")
-    return raw
+__all__ = ["cluster"]  # the fixture, used by name
 
 
 async def _receive(raw: Any, text: str) -> None:
@@ -65,7 +43,7 @@ async def test_a_target_forgotten_on_one_node_is_declined_on_every_node(
     allowed; an event from c1 again makes it allowed again on both."""
     a = await cluster.node(open_egress=False)
     b = await cluster.node(open_egress=False)
-    raw = await _raw_live(cluster, b)
+    raw = await raw_gateway(cluster, b, "gw-a")
     for chat in ("c1", "c2"):
         await cluster.platforms[0].inject(chat, f"from {chat}")
         await _receive(raw, f"from {chat}")
@@ -92,20 +70,15 @@ async def test_a_forget_whose_notice_was_lost_is_seen_by_the_sweep(cluster: Clus
     from B's memory within a sweep, and B declines it."""
     a = await cluster.node(open_egress=False)
     b = await cluster.node(open_egress=False, cluster_sweep_s=0.2)
-    raw = await _raw_live(cluster, b)
+    raw = await raw_gateway(cluster, b, "gw-a")
     await cluster.platforms[0].inject("c9", "from c9")
     await _receive(raw, "from c9")
     assert (await _send(raw, "first", "c9"))["success"] is True
-    assert b._cluster is not None
-    await b._cluster.stop()  # deaf to notices from now on
-    b._cluster._timer = asyncio.ensure_future(b._cluster._sweeps())  # but still sweeping
-    try:
-        await asyncio.to_thread(a.provenance.forget, "gw-a", "loopback", "c9")
-        await eventually(lambda: not b.provenance.allows("gw-a", "loopback", "c9"), "the sweep")
-        declined = await _send(raw, "after-forget", "c9")
-        assert declined["code"] == "egress_declined", declined
-    finally:
-        b._cluster._timer.cancel()
+    await deafen(b)  # deaf to notices from now on, but still sweeping
+    await asyncio.to_thread(a.provenance.forget, "gw-a", "loopback", "c9")
+    await eventually(lambda: not b.provenance.allows("gw-a", "loopback", "c9"), "the sweep")
+    declined = await _send(raw, "after-forget", "c9")
+    assert declined["code"] == "egress_declined", declined
 
 
 @pytest.mark.asyncio
@@ -118,7 +91,7 @@ async def test_a_hostile_forget_notice_only_makes_a_node_read_the_store(
 
     await cluster.node(open_egress=False)
     b = await cluster.node(open_egress=False)
-    raw = await _raw_live(cluster, b)
+    raw = await raw_gateway(cluster, b, "gw-a")
     await cluster.platforms[0].inject("c5", "from c5")
     await _receive(raw, "from c5")
     assert (await _send(raw, "first", "c5"))["success"] is True

@@ -12,11 +12,9 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from relay.client.transport import WebSocketRelayTransport
 from relay.connector._cluster import MIN_BOUND_S
@@ -25,8 +23,10 @@ from relay.connector.server import Connector
 from statecore.clock import FakeClock
 from statecore.store import Audit
 from stores import InMemoryStore
+from tests.relay.connector.cluster_harness import Cluster, cluster
 from tests.relay.connector.connector_harness import BOUND, Recorder
-from tests.relay.connector.test_connector_cluster import Cluster
+
+__all__ = ["cluster"]  # the fixture, used by name
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -57,15 +57,6 @@ _NODE = textwrap.dedent(
 )
 
 
-@pytest_asyncio.fixture
-async def cluster(postgres_url: str) -> AsyncIterator[Cluster]:
-    c = Cluster(postgres_url)
-    try:
-        yield c
-    finally:
-        await c.close()
-
-
 async def _roster_becomes(
     node: Connector, expected: dict[str, list[str]], what: str, timeout: float = BOUND
 ) -> float:
@@ -78,19 +69,24 @@ async def _roster_becomes(
     return time.monotonic() - began
 
 
-async def _child_node(cluster: Cluster) -> tuple[subprocess.Popen[str], str, str]:
+def _spawn_node(cluster: Cluster) -> subprocess.Popen[str]:
+    """Node C in its own process, on the cluster's schema (made by a node already started)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    child = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-c", _NODE, cluster.url, cluster.schema],
         stdout=subprocess.PIPE,
         text=True,
         env=env,
         cwd=ROOT,
     )
+
+
+async def _serving(child: subprocess.Popen[str]) -> tuple[str, str]:
+    """Node C's buffer origin and URL, once it serves."""
     assert child.stdout is not None
     line = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), 30)
     origin, url = line.split()
-    return child, origin, url
+    return origin, url
 
 
 @pytest.mark.asyncio
@@ -102,10 +98,11 @@ async def test_every_node_lists_every_gateway_and_a_killed_node_drops_out(
     roster of both once the bound passed (not before it could have missed a heartbeat).  B
     stops cleanly: out of A's roster at once."""
     a = await cluster.node(cluster_sweep_s=0.2)
-    b = await cluster.node(cluster_sweep_s=0.2)
-    child, c_origin, c_url = await _child_node(cluster)
+    child = _spawn_node(cluster)  # it starts while B does
     transport: WebSocketRelayTransport | None = None
     try:
+        b = await cluster.node(cluster_sweep_s=0.2)
+        c_origin, c_url = await _serving(child)
         await cluster.gateway(a, "gw-a", Recorder())
         await cluster.gateway(b, "gw-b", Recorder())
         transport = WebSocketRelayTransport(

@@ -10,11 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import Callable
 
 import pytest
-import pytest_asyncio
 
 from relay.connector._cluster import CHANNEL
 from relay.connector.chat_tenants import CHAT_TENANT_KIND, ChatTenants, ChatTenantState
@@ -22,52 +20,17 @@ from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
 from statecore.clock import FakeClock
 from stores import PostgresStore
+from tests.relay.connector.cluster_harness import Cluster, cluster, deafen, raw_gateway
 from tests.relay.connector.connector_harness import (
     SECRETS,
-    Harness,
     eventually,
-    is_live,
-    raw_hello,
     raw_request,
-    recv_frame,
     send_action,
-    send_line,
 )
-from tests.relay.connector.test_connector_cluster import Cluster
+
+__all__ = ["cluster"]  # the fixture, used by name
 
 TENANTS = {"gw-a": {"scope-a"}, "gw-b": {"scope-b"}}
-
-
-@pytest_asyncio.fixture
-async def cluster(postgres_url: str) -> AsyncIterator[Cluster]:
-    c = Cluster(postgres_url)
-    try:
-        yield c
-    finally:
-        await c.close()
-
-
-async def _raw(cluster: Cluster, node: Connector, gateway_id: str, replayed: int = 0) -> Any:
-    """A raw gateway connection on ``node``, said hello, its ``replayed`` buffered events
-    received and acked, and live."""
-    raw = await Harness(cluster.stores[-1]).raw(node, gateway_id, announce=False)
-    cluster.harness_sockets.append(raw)
-    await raw_hello(raw)
-    for _ in range(replayed):
-        frame = await recv_frame(raw)
-        assert frame["type"] == "inbound", frame
-        await send_line(raw, {"type": "inbound_ack", "bufferId": frame["bufferId"]})
-    await eventually(lambda: is_live(node, gateway_id), f"{gateway_id} live")
-    return raw
-
-
-async def _deafen(node: Connector) -> None:
-    """Make ``node`` stop hearing its peers' notices (as a listener that lost its connection
-    does); it serves on."""
-    assert node._cluster is not None
-    unsubscribe, node._cluster._unsubscribe = node._cluster._unsubscribe, None
-    assert unsubscribe is not None
-    await asyncio.to_thread(unsubscribe)
 
 
 def _count_rereads(node: Connector) -> list[tuple[str, str]]:
@@ -94,12 +57,12 @@ async def test_a_chat_learned_on_another_node_decides_before_the_gateways_claim(
     read (a hit)."""
     await cluster.node(tenants=TENANTS, open_egress=False)
     b = await cluster.node(tenants=TENANTS, open_egress=False, cluster_sweep_s=0)
-    await _deafen(b)
+    await deafen(b)
     reads = _count_rereads(b)
     await cluster.platforms[0].inject("chat-x", "in a", scope_id="scope-a", chat_type="group")
     await cluster.platforms[0].inject("chat-y", "in b", scope_id="scope-b", chat_type="group")
     assert b.chat_tenants.get("loopback", "chat-x") is None  # B's memory never held it
-    raw = await _raw(cluster, b, "gw-b", replayed=1)  # chat-y's event
+    raw = await raw_gateway(cluster, b, "gw-b", replayed=1)  # chat-y's event
 
     claimed = await raw_request(raw, "r1", send_action("chat-x", "leak", scope_id="scope-b"))
     assert (claimed["success"], claimed["code"]) == (False, "egress_declined"), claimed
@@ -125,7 +88,7 @@ async def test_a_chat_moved_or_forgotten_on_another_node_is_seen_by_the_notice(
     a = await cluster.node(tenants=TENANTS, open_egress=False)
     b = await cluster.node(tenants=TENANTS, open_egress=False)
     await cluster.platforms[0].inject("chat-m", "first", scope_id="scope-b", chat_type="group")
-    raw = await _raw(cluster, b, "gw-b", replayed=1)
+    raw = await raw_gateway(cluster, b, "gw-b", replayed=1)
     allowed = await raw_request(raw, "r1", send_action("chat-m", "answer"))
     assert allowed["success"] is True, allowed
     assert b.chat_tenants.get("loopback", "chat-m") == "scope-b"
@@ -150,18 +113,11 @@ async def test_a_move_whose_notice_was_lost_is_seen_by_the_sweep(cluster: Cluste
         await cluster.platforms[0].inject(chat, "first", scope_id="scope-b", chat_type="group")
     for chat in ("chat-s", "chat-f"):
         assert await asyncio.to_thread(b.chat_tenants.reread, "loopback", chat) == "scope-b"
-    assert b._cluster is not None
-    await b._cluster.stop()  # deaf to notices from now on
-    b._cluster._timer = asyncio.ensure_future(b._cluster._sweeps())  # but still sweeping
-    try:
-        await cluster.platforms[0].inject("chat-s", "moved", scope_id="scope-a", chat_type="group")
-        await asyncio.to_thread(a.chat_tenants.forget, "loopback", "chat-f")
-        await eventually(
-            lambda: b.chat_tenants.get("loopback", "chat-s") == "scope-a", "the move on B"
-        )
-        await eventually(lambda: b.chat_tenants.get("loopback", "chat-f") is None, "the forget")
-    finally:
-        b._cluster._timer.cancel()
+    await deafen(b)  # deaf to notices from now on, but still sweeping
+    await cluster.platforms[0].inject("chat-s", "moved", scope_id="scope-a", chat_type="group")
+    await asyncio.to_thread(a.chat_tenants.forget, "loopback", "chat-f")
+    await eventually(lambda: b.chat_tenants.get("loopback", "chat-s") == "scope-a", "the move")
+    await eventually(lambda: b.chat_tenants.get("loopback", "chat-f") is None, "the forget")
 
 
 @pytest.mark.asyncio
