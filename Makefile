@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 CODE := $(wildcard statecore stores relay tests benchmarks examples docs)
 
 .PHONY: demo chat matrix telegram slack discord matrix-crash telegram-crash slack-crash \
-	discord-crash sim sim-real test lint typecheck pytest bench clean
+	discord-crash sim sim-real chaos-fleet test lint typecheck pytest bench clean
 
 $(BIN)/python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need Python 3.11+ on PATH (or make PYTHON=...)"; exit 1; }
@@ -63,9 +63,19 @@ sim: $(STAMP)
 	$(BIN)/python -m relay.sim --seeds $(SEEDS)
 
 # The same campaign with the real runtime (Connector, Gateway, websockets) on the deterministic
-# event loop: make sim-real SEEDS=1000 (make test runs 60).
+# event loop: make sim-real SEEDS=1000 (make test runs 60), in JOBS processes (0: one per core).
+JOBS ?= 0
 sim-real: $(STAMP)
-	$(BIN)/python -m relay.sim --real --seeds $(SEEDS)
+	$(BIN)/python -m relay.sim --real --seeds $(SEEDS) --jobs $(JOBS)
+
+# The fault harness: 3 gateway processes on one PostgreSQL ledger, 2 connector nodes in a cluster,
+# users writing, under FAULTS seeded faults (partitions, pauses, PostgreSQL restarts and kills,
+# clock offsets, SIGKILLs); the history checker's verdict and docs/chaos.md's table at the end
+# (make test runs a short run).
+FAULTS ?= 500
+CHAOS_SEED ?= 28
+chaos-fleet: $(STAMP)
+	$(BIN)/python -m tests.chaos --faults $(FAULTS) --seed $(CHAOS_SEED) --results docs/chaos.md
 
 # The Matrix crash run, long: the connector (Matrix driver) and the gateway SIGKILLed KILLS times
 # each under load against a throwaway Synapse, its summary table printed (make test runs 3 each).

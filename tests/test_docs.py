@@ -121,6 +121,7 @@ def test_readme_names_every_benchmark() -> None:
 _RUNNABLE = [README, *(DOCS / n for n in ("guarantees.md", "stores.md", "configuration.md"))]
 _RUNNABLE.append(DOCS / "lifecycles.md")
 _RUNNABLE.append(DOCS / "timers.md")
+_RUNNABLE.append(DOCS / "tracing.md")
 _BLOCKS = [
     pytest.param(block, id=f"{path.name}-{index}")
     for path in _RUNNABLE
