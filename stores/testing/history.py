@@ -39,20 +39,23 @@ Each row is read (a page at a time, by id) with its audit entries (``store.histo
   constrained and do not change the holder.  Owners compare as recorded strings; None (no
   owner recorded) is a value like any other.
 
+:func:`check_catalog` checks every kind a store's catalog lists, each as declared there.
 Counts are exact; the problem texts kept are bounded (``max_problems``), and memory is bounded
 by one page of rows plus one row's history, so a store of many rows may be checked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from enum import Enum
 from typing import Any, Literal
 
 import attrs
 
+from statecore.catalog import declaration_json, kind_from_declaration
 from statecore.entity import EntityKind
-from statecore.store import Row, Store, TransitionRecord, gt
+from statecore.kinds import known_kinds
+from statecore.store import KindCatalog, Row, Store, TransitionRecord, gt
 
 __all__ = [
     "MIGRATE_EVENT",
@@ -61,6 +64,7 @@ __all__ = [
     "Ownership",
     "Problem",
     "ProblemKind",
+    "check_catalog",
     "check_histories",
     "check_store",
     "check_walk",
@@ -309,3 +313,42 @@ def check_store(
         ownership=ownership,
         max_problems=max_problems,
     )
+
+
+def check_catalog(
+    store: Store,
+    *,
+    kinds: Iterable[EntityKind[Any]] = (),
+    ownership: Mapping[str, Ownership] | None = None,
+    skip: Collection[str] = (),
+    page: int = 500,
+    max_problems: int = 100,
+) -> list[HistoryReport]:
+    """Check every kind ``store``'s catalog lists (but those named in ``skip``), each as the
+    catalog declares it -- the declaration its rows were written under: the kind of ``kinds``
+    or of :func:`statecore.kinds.known_kinds` with that very declaration, else one rebuilt
+    from it (:func:`statecore.catalog.kind_from_declaration`), so that a kind this process
+    cannot import is checked too -- registered on ``store`` first, as any process opening it
+    does.  ``ownership`` maps kind names to their rule (default: the obligation's,
+    :data:`OBLIGATION_OWNERSHIP`).  One report per kind, by name.  Raises ``TypeError`` for a
+    store without a catalog, what the declarations raise (``DeclarationError``) and what
+    :func:`check_store` raises."""
+    if not isinstance(store, KindCatalog):
+        raise TypeError(f"{type(store).__name__} keeps no catalog of kinds")
+    rules = {"obligation": OBLIGATION_OWNERSHIP} if ownership is None else ownership
+    declared = {k.name: k for k in known_kinds()}
+    declared.update((k.name, k) for k in kinds)
+    reports = []
+    for record in store.catalog():
+        if record.name in skip:
+            continue
+        kind = declared.get(record.name)
+        if kind is None or declaration_json(kind) != record.declaration:
+            kind = kind_from_declaration(record.declaration)
+        store.register(kind)
+        reports.append(
+            check_store(
+                store, kind, ownership=rules.get(kind.name), page=page, max_problems=max_problems
+            )
+        )
+    return reports

@@ -17,11 +17,12 @@ from statecore import OBLIGATION_KIND, Audit, FakeClock, Ledger, ObligationState
 from statecore.store import TransitionRecord
 from stores.memory import InMemoryStore
 from stores.sqlite import SQLiteStore
-from stores.testing._kit import TICKET_KIND
+from stores.testing._kit import TICKET_KIND, file_ticket
 from stores.testing.history import (
     OBLIGATION_OWNERSHIP,
     HistoryReport,
     Ownership,
+    check_catalog,
     check_histories,
     check_store,
     check_walk,
@@ -287,3 +288,48 @@ def test_ownership_rules_are_checked() -> None:
         Ownership(takeovers="claim", fenced=())
     declared = set(OBLIGATION_KIND.lifecycle.events)
     assert OBLIGATION_OWNERSHIP.takeovers | OBLIGATION_OWNERSHIP.fenced <= declared
+
+
+def test_every_kind_of_the_catalog_is_checked_as_declared_there(store: Store) -> None:
+    """The ledger's kinds (obligations, owner records) are checked from the catalog's
+    declarations, leaving the catalog as it was; a broken obligation history is found there
+    too, and a skipped kind is not read."""
+    write_runs(store)
+    Ledger(store, clock=FakeClock(), probe=FakeProbe(), incarnation=LIVE).heartbeat(now=5.0)
+    before = store.catalog()  # type: ignore[attr-defined]
+    reports = check_catalog(store)
+    assert [(r.kind, r.ok) for r in reports] == [("obligation", True), ("owner", True)]
+    assert reports[0].rows == 6
+    assert reports[1].rows >= 1
+    assert store.catalog() == before  # type: ignore[attr-defined]
+    store.transition(OBLIGATION_KIND, "ob-5", "attempt", audit=Audit(1.0, "stranger"))
+    assert [r.fenced_writes for r in check_catalog(store)] == [1, 0]
+    assert [r.kind for r in check_catalog(store, skip={"obligation"})] == ["owner"]
+    assert check_catalog(store, ownership={})[0].ok  # no rule: owners not judged
+    with pytest.raises(TypeError, match="no catalog"):
+        check_catalog(object())  # type: ignore[arg-type]
+
+
+def test_a_kind_this_process_cannot_import_is_checked_from_its_declaration(
+    tmp_path: Path,
+) -> None:
+    """A SQLite file's ticket kind -- known to no entry point -- is rebuilt from the catalog
+    and checked: a clean history passes, a forged undeclared move is caught."""
+    path = tmp_path / "tickets.db"
+    with SQLiteStore(path) as writer:
+        writer.register(TICKET_KIND)
+        file_ticket(writer, "t1")
+        file_ticket(writer, "t2")
+        writer.transition(TICKET_KIND, "t2", "hold", audit=Audit(2.0))
+    with SQLiteStore(path) as reader:
+        (report,) = check_catalog(reader)
+        assert (report.kind, report.rows, report.entries, report.ok) == ("ticket", 2, 3, True)
+    _forge(
+        path,
+        "UPDATE kit_tickets SET state = 'done', fence = fence + 1, audit_event = 'resume' "
+        "WHERE ticket_id = 't2'",
+    )
+    with SQLiteStore(path) as reader:
+        (report,) = check_catalog(reader)
+        assert report.bad_walks == 1
+        assert "'resume' from held leads to open, not done" in report.problems[0]
