@@ -6,7 +6,9 @@ for each gateway instance, its unacked depth and the age of its oldest unacked e
 that keeps growing is an instance that never comes back for its backlog.  ``buffer held``
 counts, per platform, the events held because no gateway listened to them (and the oldest
 one's age) and lists them in the order they were held; ``buffer rejected`` lists the events
-drivers could not map, with the reason and the raw form.  All of them only read.
+drivers could not map, with the reason and the raw form; ``buffer roster`` shows which gateways
+are connected to which node of a connector cluster (:mod:`relay.connector.nodes`), with the age
+of each node's last heartbeat.  All of them only read.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from typing import Any
 
 from relay.connector.buffer import BUFFER, BUFFER_KIND, BufferState
 from relay.connector.held import HOLD_KIND, HeldState
+from relay.connector.nodes import ClusterRoster, NodeView
 from relay.connector.rejected import REJECTED_KIND, RejectedState
 from statecore.cli.output import age, duration, shorten, table
 from statecore.cli.plugin import EXIT_OK, Command, Context, add_leaf
 from statecore.store import Row
 
-__all__ = ["BUFFER_COMMAND", "entry_json", "held_json", "rejected_json"]
+__all__ = ["BUFFER_COMMAND", "entry_json", "held_json", "node_json", "rejected_json"]
 
 _UNACKED = BUFFER.sources("ack")
 _GROUPS: dict[str, frozenset[BufferState]] = {
@@ -231,6 +234,47 @@ def _rejected(args: argparse.Namespace, ctx: Context) -> int:
     return EXIT_OK
 
 
+def node_json(view: NodeView, now: float) -> dict[str, Any]:
+    """One cluster node as a JSON-ready object."""
+    return {
+        "node_id": view.node_id,
+        "url": view.url,
+        "gateways": list(view.gateways),
+        "heartbeat_age_s": max(0.0, now - view.beat_at),
+        "live": view.live,
+    }
+
+
+def _roster(args: argparse.Namespace, ctx: Context) -> int:
+    if not args.bound > 0:
+        raise ValueError(f"--bound must be positive, not {args.bound!r}")
+    store = ctx.open_store()
+    now = ctx.now()
+    views = ClusterRoster(store, bound_s=args.bound).nodes(now=now)
+    shown_views = views if args.all else [v for v in views if v.live]
+    nodes = [node_json(v, now) for v in shown_views]
+
+    def text() -> str:
+        if not nodes:
+            return "no connector node has a recent heartbeat (a cluster node writes one)\n"
+        return table(
+            ("NODE", "URL", "HEARTBEAT", "LIVE", "GATEWAYS"),
+            [
+                (
+                    v.node_id,
+                    v.url or "-",
+                    age(v.beat_at, now),
+                    "yes" if v.live else "no",
+                    shorten(", ".join(v.gateways) or "-"),
+                )
+                for v in shown_views
+            ],
+        )
+
+    ctx.emit({"bound_s": args.bound, "nodes": nodes}, text)
+    return EXIT_OK
+
+
 def _limit(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "--limit",
@@ -273,6 +317,17 @@ def _build(parser: argparse.ArgumentParser) -> None:
     rejected.add_argument("--platform", metavar="NAME", help="only this platform's records")
     rejected.add_argument("--all", action="store_true", help="dismissed records too")
     _limit(rejected, "records")
+    roster = add_leaf(
+        commands, "roster", "show which gateways are connected to which cluster node", _roster
+    )
+    roster.add_argument(
+        "--bound",
+        type=float,
+        default=15.0,
+        metavar="SECONDS",
+        help="a node whose heartbeat is older is not live (default 15: three sweeps of 5 s)",
+    )
+    roster.add_argument("--all", action="store_true", help="nodes that are not live too")
 
 
 BUFFER_COMMAND = Command(

@@ -134,10 +134,11 @@ class ClusterRoster:
             NODE_KIND, [node_id], "leave", audit=Audit(now, node_id, reason="stopped")
         )
 
-    def nodes(self) -> list[NodeView]:
-        """Every node whose row is live, newest heartbeat judged against this clock (``live``
-        False: silent longer than the bound), in id order.  Raises ``StoreError``."""
-        now = self.clock.now()
+    def nodes(self, *, now: float | None = None) -> list[NodeView]:
+        """Every node whose row is live, its heartbeat judged as of ``now`` (default: this
+        roster's clock; ``live`` False: silent longer than the bound), in id order.  Raises
+        ``StoreError``."""
+        now = self.clock.now() if now is None else now
         return [self._view(row, now) for row in self.store.select(NODE_KIND, states=(_N.LIVE,))]
 
     def read(self) -> dict[str, list[str]]:

@@ -6,6 +6,8 @@ same roster from the store alone."""
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import os
 import signal
 import subprocess
@@ -20,9 +22,11 @@ from relay.client.transport import WebSocketRelayTransport
 from relay.connector._cluster import MIN_BOUND_S
 from relay.connector.nodes import NODE_KIND, ClusterRoster, NodeState
 from relay.connector.server import Connector
+from statecore.cli import main as statecore_cli
 from statecore.clock import FakeClock
 from statecore.store import Audit
 from stores import InMemoryStore
+from stores.sqlite import SQLiteStore
 from tests.relay.connector.cluster_harness import Cluster, cluster
 from tests.relay.connector.connector_harness import BOUND, Recorder
 
@@ -195,3 +199,40 @@ def test_the_stored_roster_bounds_liveness_and_prunes_silent_rows() -> None:
         ClusterRoster(store).publish(["gw-a"])
     with pytest.raises(ValueError, match="bound_s"):
         ClusterRoster(store, bound_s=0)
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    """``statecore argv...`` run in this process: (status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    status = statecore_cli(list(argv), out=out, err=err, env={})
+    return status, out.getvalue(), err.getvalue()
+
+
+def test_the_command_line_shows_the_roster(tmp_path: Path) -> None:
+    """``statecore buffer roster`` lists the live nodes with their gateways (``--all``: the
+    silent ones too), from the store alone; a bound that is not positive is refused."""
+    db = tmp_path / "connector.db"
+    store = SQLiteStore(str(db))
+    try:
+        now = time.time()
+        ClusterRoster(store, node_id="n1", clock=FakeClock(now)).publish(["gw-a"], url="ws://h:1")
+        ClusterRoster(store, node_id="n2", clock=FakeClock(now - 60)).publish(["gw-b"])
+    finally:
+        store.close()
+    store_url = f"sqlite:///{db}"
+    status, out, err = _cli("--store", store_url, "buffer", "roster", "--json")
+    assert (status, err) == (0, "")
+    shown = json.loads(out)
+    assert [(n["node_id"], n["gateways"], n["live"]) for n in shown["nodes"]] == [
+        ("n1", ["gw-a"], True)
+    ]
+    status, out, _ = _cli("--store", store_url, "buffer", "roster", "--all", "--bound", "30")
+    assert status == 0
+    lines = out.splitlines()
+    assert [line.split()[0] for line in lines] == ["NODE", "n1", "n2"], out
+    assert "gw-a" in lines[1]
+    assert "ws://h:1" in lines[1]
+    assert lines[2].split()[-2:] == ["no", "gw-b"], out
+    status, _, err = _cli("--store", store_url, "buffer", "roster", "--bound", "0")
+    assert status == 2
+    assert "--bound" in err
