@@ -9,7 +9,9 @@ the :class:`~tests.chaos.transcript.Transcript` the platform wrote:
   lifecycle (``bad_walks``), fence = audit entries - 1 (``bad_fences``), settled at most once
   (``double_settles``), and for the obligation no write accepted from a fenced-off owner
   (``fenced_writes_accepted``: after a claim by B, a send or settle by A counts unless A
-  claimed again);
+  claimed again); every other kind either schema's catalog lists (the owner records, the
+  sessions, the connector cluster's kinds, ...) is checked alike, as its catalog declares it
+  (``stores.testing.history.check_catalog``), and counted in the same totals;
 * every user message is **answered** -- a bot message ``echo: <text>`` (a redelivery banner
   before it allowed) in its own chat -- or **owed**: not answered, and visibly still owed, its
   obligation (found by chat and ``reply_to`` = the message's id, else by chat and reply text)
@@ -51,6 +53,7 @@ from stores.testing.history import (
     OBLIGATION_OWNERSHIP,
     HistoryReport,
     Ownership,
+    check_catalog,
     check_histories,
     rows_with_histories,
 )
@@ -94,7 +97,10 @@ class CheckReport:
     bad_walks: int
     bad_fences: int
     rows: int
-    """Rows whose audit was checked (obligations and buffer entries)."""
+    """Rows whose audit was checked, of every kind."""
+    kinds: dict[str, int]
+    """Rows checked per kind (``schema.kind``): the obligations, the buffer entries, and every
+    other kind the two schemas' catalogs list."""
     problems: list[str]
     notes: list[str]
     """What is reported but no violation: abandoned replies, owed messages."""
@@ -190,7 +196,7 @@ def check_transcript(transcript: Transcript, index: LedgerIndex) -> CheckReport:
     report whose audit counts are 0.  Raises nothing."""
     counts = _Counts()
     _check_messages(transcript, index, counts)
-    return _report(counts, [], 0)
+    return _report(counts, [])
 
 
 def _check_messages(transcript: Transcript, index: LedgerIndex, c: _Counts) -> None:
@@ -266,10 +272,12 @@ def _unanswered(message: UserMessage, index: LedgerIndex, c: _Counts) -> None:
             c.problem(f"lost: {what}: no answer, no obligation, {why}")
 
 
-def _report(c: _Counts, histories: list[HistoryReport], rows: int) -> CheckReport:
+def _report(c: _Counts, histories: list[tuple[str, HistoryReport]]) -> CheckReport:
+    """The report of the transcript's counts and the audits' (``(schema, report)`` pairs)."""
     problems = list(c.problems)
-    for history in histories:
+    for _, history in histories:
         problems.extend(history.problems[: max(0, MAX_PROBLEMS - len(problems))])
+    reports = [h for _, h in histories]
     return CheckReport(
         messages=c.messages,
         answered=c.answered,
@@ -280,11 +288,12 @@ def _report(c: _Counts, histories: list[HistoryReport], rows: int) -> CheckRepor
         wrong_tenant=c.wrong_tenant,
         wrong_chat=c.wrong_chat,
         stray=c.stray,
-        double_settles=sum(h.double_settles for h in histories),
-        fenced_writes_accepted=sum(h.fenced_writes for h in histories),
-        bad_walks=sum(h.bad_walks for h in histories),
-        bad_fences=sum(h.bad_fences for h in histories),
-        rows=rows,
+        double_settles=sum(h.double_settles for h in reports),
+        fenced_writes_accepted=sum(h.fenced_writes for h in reports),
+        bad_walks=sum(h.bad_walks for h in reports),
+        bad_fences=sum(h.bad_fences for h in reports),
+        rows=sum(h.rows for h in reports),
+        kinds={f"{schema}.{h.kind}": h.rows for schema, h in histories},
         problems=problems,
         notes=list(c.notes),
     )
@@ -323,15 +332,22 @@ def check_run(
     *, pg_url: str, ledger_schema: str, connector_schema: str, transcript: Transcript
 ) -> CheckReport:
     """Check a quiesced chaos run (see the module docs): the obligations of ``ledger_schema``,
-    the buffer entries of ``connector_schema`` (the same schema may hold both) and the
+    the buffer entries of ``connector_schema`` (the same schema may hold both), the audit of
+    every other kind either schema's catalog lists (walks, fences, settles), and the
     ``transcript``.  Read ``ok``, ``problems`` and the counts.  Raises ``StoreError`` when the
     database cannot be read, ``ValueError`` for a malformed schema name."""
     counts = _Counts()
     index = LedgerIndex()
-    histories: list[HistoryReport] = []
-    with PostgresStore(pg_url, schema=ledger_schema, pool_size=1) as ledger:
-        histories.append(_check_kind(ledger, OBLIGATION_KIND, OBLIGATION_OWNERSHIP, index, counts))
-    with PostgresStore(pg_url, schema=connector_schema, pool_size=1) as connector:
-        histories.append(_check_kind(connector, BUFFER_KIND, None, index, counts))
+    histories: list[tuple[str, HistoryReport]] = []
+    mine = {OBLIGATION_KIND.name, BUFFER_KIND.name}
+    for schema in dict.fromkeys((ledger_schema, connector_schema)):
+        with PostgresStore(pg_url, schema=schema, pool_size=1) as store:
+            if schema == ledger_schema:
+                report = _check_kind(store, OBLIGATION_KIND, OBLIGATION_OWNERSHIP, index, counts)
+                histories.append((schema, report))
+            if schema == connector_schema:
+                histories.append((schema, _check_kind(store, BUFFER_KIND, None, index, counts)))
+            others = check_catalog(store, skip=mine, max_problems=MAX_PROBLEMS)
+            histories += [(schema, report) for report in others]
     _check_messages(transcript, index, counts)
-    return _report(counts, histories, sum(h.rows for h in histories))
+    return _report(counts, histories)

@@ -220,6 +220,8 @@ def write_run(url: str, ledger_schema: str, connector_schema: str) -> Transcript
         three = record(live, messages[2])
         live.mark_attempting(three)
         live.mark_failed(three, "platform down")
+        live.heartbeat()  # an owner record: a kind the catalog lists beside the obligations
+        live.heartbeat()
     return transcript
 
 
@@ -234,7 +236,13 @@ def test_a_clean_run_on_postgresql_passes(postgres_url: str, schemas: tuple[str,
     assert report.problems == []
     assert report.ok
     assert (report.messages, report.answered, report.owed, report.lost) == (4, 2, 2, 0)
-    assert report.rows == 3 + 4  # obligations, buffer entries
+    ledger, connector = schemas
+    assert report.kinds == {
+        f"{ledger}.obligation": 3,
+        f"{connector}.buffer_entry": 4,
+        f"{ledger}.owner": 1,
+    }
+    assert report.rows == 3 + 4 + 1
     assert any("m-4" in n and "buffer" in n for n in report.notes)
 
 
@@ -266,6 +274,14 @@ def test_violations_in_the_postgresql_audit_are_caught(
             "from_state, to_state, at) SELECT 'buffer_entry', buffer_id, 'append', 'acked', "
             f"'buffered', 8.0 FROM {connector_schema}.relay_inbound_buffer ORDER BY seq LIMIT 1"
         )
+        conn.execute(  # an owner record expired by a write that bumped its fence twice
+            f"UPDATE {ledger_schema}.statecore_owners SET state = 'gone', fence = fence + 2"
+        )
+        conn.execute(
+            f"INSERT INTO {ledger_schema}.statecore_audit (kind, entity_id, event, from_state, "
+            "to_state, at) SELECT 'owner', record_id, 'expire', 'alive', 'gone', 9.0 "
+            f"FROM {ledger_schema}.statecore_owners"
+        )
         conn.execute(
             f"UPDATE {connector_schema}.relay_inbound_buffer SET state = 'buffered', "
             "fence = fence + 1 WHERE seq = "
@@ -281,7 +297,8 @@ def test_violations_in_the_postgresql_audit_are_caught(
         "lost": 1,  # m-3: the zombie's deliver says delivered; nothing reached the platform
         "fenced_writes_accepted": 1,
         "double_settles": 1,
-        "bad_walks": 1,
+        "bad_walks": 1,  # the buffer entry's
+        "bad_fences": 1,  # the owner record's: its fence bumped twice by one write
     }
     assert not report.ok
     text = "\n".join(report.problems)
@@ -289,3 +306,4 @@ def test_violations_in_the_postgresql_audit_are_caught(
     assert f"'deliver' by {DEAD.label!r} accepted while {LIVE.label!r} held the row" in text
     assert "'abandon' into abandoned after it settled" in text
     assert "buffer_entry bad_walk" in text
+    assert "owner bad_fence" in text
