@@ -8,6 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from tests.chaos.faults import KINDS
 from tests.chaos.results import render_markdown, render_summary
 from tests.chaos.run import Config, run
 
@@ -21,21 +22,30 @@ def main(argv: list[str] | None = None) -> int:
         "--seconds",
         type=float,
         default=None,
-        help="the schedule's nominal length (default: 3.4 s a fault)",
+        help="the schedule's nominal length (default: 2 s a fault)",
     )
     parser.add_argument("--rate", type=float, default=10.0, help="user messages per second")
     parser.add_argument("--results", type=Path, default=None, help="write the markdown here")
     parser.add_argument("--quiet", action="store_true", help="no fault log on stdout")
+    parser.add_argument(
+        "--kinds", default=",".join(KINDS), help="the fault kinds to draw from (comma-separated)"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the logs of a passed run")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.faults < 1:
         parser.error("--faults must be at least 1")
-    seconds = args.seconds if args.seconds is not None else 3.4 * args.faults
+    seconds = args.seconds if args.seconds is not None else 2.0 * args.faults
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    if not kinds or set(kinds) - set(KINDS):
+        parser.error(f"--kinds must name some of: {', '.join(KINDS)}")
     config = Config(
         faults=args.faults,
         seed=args.seed,
         seconds=seconds,
         rate=args.rate,
         quiet_output=args.quiet,
+        kinds=kinds,
+        keep=args.keep,
     )
     command = " ".join(["python -m tests.chaos", *(sys.argv[1:] if argv is None else argv)])
     outcome, workdir = run(config)
@@ -44,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(render_summary(outcome))
     if args.results is not None:
-        args.results.write_text(render_markdown(outcome, command), encoding="utf-8")
+        existing = args.results.read_text(encoding="utf-8") if args.results.exists() else None
+        args.results.write_text(render_markdown(outcome, command, existing), encoding="utf-8")
         print(f"results written to {args.results}")
     if not outcome.ok:
         print(f"FAILED; logs, fault log and transcript kept in {workdir}")

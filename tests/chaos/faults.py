@@ -98,7 +98,12 @@ class Injector:
         nodes: int,
         owed: Callable[[], Awaitable[int]],
         log: Callable[[str], None],
+        kinds: tuple[str, ...] = KINDS,
     ) -> None:
+        unknown = set(kinds) - set(KINDS)
+        if unknown or not kinds:
+            raise ValueError(f"fault kinds must be some of {KINDS}, not {sorted(unknown)}")
+        self.kinds = kinds
         self.children = children
         self.proxy = proxy
         self.server = server
@@ -174,7 +179,8 @@ class Injector:
 
     def _draw(self) -> tuple[str, str]:
         while True:
-            kind = self.rng.choices(KINDS, weights=[_WEIGHTS[k] for k in KINDS])[0]
+            kinds = self.kinds
+            kind = self.rng.choices(kinds, weights=[_WEIGHTS[k] for k in kinds])[0]
             candidates = [t for t in self._targets(kind) if _lock_of(t) not in self._busy]
             if candidates:
                 return kind, self.rng.choice(candidates)

@@ -94,13 +94,13 @@ def render_summary(outcome: Outcome) -> str:
     )
 
 
-def render_markdown(outcome: Outcome, command: str) -> str:
-    """The results document: :data:`DOC_HEAD`, then this run's numbers and how to rerun it."""
+def render_markdown(outcome: Outcome, command: str, existing: str | None = None) -> str:
+    """The results document: ``existing`` (the document as it was) with its
+    :data:`MEASURED` section replaced by this run's numbers -- everything before it and every
+    later section (``## Findings``, ``## Rerun``) kept; a new document when there is none."""
     verdict = "passed" if outcome.ok else "FAILED"
-    lines = [
-        DOC_HEAD.rstrip(),
-        "",
-        "## Measured",
+    section = [
+        MEASURED,
         "",
         f"`{command}` {verdict}: {_facts(outcome)}.",
         "",
@@ -114,18 +114,19 @@ def render_markdown(outcome: Outcome, command: str) -> str:
         "",
         *_counts_lines(outcome),
         "",
-        DOC_TAIL.rstrip(),
-        "",
     ]
-    return "\n".join(lines)
+    text = existing if existing is not None else FALLBACK_HEAD
+    before, found, rest = text.partition(MEASURED + "\n")
+    if not found:
+        return before.rstrip() + "\n\n" + "\n".join(section)
+    _, heading, after = rest.partition("\n## ")
+    return before + "\n".join(section) + ("\n## " + after if heading else "")
 
 
-DOC_HEAD = """# Chaos: the fleet under faults
+MEASURED = "## Measured"
+"""The heading of the section a run writes; the rest of the document is kept as it is."""
 
-(filled in by the harness: see tests/chaos/)
-"""
+FALLBACK_HEAD = """# Chaos: the fleet under faults
 
-DOC_TAIL = """## Rerun
-
-    .venv/bin/python -m tests.chaos --faults 500 --seed 28 --results docs/chaos.md
+What runs, the fault kinds and how each is made: `tests/chaos/` (its modules' docs).
 """

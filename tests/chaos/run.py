@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import shutil
+import signal
 import socket
 import tempfile
 import time
@@ -29,7 +31,7 @@ import attrs
 
 from statecore.obligation import OBLIGATION_KIND
 from stores import PostgresStore
-from tests.chaos.faults import Fault, Injector
+from tests.chaos.faults import KINDS, Fault, Injector
 from tests.chaos.gateway_child import REPLY_PREFIX, secret_of
 from tests.chaos.measure import GOAL_EXTRA_S, GOAL_SHARE, WINDOW_S, Measured, Series, measure
 from tests.chaos.pg import ChaosServer
@@ -61,8 +63,13 @@ class Config:
     chats: int = 6
     lease_s: float = 3.0
     warmup_s: float = 10.0
+    """How long the steady rate is measured, once every chat is answered."""
     quiet_s: float = 60.0
-    isolate_every: int = 3
+    isolate_every: int = 5
+    kinds: tuple[str, ...] = KINDS
+    """The fault kinds drawn from."""
+    keep: bool = False
+    """Keep the working directory (logs, fault log, transcript) even when the run passed."""
     tail_s: float | None = None
     """Load after the last fault (default: its goal window and one measuring window)."""
     quiet_output: bool = False
@@ -210,6 +217,7 @@ class _System:
                 nodes=NODES,
                 owed=self.owed,
                 log=self.log,
+                kinds=self.config.kinds,
             )
         return self._injector
 
@@ -231,6 +239,19 @@ class _System:
             self.platform.write(chat_id(k), f"c{k}-m{n // self.config.chats}", f"user-{k}")
             n += 1
             next_at += interval
+
+    async def answering(self) -> None:
+        """Wait (bounded) until every chat got an answer, and what the start held back was
+        answered: from then on the replies keep pace with the users."""
+        assert self.platform is not None
+        deadline = time.monotonic() + 60.0
+        while time.monotonic() < deadline:
+            chats = {b.chat_id for b in self.platform.transcript.bots()}
+            total, answered = _answered(self.platform.transcript)
+            if len(chats) == self.config.chats and total - answered <= self.config.rate:
+                break
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)
 
     def bot_times(self) -> Series:
         assert self.platform is not None
@@ -293,17 +314,20 @@ class _System:
             monitor.close()
 
 
-async def _run(config: Config, workdir: Path, log: Callable[[str], None]) -> Outcome:
+async def _run(
+    config: Config, workdir: Path, log: Callable[[str], None], systems: list[_System]
+) -> Outcome:
     began = time.time()
     system = _System(config, workdir, log)
+    systems.append(system)
     try:
         await system.start()
         log(f"system up in {time.time() - began:.1f} s; warming up {config.warmup_s:g} s")
         loader = asyncio.ensure_future(system.load())
+        await system.answering()
         warm_start = time.time()
         await asyncio.sleep(config.warmup_s)
-        ramp = config.warmup_s * 0.4
-        steady = system.bot_times().rate(warm_start + ramp, time.time())
+        steady = system.bot_times().rate(warm_start, time.time())
         log(f"steady rate {steady:.2f} replies/s (users write {config.rate:g}/s)")
         harness: list[str] = []
         if steady < 0.8 * config.rate:
@@ -375,6 +399,18 @@ async def _run(config: Config, workdir: Path, log: Callable[[str], None]) -> Out
             await asyncio.to_thread(system.server.stop)
 
 
+def _last_resort(system: _System) -> None:
+    for slot in system.children.slots.values():
+        for life in slot.lives:
+            if life.proc.returncode is None:
+                with contextlib.suppress(OSError):
+                    os.kill(life.proc.pid, signal.SIGKILL)
+                with contextlib.suppress(OSError):
+                    os.waitpid(life.proc.pid, 0)
+    if system.server is not None:
+        system.server.stop()
+
+
 def run(config: Config, log: Callable[[str], None] = print) -> tuple[Outcome | None, Path]:
     """Run ``config``; returns the outcome (None when the harness itself broke: the exception
     is logged) and the working directory -- removed already when the run passed, kept with
@@ -389,12 +425,17 @@ def run(config: Config, log: Callable[[str], None] = print) -> tuple[Outcome | N
             log(line)
 
     outcome: Outcome | None = None
+    systems: list[_System] = []
     try:
-        outcome = asyncio.run(_run(config, workdir, both))
+        outcome = asyncio.run(_run(config, workdir, both, systems))
     except Exception:  # the harness broke: say so, keep the logs
         log(f"the chaos harness failed:\n{traceback.format_exc()}")
     finally:
+        # Whatever the event loop could not finish (a KeyboardInterrupt cancels its awaits):
+        # every child still running is killed and reaped here, the server stopped.
+        for system in systems:
+            _last_resort(system)
         fault_log.close()
-        if outcome is not None and outcome.ok:
+        if outcome is not None and outcome.ok and not config.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     return outcome, workdir
