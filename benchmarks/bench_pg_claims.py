@@ -56,20 +56,49 @@ def _seed(store: PostgresStore, rows: int) -> None:
         )
 
 
-def _claimer(store: PostgresStore, k: int, got: list[str], settle: list[str]) -> None:
+def _claimer(
+    store: PostgresStore,
+    k: int,
+    got: list[str],
+    settle: list[str],
+    *,
+    pattern: str,
+    slowest: list[float],
+) -> None:
     audit = Audit(2.0, f"claimer-{k}")
-    while True:
+    if pattern == "limit":  # as the claims test: the next 25 open rows, each moved in the block
+        empty = 0
+        while True:
+            with store.atomic():
+                started = time.perf_counter()
+                rows = store.claim_candidates(
+                    TICKET_KIND, states=[TS.OPEN], order_by="due_at", limit=CHUNK
+                )
+                slowest.append(time.perf_counter() - started)
+                for row in rows:
+                    store.transition(TICKET_KIND, row.id, "hold", audit=audit, fence=row.fence)
+            if not rows:
+                # Nothing claimed: none left, or a claim that met its lock bound (try again).
+                empty += 1
+                if empty > 3 and not store.count(TICKET_KIND, states=[TS.OPEN]):
+                    return
+                continue
+            got.extend(row.id for row in rows)
+            settle.extend(row.id for row in rows)
+    while True:  # as the ledger's sweeps: a listing, then each chunk re-read under locks
         listed = store.select(TICKET_KIND, states=[TS.OPEN], order_by="due_at", limit=400)
         if not listed:
             return
         for chunk in chunks(listed, CHUNK):
             fences = {row.id: row.fence for row in chunk}
             with store.atomic():
+                started = time.perf_counter()
                 fresh = store.claim_candidates(
                     TICKET_KIND,
                     states=[TS.OPEN, TS.HELD],
                     where={TICKET_KIND.id_field: one_of(*fences)},
                 )
+                slowest.append(time.perf_counter() - started)
                 mine = [row.id for row in fresh if fences.get(row.id) == row.fence]
                 moved = store.transition_many(
                     TICKET_KIND, mine, "hold", audit=audit, expect={"assignee": None}
@@ -99,17 +128,22 @@ def _settler(
 def _sampler(url: str, stop: threading.Event, waits: Counter[str]) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         while not stop.is_set():
-            for (event,) in conn.execute(
-                "SELECT wait_event FROM pg_stat_activity WHERE application_name = 'statecore' "
-                "AND wait_event_type = 'Lock'"
+            for event, claim in conn.execute(
+                "SELECT wait_event, query LIKE '%%SKIP LOCKED%%' FROM pg_stat_activity "
+                "WHERE application_name = 'statecore' AND wait_event_type = 'Lock'"
             ).fetchall():
-                waits[str(event)] += 1
+                waits[f"{event}{' (claim)' if claim else ''}"] += 1
             time.sleep(0.005)
 
 
-def one_round(url: str, claimers: int, rows: int, settlers: int) -> dict[str, Any]:
+def one_round(
+    url: str, claimers: int, rows: int, settlers: int, *, pattern: str, bound: float | None
+) -> dict[str, Any]:
     """One measured round on a fresh schema; returns its numbers."""
-    store = PostgresStore(url, schema=f"b_{uuid.uuid4().hex[:12]}", pool_size=claimers + 4)
+    options: dict[str, Any] = {} if bound is None else {"claim_lock_timeout_s": bound}
+    schema = f"b_{uuid.uuid4().hex[:12]}"
+    store = PostgresStore(url, schema=schema, pool_size=claimers + 4, **options)
+    slowest: list[float] = []
     try:
         store.register(TICKET_KIND)
         _seed(store, rows)
@@ -121,7 +155,12 @@ def one_round(url: str, claimers: int, rows: int, settlers: int) -> dict[str, An
         counts: list[int] = []
         sampler = threading.Thread(target=_sampler, args=(url, stop, waits), daemon=True)
         threads = [
-            threading.Thread(target=_claimer, args=(store, k, got[k], settle), daemon=True)
+            threading.Thread(
+                target=_claimer,
+                args=(store, k, got[k], settle),
+                kwargs={"pattern": pattern, "slowest": slowest},
+                daemon=True,
+            )
             for k in range(claimers)
         ]
         movers = [
@@ -147,12 +186,13 @@ def one_round(url: str, claimers: int, rows: int, settlers: int) -> dict[str, An
         sampler.join(10)
         claimed = [i for ids in got for i in ids]
         return {
-            "claims_per_s": len(claimed) / elapsed,
+            "claims_per_s": round(len(claimed) / elapsed),
             "claimed": len(claimed),
             "double": len(claimed) - len(set(claimed)),
             "waits": dict(waits),
             "settled": sum(counts),
-            "longest_settle_ms": 1000 * max(longest, default=0.0),
+            "longest_settle_ms": round(1000 * max(longest, default=0.0), 1),
+            "longest_claim_ms": round(1000 * max(slowest, default=0.0), 1),
         }
     finally:
         store.close()
@@ -165,6 +205,10 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=4000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--settlers", type=int, default=2)
+    parser.add_argument("--pattern", choices=("listed", "limit"), default="listed")
+    parser.add_argument(
+        "--claim-lock-timeout", type=float, default=None, help="claim_lock_timeout_s (seconds)"
+    )
     args = parser.parse_args()
     server = start_server()
     try:
@@ -177,7 +221,14 @@ def main() -> int:
             conn.execute("SELECT pg_reload_conf()")
         rates = []
         for n in range(args.rounds):
-            result = one_round(url, args.claimers, args.rows, args.settlers)
+            result = one_round(
+                url,
+                args.claimers,
+                args.rows,
+                args.settlers,
+                pattern=args.pattern,
+                bound=args.claim_lock_timeout,
+            )
             rates.append(result["claims_per_s"])
             print(f"round {n}: {result}", flush=True)
             if result["double"] or result["claimed"] != args.rows:

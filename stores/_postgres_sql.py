@@ -317,9 +317,10 @@ def claim_sql(
 ) -> tuple[str, list[Any]]:
     """:func:`select_sql` locking what it returns until the transaction ends, skipping rows
     another transaction holds locked (``FOR UPDATE SKIP LOCKED``): concurrent claimers get
-    disjoint rows and never queue for each other's row locks.  A row changed and committed by
-    another transaction after this statement's snapshot is re-checked against the conditions
-    before it is locked (READ COMMITTED), so no row that stopped matching is returned."""
+    disjoint rows.  A row changed and committed by another transaction after this statement's
+    snapshot is re-checked against the conditions before it is locked (READ COMMITTED), so no
+    row that stopped matching is returned -- and following it to its new version is where the
+    server may still wait on another transaction's id, which ``stores._postgres_claim`` bounds."""
     text, params = select_sql(kind, states, where, order_by, limit)
     return f"{text} FOR UPDATE SKIP LOCKED", params
 
