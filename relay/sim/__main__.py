@@ -151,7 +151,11 @@ def main(argv: list[str] | None = None) -> int:
         jobs = jobs_wanted(args.jobs)
     except ValueError as exc:
         parser.error(str(exc))
-    return campaign(args.first, args.seeds, real=args.real, jobs=jobs)
+    try:
+        return campaign(args.first, args.seeds, real=args.real, jobs=jobs)
+    except KeyboardInterrupt:  # every worker is ended and reaped by then
+        print("\ninterrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -81,7 +81,10 @@ def _serve(conn: Connection, real: bool, runner: Runner) -> None:
     # The ledger logs each abandonment at WARNING: expected under faults, counted instead.
     logging.getLogger("statecore").setLevel(logging.ERROR)
     while True:
-        seed = conn.recv()
+        try:
+            seed = conn.recv()
+        except EOFError:  # the parent is gone: nobody wants the rest
+            return
         if seed is None:
             return
         conn.send(runner(seed, real))
