@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -170,6 +171,25 @@ def test_opening_with_nothing_listening_raises_unreachable_after_bounded_retries
     elapsed = time.monotonic() - started
     assert PASSWORD not in str(info.value)
     assert 0.05 + 0.1 <= elapsed < BOUND_S  # the backoff was waited, and the bound held
+
+
+def test_a_server_that_never_answers_raises_unreachable_within_the_connect_bound() -> None:
+    """Something listens but never speaks (a hung server, a black-holed route): each try ends
+    at the connect timeout, and after the bounded tries StoreUnreachable -- never a hang."""
+    silent = socket.create_server(("127.0.0.1", 0), backlog=8)  # the kernel accepts; no one reads
+    port = int(silent.getsockname()[1])
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreUnreachable, match="2 tries"):
+            PostgresStore(
+                f"postgresql://{USER}:{PASSWORD}@127.0.0.1:{port}/postgres",
+                connect_timeout_s=1.0,
+                connect_retries=2,
+                retry_backoff_s=0.05,
+            )
+        assert 1.0 <= time.monotonic() - started < BOUND_S
+    finally:
+        silent.close()
 
 
 def test_a_refused_login_is_not_retried(primary: Cluster) -> None:
