@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 
+import psutil
 import pytest
 
 from relay.sim import __main__ as sim_main
 from relay.sim import jobs
 from relay.sim.jobs import failed, jobs_wanted, outcomes, run_one
 from relay.sim.run import Outcome
-from tests.cli_run import run_module
+from tests.cli_run import ROOT, run_module
 
 
 def test_real_and_model_seeds_give_the_same_outcomes_in_two_workers() -> None:
@@ -92,8 +96,34 @@ def _without_times(text: str) -> str:
 
 
 def test_the_command_prints_the_same_summary_with_two_jobs() -> None:
-    one = run_module("relay.sim", "--seeds", "8", "--first", "20")
-    two = run_module("relay.sim", "--seeds", "8", "--first", "20", "--jobs", "2")
+    one = run_module("relay.sim", "--seeds", "6", "--first", "20")
+    two = run_module("relay.sim", "--seeds", "6", "--first", "20", "--jobs", "2")
     assert (one.returncode, two.returncode) == (0, 0), two.stdout + two.stderr
-    assert "8 runs (seeds 20..27) in " in two.stdout
+    assert "6 runs (seeds 20..25) in " in two.stdout
     assert _without_times(two.stdout) == _without_times(one.stdout)
+
+
+def test_ctrl_c_ends_the_campaign_and_every_worker() -> None:
+    """SIGINT to a campaign in two workers: exit status 130 within seconds, and none of its
+    processes (the workers, the fork server) outlives it."""
+    command = [sys.executable, "-m", "relay.sim", "--real", "--seeds", "40", "--jobs", "2"]
+    campaign = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert campaign.stdout is not None
+        first = campaign.stdout.readline()  # the first progress line (2 seeds): workers run
+        assert "seeds, 0 failed" in first
+        children = psutil.Process(campaign.pid).children(recursive=True)
+        assert len(children) >= 3  # two workers and the fork server
+        campaign.send_signal(signal.SIGINT)
+        assert campaign.wait(timeout=30) == 130
+        _, gone = psutil.wait_procs(children, timeout=10)
+        assert gone == []
+        assert "interrupted" in campaign.stderr.read()
+    finally:
+        if campaign.poll() is None:
+            campaign.kill()
+        campaign.wait(timeout=10)
+        campaign.stdout.close()  # type: ignore[union-attr]
+        campaign.stderr.close()  # type: ignore[union-attr]
