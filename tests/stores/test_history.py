@@ -201,55 +201,49 @@ def _swap(entries: list[TransitionRecord], index: int, **changes: Any) -> list[T
     return [attrs.evolve(e, **changes) if i == index else e for i, e in enumerate(entries)]
 
 
-DOCTORED: dict[str, tuple[str, Callable[[list[TransitionRecord]], list[TransitionRecord]], str]] = {
-    # name: (row, doctor, the problem's kind)
-    "entry lost": ("ob-2", lambda h: h[:1] + h[2:], "bad_walk"),
-    "creation lost": ("ob-1", lambda h: h[1:], "bad_walk"),
-    "wrong target": ("ob-1", lambda h: _swap(h, 1, to_state=S.FAILED), "bad_walk"),
-    "undeclared event": ("ob-2", lambda h: _swap(h, 2, event="deliver"), "bad_walk"),
-    "second settle": (
-        "ob-1",
-        lambda h: [
-            *h,
-            attrs.evolve(h[-1], from_state=S.DELIVERED, event="abandon", to_state=S.ABANDONED),
-        ],
-        "double_settle",
-    ),
-    "written after settling": (
-        "ob-1",
-        lambda h: [
-            *h,
-            attrs.evolve(h[-1], from_state=S.DELIVERED, event="claim", to_state=S.ATTEMPTING),
-        ],
-        "bad_walk",
-    ),
-    "claimant fenced off": (
-        "ob-3",
-        lambda h: _swap(h, len(h) - 1, owner=DEAD.label),
-        "fenced_write",
-    ),
+Doctor = Callable[[list[TransitionRecord]], list[TransitionRecord]]
+W, F, D, FW = "bad_walk", "bad_fence", "double_settle", "fenced_write"
+
+
+def _then(event: str, target: ObligationState) -> Doctor:
+    """An entry appended after the delivered one (the row itself stays delivered)."""
+    return lambda h: [
+        *h,
+        attrs.evolve(h[-1], from_state=S.DELIVERED, event=event, to_state=target),
+    ]
+
+
+DOCTORED: dict[str, tuple[str, Doctor, dict[str, int]]] = {
+    # name: (row, doctor, every problem found)
+    "entry lost": ("ob-2", lambda h: h[:1] + h[2:], {W: 1, F: 1}),  # a broken chain
+    "creation lost": ("ob-1", lambda h: h[1:], {W: 1, F: 1}),
+    "wrong target": ("ob-1", lambda h: _swap(h, 1, to_state=S.FAILED), {W: 2}),  # and the next
+    "undeclared event": ("ob-2", lambda h: _swap(h, 2, event="deliver"), {W: 1}),
+    # The row ends delivered while its history ends elsewhere: a bad walk too.
+    "second settle": ("ob-1", _then("abandon", S.ABANDONED), {D: 1, W: 1, F: 1}),
+    "written after settling": ("ob-1", _then("claim", S.ATTEMPTING), {W: 2, F: 1}),
+    "claimant fenced off": ("ob-3", lambda h: _swap(h, len(h) - 1, owner=DEAD.label), {FW: 1}),
 }
 
 
 @pytest.mark.parametrize("case", sorted(DOCTORED))
 def test_a_doctored_history_is_caught(case: str) -> None:
-    """Each kind of broken history, served by a fake store, is reported on the row it is in."""
-    row, doctor, problem = DOCTORED[case]
+    """Each kind of broken history, served by a fake store, is reported on the row it is in,
+    and nothing else is."""
+    row, doctor, expected = DOCTORED[case]
     store = DoctoredStore(doctor, row)
     try:
         write_runs(store)
         report = obligations(store)
         counts = {
-            "bad_walk": report.bad_walks,
-            "bad_fence": report.bad_fences,
-            "double_settle": report.double_settles,
-            "fenced_write": report.fenced_writes,
+            W: report.bad_walks,
+            F: report.bad_fences,
+            D: report.double_settles,
+            FW: report.fenced_writes,
         }
-        assert counts[problem] >= 1, report
-        assert all(row in p for p in report.problems)
-        assert all(
-            p.startswith(f"obligation {problem}") or "fence" in p for p in report.problems[:1]
-        )
+        assert {k: n for k, n in counts.items() if n} == expected, report.problems
+        assert len(report.problems) == sum(expected.values())
+        assert all(f": {row} " in p for p in report.problems)  # no other row is blamed
         store.doctor = lambda h: h
         assert obligations(store).ok
     finally:
