@@ -205,8 +205,9 @@ def test_long_classes_say_why() -> None:
 
 def test_the_tests_mirror_the_packages() -> None:
     """Each folder of tests names a package (tests/relay/client tests relay.client, ...), apart
-    from golden files and the relay's conformance suite against original-contract peers."""
-    outside = {"golden", "conformance", "__pycache__"}
+    from golden files, the relay's conformance suite against original-contract peers, and the
+    fault harness of the whole system (tests/chaos: every package at once, as real processes)."""
+    outside = {"golden", "conformance", "chaos", "__pycache__"}
     strays = [
         str(folder.relative_to(ROOT))
         for folder in (ROOT / "tests").rglob("*")
