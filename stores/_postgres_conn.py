@@ -35,7 +35,6 @@ from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
-from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 import stores._postgres_sql as sql
@@ -52,6 +51,7 @@ from stores._postgres_claim import bounded_claim
 from stores._postgres_faults import BEGIN_WITH_XID, classify, commit_outcome, connect
 from stores._postgres_identity import Identity, record_identity
 from stores._postgres_options import Options
+from stores._postgres_target import Target
 
 __all__ = ["RETRIES", "Connections", "Target", "Txn", "open_schema"]
 
@@ -63,42 +63,6 @@ deadlock victim (the first included)."""
 _CHECKED = re.compile(r"statecore_states_v(\d+)")
 """The name of a kind's version constraint (``stores._postgres_versions.CONSTRAINT``)."""
 _RETRYABLE = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
-
-
-class Target:
-    """The server, database and user a conninfo names (its password kept out of sight)."""
-
-    def __init__(self, conninfo: str) -> None:
-        try:
-            params = conninfo_to_dict(conninfo)
-        except psycopg.ProgrammingError as exc:
-            # The message may quote the conninfo, password included: never pass it on.
-            raise ValueError(
-                f"not a PostgreSQL URL or conninfo string ({_scrub_any(str(exc), conninfo)})"
-            ) from None
-        self.conninfo = conninfo
-        self.host = str(params.get("host") or params.get("hostaddr") or "localhost")
-        self.port = str(params.get("port") or "5432")
-        self.dbname = str(params.get("dbname") or params.get("user") or "(default)")
-        self.user = None if params.get("user") is None else str(params["user"])
-        self._password = None if params.get("password") is None else str(params["password"])
-
-    def __str__(self) -> str:
-        who = f"{self.user}@" if self.user else ""
-        return f"postgresql://{who}{self.host}:{self.port}/{self.dbname}"
-
-    def __repr__(self) -> str:
-        return f"Target({str(self)!r})"
-
-    def scrub(self, text: str) -> str:
-        """``text`` with the password (if any) replaced by ``***``."""
-        return _scrub_any(text, self._password)
-
-
-def _scrub_any(text: str, secret: str | None) -> str:
-    if secret:
-        text = text.replace(secret, "***")
-    return text
 
 
 def open_schema(target: Target, kwargs: dict[str, Any], options: Options, version: int) -> int:

@@ -28,8 +28,8 @@ import psycopg.errors
 from statecore.errors import StoreError, StoreTimeout, StoreUnreachable
 
 if TYPE_CHECKING:
-    from stores._postgres_conn import Target
     from stores._postgres_options import Options
+    from stores._postgres_target import Target
 
 __all__ = ["BEGIN_WITH_XID", "classify", "commit_outcome", "connect", "lost"]
 

@@ -132,8 +132,8 @@ class PostgresStore(ClosesOnExit):
       raises ``StoreIdentityChanged`` at open, and on any reconnection every later call; an
       operator who restored a backup passes the server's identifier here to record it.
 
-    Long because it is the whole Store protocol and its capabilities, one method per
-    operation; the rest is in the ``stores._postgres_*`` modules.
+    PostgresStore is long because it is the whole Store protocol and its capabilities, one
+    method per operation; the rest is in the ``stores._postgres_*`` modules.
     """
 
     def __init__(

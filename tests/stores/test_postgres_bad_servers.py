@@ -6,9 +6,7 @@ typed error that writes nothing; a server that comes back is used again by the s
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import socket
 import subprocess
 import threading
@@ -29,93 +27,15 @@ from stores.testing._kit import TS, file_ticket
 from stores.testing.postgres_server import (
     PASSWORD,
     USER,
-    TestServer,
     _binaries,
     _free_port,
-    _run_as,
-    start_server,
 )
-from tests.stores.test_postgres_lost_commit import Proxy, proxied, upstream_of
+from tests.stores.postgres_faults import Cluster, Proxy, proxied, upstream_of
 
 BOUND_S = 20.0
 """Every wait of these tests ends within this (a server start, a reconnection)."""
 FAST = {"connect_timeout_s": 1.0, "connect_retries": 3, "retry_backoff_s": 0.05}
 """Small bounds, so that an unreachable server is reported within about 3 s."""
-
-
-class Cluster:
-    """One throwaway cluster (its own ``initdb``) that can be stopped and started again on the
-    same data directory, on any port."""
-
-    def __init__(self) -> None:
-        server = start_server()
-        self._server = server
-        self.root = server.root
-        self.port = server.port
-        self.process: subprocess.Popen[bytes] | None = server.process
-
-    def url(self, port: int | None = None, database: str = "postgres") -> str:
-        """The superuser's URL of ``database`` on this cluster at ``port`` (default: its own)."""
-        return f"postgresql://{USER}:{PASSWORD}@127.0.0.1:{port or self.port}/{database}"
-
-    def stop(self) -> None:
-        """Fast shutdown (bounded, then SIGKILL); the data directory is kept."""
-        process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGINT)
-        try:
-            process.wait(BOUND_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(BOUND_S)
-
-    def start(self, port: int | None = None) -> None:
-        """Start the server on its data directory at ``port`` (default: its own); return once
-        it accepts connections (bounded)."""
-        assert self.process is None
-        port = port or self.port
-        as_root = hasattr(os, "geteuid") and os.geteuid() == 0
-        with open(self.root / "server.log", "ab") as out:
-            self.process = subprocess.Popen(
-                [
-                    *_run_as(as_root),
-                    str(_binaries() / "postgres"),
-                    "-D", str(self.root / "data"), "-p", str(port),
-                    "-c", "listen_addresses=127.0.0.1",
-                    "-c", f"unix_socket_directories={self.root}",
-                    "-c", "fsync=off", "-c", "max_connections=100",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
-        deadline = time.monotonic() + BOUND_S
-        while time.monotonic() < deadline:
-            try:
-                psycopg.connect(self.url(port), connect_timeout=2).close()
-                return
-            except psycopg.OperationalError:
-                time.sleep(0.05)
-        raise AssertionError(f"the cluster did not start on port {port} within {BOUND_S} s")
-
-    def identifier(self) -> int:
-        """The running cluster's system identifier."""
-        return self.identifier_at(self.url())
-
-    @staticmethod
-    def identifier_at(url: str) -> int:
-        """The system identifier of the cluster ``url`` names."""
-        with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
-            row = conn.execute("SELECT system_identifier FROM pg_control_system()").fetchone()
-        assert row is not None
-        return int(row[0])
-
-    def remove(self) -> None:
-        """Stop it and remove its directory."""
-        self.stop()
-        TestServer(self.root, self._server.process, self.port).stop()
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,6 @@ told to re-read.  The proxy also stands for another cluster answering at the sam
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,135 +14,17 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from statecore.errors import StoreOutcomeUnknown
 from statecore.store import Audit
 from stores.postgres import PostgresStore
 from stores.testing import TICKET_KIND
 from stores.testing._kit import TS, file_ticket
+from tests.stores.postgres_faults import Proxy, proxied, upstream_of
 
 BOUND_S = 20.0
 """Every wait of these tests ends within this."""
 FAST = {"connect_timeout_s": 1.0, "connect_retries": 2, "retry_backoff_s": 0.05}
-
-
-class Proxy:
-    """A TCP proxy on 127.0.0.1 in front of ``upstream`` (host, port), a thread per direction
-    of each connection.  ``arm(mode)`` acts on the next client chunk holding ``COMMIT``:
-    ``"swallow"`` forwards it and drops the server's answer, closing the client's side;
-    ``"drop"`` closes both sides without forwarding it.  ``refuse`` closes new connections at
-    once.  :meth:`close` ends every connection (bounded)."""
-
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
-        self.mode: str | None = None
-        self.refuse = False
-        self.fired = threading.Event()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self._listener.getsockname()[1])
-        self._sockets: list[socket.socket] = []
-        self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
-        self._closed = False
-        self._spawn(self._accept)
-
-    def arm(self, mode: str) -> None:
-        """Act on the next ``COMMIT`` (see the class docs)."""
-        self.fired.clear()
-        self.mode = mode
-
-    def _spawn(self, target: Any, *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        self._threads.append(thread)
-        thread.start()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            if self.refuse:
-                client.close()
-                continue
-            try:
-                server = socket.create_connection(self.upstream, timeout=5)
-            except OSError:
-                client.close()
-                continue
-            server.settimeout(None)
-            with self._lock:
-                self._sockets += [client, server]
-            cut = threading.Event()  # set: the server's answers are no longer passed on
-            self._spawn(self._pump_up, client, server, cut)
-            self._spawn(self._pump_down, server, client, cut)
-
-    def _pump_up(self, client: socket.socket, server: socket.socket, cut: threading.Event) -> None:
-        with contextlib.suppress(OSError):
-            while chunk := client.recv(65536):
-                if self.mode is not None and b"COMMIT" in chunk:
-                    mode, self.mode = self.mode, None
-                    if mode == "swallow":
-                        cut.set()
-                        server.sendall(chunk)
-                    else:  # drop: the server sees the client go, without its COMMIT
-                        _end(server)
-                    _end(client)
-                    self.fired.set()
-                    return
-                server.sendall(chunk)
-        with contextlib.suppress(OSError):
-            server.shutdown(socket.SHUT_WR)
-
-    def _pump_down(
-        self, server: socket.socket, client: socket.socket, cut: threading.Event
-    ) -> None:
-        with contextlib.suppress(OSError):
-            while chunk := server.recv(65536):
-                if cut.is_set():
-                    continue  # swallowed: the server committed, the client never hears it
-                client.sendall(chunk)
-        with contextlib.suppress(OSError):
-            client.shutdown(socket.SHUT_WR)
-
-    def retarget(self, upstream: tuple[str, int]) -> None:
-        """Forward new connections to ``upstream`` and end every current one (another server
-        answering at the same address)."""
-        self.upstream = upstream
-        with self._lock:
-            ended, self._sockets = self._sockets, []
-        for sock in ended:
-            _end(sock)
-
-    def close(self) -> None:
-        """Stop accepting, end every connection, join the threads (bounded)."""
-        self._closed = True
-        _end(self._listener)
-        with self._lock:
-            for sock in self._sockets:
-                _end(sock)
-        for thread in self._threads:
-            thread.join(BOUND_S)
-
-
-def _end(sock: socket.socket) -> None:
-    """Shut ``sock`` down (which wakes a thread blocked on it and tells the peer) and close it."""
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-    with contextlib.suppress(OSError):
-        sock.close()
-
-
-def proxied(url: str, port: int) -> str:
-    """``url`` with its host and port replaced by the proxy's."""
-    return make_conninfo(url, host="127.0.0.1", port=str(port))
-
-
-def upstream_of(url: str) -> tuple[str, int]:
-    """The host and port ``url`` names."""
-    params = conninfo_to_dict(url)
-    return str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)
 
 
 @pytest.fixture
