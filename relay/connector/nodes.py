@@ -3,7 +3,8 @@
 Each node of a connector cluster holds the sockets of some gateways; what it holds only it
 knows.  So every node publishes its part in the shared store: one row per node (its id is the
 node's buffer origin), naming the gateway ids it serves, written again on every heartbeat (the
-cluster's sweep timer) and whenever a gateway comes or goes there.  Any node -- or an operator's
+cluster's sweep timer) and whenever a gateway comes or goes there (a row's history is kept to
+:data:`MAX_BEATS` heartbeats: the row is then written afresh).  Any node -- or an operator's
 command line, with nothing but the store -- reads the roster back from the rows.
 
 Liveness: a node that is killed (SIGKILL), paused or cut off from the store stops writing its
@@ -27,7 +28,11 @@ from statecore.entity import EntityKind, Field
 from statecore.lifecycle import Lifecycle, Transition
 from statecore.store import Audit, Row, Store, lt
 
-__all__ = ["NODE", "NODE_KIND", "ClusterRoster", "NodeState", "NodeView"]
+__all__ = ["MAX_BEATS", "NODE", "NODE_KIND", "ClusterRoster", "NodeState", "NodeView"]
+
+MAX_BEATS = 100
+"""Heartbeats one row's history holds at most: the next one writes the row afresh (its history
+deleted, its ``started_at`` kept)."""
 
 
 class NodeState(StrEnum):
@@ -108,7 +113,8 @@ class ClusterRoster:
 
     def publish(self, gateways: Iterable[str], *, url: str = "") -> None:
         """Write this node's part (its heartbeat): the gateway ids it serves now.  A node whose
-        row was marked left (it was paused longer than the retention) joins again.  Raises
+        row was marked left (it was paused longer than the retention) joins again; a row whose
+        history holds :data:`MAX_BEATS` heartbeats is written afresh.  Raises
         ``ValueError`` for a reader (no ``node_id``), ``StoreError`` when the store fails."""
         node_id = self._own()
         now = self.clock.now()
@@ -116,13 +122,21 @@ class ClusterRoster:
         audit = Audit(now, node_id)
         with self.store.atomic():
             row = self.store.get(NODE_KIND, node_id)
+            started = now
             if row is not None and row.state is _N.LIVE:
-                self.store.transition(NODE_KIND, node_id, "beat", audit=audit, changes=values)
-                return
+                if row.fence < MAX_BEATS:
+                    self.store.transition(NODE_KIND, node_id, "beat", audit=audit, changes=values)
+                    return
+                # Every beat is an audit entry: the row starts over (leave, prune, join) so
+                # that its history stays bounded however long the node lives.
+                started = row["started_at"]
+                self.store.transition(
+                    NODE_KIND, node_id, "leave", audit=Audit(now, node_id, reason="rotated")
+                )
             if row is not None:
                 self.store.prune(NODE_KIND, "prune", where={NODE_KIND.id_field: node_id})
             self.store.insert(
-                NODE_KIND, node_id, {**values, "started_at": now}, event="join", audit=audit
+                NODE_KIND, node_id, {**values, "started_at": started}, event="join", audit=audit
             )
 
     def leave(self) -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from relay.client.transport import WebSocketRelayTransport
 from relay.connector._cluster import MIN_BOUND_S
-from relay.connector.nodes import NODE_KIND, ClusterRoster, NodeState
+from relay.connector.nodes import MAX_BEATS, NODE_KIND, ClusterRoster, NodeState
 from relay.connector.server import Connector
 from statecore.cli import main as statecore_cli
 from statecore.clock import FakeClock
@@ -195,6 +195,17 @@ def test_the_stored_roster_bounds_liveness_and_prunes_silent_rows() -> None:
         NODE_KIND, "n2", "beat", audit=Audit(clock.now()), changes={"gateways": '{"x": 1}'}
     )
     assert one.read() == {"n2": []}
+    # However long a node lives, its row's history stays bounded (started_at kept).
+    started = store.get(NODE_KIND, "n2")
+    assert started is not None
+    for _ in range(MAX_BEATS + 5):
+        clock.advance(1.0)
+        two.publish(["gw-d"])
+    assert len(store.history(NODE_KIND, "n2")) <= MAX_BEATS + 1
+    rotated = store.get(NODE_KIND, "n2")
+    assert rotated is not None
+    assert rotated["started_at"] == started["started_at"]
+    assert one.read() == {"n2": ["gw-d"]}
     with pytest.raises(ValueError, match="reads only"):
         ClusterRoster(store).publish(["gw-a"])
     with pytest.raises(ValueError, match="bound_s"):
