@@ -24,7 +24,8 @@ that work:
 * **The roster** (:mod:`relay.connector.nodes`): every node writes the gateway ids it serves to
   its row on each heartbeat and whenever one comes or goes; :meth:`Cluster.roster` reads every
   live node's part.  A node silent longer than the bound (three heartbeats, at least
-  :data:`MIN_BOUND_S`) is out of it.
+  :data:`MIN_BOUND_S`) is out of it: give every node the same ``cluster_sweep_s``, and clocks
+  that agree to well within the bound.
 * **A sweep on a timer** (``cluster_sweep_s``): notifications are hints (one sent while a
   listener reconnects is lost), so every node also catches up each gateway it serves, re-reads
   the subscriptions, and re-reads the chat tenants and the forgotten targets a page
