@@ -3,8 +3,8 @@ each with 8 worker processes, on the same server in the same run.
 
 Run: ``.venv/bin/python benchmarks/bench_fleet.py`` (``--check`` exits 1 if a target is missed;
 ``--quick`` runs small sizes as a smoke run; ``--only each|batched`` runs one shape;
-``--profile FILE`` profiles one gateway process of the ``each`` shape with cProfile and prints
-where its time goes).
+``--processes K`` changes the 8; ``--profile each|batched`` samples one gateway process of that
+shape with py-spy and prints where its CPU time goes).
 
 The server is ``bench_postgres.py``'s throwaway PostgreSQL (``fsync = on``, ``synchronous_commit
 = on``: every commit waits for its WAL flush), one database per contender.  Every process is a
@@ -40,7 +40,7 @@ import argparse
 import asyncio
 import json
 import os
-import pstats
+import shutil
 import signal
 import statistics
 import subprocess
@@ -69,7 +69,7 @@ EACH_ENQUEUERS = 8
 POLL_S = 0.01
 # Items per round for each shape: a full run stays within about 5 minutes on a 2-core machine.
 SIZES = {"each": 2000, "batched": 4000}
-QUICK_SIZES = {"each": 160, "batched": 320}
+QUICK_SIZES = {"each": 80, "batched": 160}
 # A smoke run checks the machinery with 2 gateways / workers per contender: starting 26
 # interpreters per shape is most of a run's time on 2 cores.
 QUICK_PROCESSES = 2
@@ -288,14 +288,12 @@ def _shares(n: int, parts: int) -> list[int]:
     return [n // parts + (1 if k < n % parts else 0) for k in range(parts)]
 
 
-def _specs(
-    contender: str, shape: str, n: int, profile: str | None, processes: int = GATEWAYS
-) -> list[dict[str, Any]]:
+def _specs(contender: str, shape: str, n: int, processes: int = GATEWAYS) -> list[dict[str, Any]]:
     conc = BATCHED_CONCURRENCY if shape == "batched" else 1
     if contender == "statecore":
         return [
             {"role": "statecore", "shape": shape, "index": k, "share": share,
-             "concurrency": conc, "profile": profile if k == 0 else None}
+             "concurrency": conc}
             for k, share in enumerate(_shares(n, processes))
         ]  # fmt: skip
     workers = [
@@ -396,7 +394,7 @@ def _shape_rounds(
     with ExitStack() as stack:
         started = time.perf_counter()
         fleets = {
-            c: stack.enter_context(_children(urls[c], _specs(c, shape, n, None, processes)))
+            c: stack.enter_context(_children(urls[c], _specs(c, shape, n, processes)))
             for c in CONTENDERS
         }
         print(f"  {sum(map(len, fleets.values()))} processes ready in "
@@ -417,7 +415,7 @@ def _shape_rounds(
                 if contender == "statecore":
                     extra.extend(got["reports"])
             line = ", ".join(f"{c} {rates[c][-1]:,.0f}/s" for c in CONTENDERS)
-            print(f"  round {r + 1}: {line}", flush=True)
+            print(f"  round {r + 1}: {line}; history: {n} of {n} settled once each", flush=True)
     med = {c: statistics.median(v) for c, v in rates.items()}
     print("  contender        items/s   per item: client CPU  server CPU  commits  WAL fsyncs")
     for c in CONTENDERS:
@@ -443,18 +441,67 @@ def _shape_rounds(
             RESULTS.append((f"{shape}: statecore / {peer}", ratio, ok))
 
 
-def _profile(urls: dict[str, str], n: int, postmaster: int, top: int = 25) -> None:
-    """One ``each`` round of statecore with gateway 0 under cProfile; its top functions."""
+def _profile(urls: dict[str, str], shape: str, n: int, postmaster: int, top: int = 40) -> None:
+    """One round of statecore's fleet in ``shape`` with gateway 0 sampled by py-spy (every
+    thread, idle time left out): the functions its CPU time was spent in, by own time and by
+    time inclusive of callees.  py-spy: ``.venv/bin/pip install py-spy``."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        print("  py-spy is not installed: .venv/bin/pip install py-spy")
+        return
     with tempfile.TemporaryDirectory(prefix="statecore-fleet-prof-") as tmp:
-        path = str(Path(tmp) / "gateway0.prof")
-        with _children(urls["statecore"], _specs("statecore", "each", n, path)) as fleet:
-            got = run_once(
-                urls["statecore"], "statecore", fleet, n, round_no=0, postmaster=postmaster
-            )
-        print(f"  profiled round: {got['rate']:,.0f} obligations/s (gateway 0 under cProfile)")
-        stats = pstats.Stats(path)
-        stats.sort_stats("tottime").print_stats(top)
-        stats.sort_stats("cumulative").print_stats(top)
+        out = Path(tmp) / "gateway0.txt"
+        with _children(urls["statecore"], _specs("statecore", shape, n)) as fleet:
+            sampler = subprocess.Popen(
+                [spy, "record", "--format", "raw", "--rate", "250", "--output", str(out),
+                 "--pid", str(fleet[0].proc.pid)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            )  # fmt: skip
+            try:
+                time.sleep(1.0)  # py-spy attaches
+                got = run_once(
+                    urls["statecore"], "statecore", fleet, n, round_no=0, postmaster=postmaster
+                )
+            finally:
+                sampler.send_signal(signal.SIGINT)  # py-spy writes its samples and exits
+                try:
+                    sampler.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    sampler.kill()
+                    sampler.wait(timeout=10)
+        print(f"  profiled round: {got['rate']:,.0f} obligations/s ({shape})")
+        _print_samples(out, top)
+
+
+def _print_samples(path: Path, top: int) -> None:
+    """py-spy's raw samples (``frame;frame;... count``, innermost last) as two tables."""
+    own: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines() if path.exists() else []:
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = [f.split(" (", 1)[0] + " " + _where(f) for f in stack.split(";")[1:]]
+        if not frames:
+            continue
+        total += int(count)
+        own[frames[-1]] = own.get(frames[-1], 0) + int(count)
+        for frame in set(frames):
+            inclusive[frame] = inclusive.get(frame, 0) + int(count)
+    if not total:
+        print("  no samples")
+        return
+    for title, table in (("own time", own), ("inclusive time", inclusive)):
+        print(f"  gateway 0, {title} ({total} samples while not idle):")
+        for frame, hits in sorted(table.items(), key=lambda kv: -kv[1])[:top]:
+            print(f"    {100 * hits / total:5.1f}%  {frame}")
+
+
+def _where(frame: str) -> str:
+    """``(file.py)`` of a py-spy frame ``func (path/file.py:line)``."""
+    inside = frame.rpartition("(")[2].rstrip(")")
+    return "(" + Path(inside.rsplit(":", 1)[0]).name + ")"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -463,7 +510,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("each", "batched"))
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--check", action="store_true")
-    parser.add_argument("--profile", action="store_true", help="profile one gateway, no rounds")
+    parser.add_argument(
+        "--profile", choices=("each", "batched"), help="sample one gateway with py-spy, no rounds"
+    )
     parser.add_argument("-n", type=int, default=None, help="items per run")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--processes", type=int, default=None, help="gateways / workers each")
@@ -490,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         assert server.proc is not None
         postmaster = server.proc.pid
         if args.profile:
-            _profile(urls, args.n or sizes["each"], postmaster)
+            _profile(urls, args.profile, args.n or sizes[args.profile], postmaster)
             return 0
         for shape, size in sizes.items():
             if args.only in (None, shape):

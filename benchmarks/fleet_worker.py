@@ -20,7 +20,6 @@ done (it counts settled rows in the database), so every contender is timed the s
 from __future__ import annotations
 
 import asyncio
-import cProfile
 import json
 import logging
 import os
@@ -293,16 +292,7 @@ def run(spec: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    spec = json.loads(sys.argv[1])
-    profile = spec.get("profile")
-    if not profile:
-        run(spec)
-        return
-    profiler = cProfile.Profile()
-    try:
-        profiler.runcall(run, spec)
-    finally:
-        profiler.dump_stats(profile)
+    run(json.loads(sys.argv[1]))
 
 
 if __name__ == "__main__":
