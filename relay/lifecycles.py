@@ -12,6 +12,7 @@ from relay.connector.chat_tenants import CHAT_TENANT, CHAT_TENANT_KIND
 from relay.connector.connection import CONNECTION
 from relay.connector.driver_notes import NOTE, NOTE_KIND
 from relay.connector.held import HOLD, HOLD_KIND
+from relay.connector.nodes import NODE, NODE_KIND
 from relay.connector.provenance import PROVENANCE, PROVENANCE_KIND
 from relay.connector.rejected import REJECTED, REJECTED_KIND
 from relay.connector.seen import SEEN, SEEN_KIND
@@ -34,6 +35,7 @@ RELAY_LIFECYCLES: tuple[Lifecycle[Any], ...] = (
     HOLD,
     REJECTED,
     NOTE,
+    NODE,
 )
 """Every lifecycle the relay declares."""
 
@@ -48,5 +50,6 @@ RELAY_KINDS: tuple[EntityKind[Any], ...] = (
     HOLD_KIND,
     REJECTED_KIND,
     NOTE_KIND,
+    NODE_KIND,
 )
 """Every entity kind the relay persists (the ``statecore.kinds`` entry point)."""
