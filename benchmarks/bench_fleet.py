@@ -2,9 +2,10 @@
 each with 8 worker processes, on the same server in the same run.
 
 Run: ``.venv/bin/python benchmarks/bench_fleet.py`` (``--check`` exits 1 if a target is missed;
-``--quick`` runs small sizes as a smoke run; ``--only each|batched`` runs one shape;
-``--processes K`` changes the 8; ``--profile each|batched`` samples one gateway process of that
-shape with py-spy and prints where its CPU time goes).
+``--quick`` runs small sizes as a smoke run; ``--only each|batched`` runs one shape; ``-n`` and
+``--rounds`` change the sizes; ``--processes K`` changes the 8, ``--in-flight K`` the 16 of the
+batched shape; ``--profile each|batched`` samples one gateway process of that shape with py-spy
+and prints where its time goes).
 
 The server is ``bench_postgres.py``'s throwaway PostgreSQL (``fsync = on``, ``synchronous_commit
 = on``: every commit waits for its WAL flush), one database per contender.  Every process is a
@@ -64,15 +65,16 @@ from bench_postgres import (
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "fleet_worker.py"
 GATEWAYS = 8
-BATCHED_CONCURRENCY = 16
+# Items in flight per worker or gateway in the batched shape (``--in-flight`` changes it).
+IN_FLIGHT = {"batched": 16}
 EACH_ENQUEUERS = 8
 POLL_S = 0.01
 # Items per round for each shape: a full run stays within about 5 minutes on a 2-core machine.
 SIZES = {"each": 2000, "batched": 4000}
-QUICK_SIZES = {"each": 80, "batched": 160}
-# A smoke run checks the machinery with 2 gateways / workers per contender: starting 26
-# interpreters per shape is most of a run's time on 2 cores.
-QUICK_PROCESSES = 2
+QUICK_SIZES = {"each": 60, "batched": 120}
+# A smoke run checks the machinery with 1 gateway / worker per contender: starting 26
+# interpreters per shape is most of a full run's setup time on 2 cores.
+QUICK_PROCESSES = 1
 TARGET = 1.5
 CONTENDERS = ("statecore", "procrastinate", "pgqueuer")
 RESULTS: list[tuple[str, float, bool]] = []
@@ -289,7 +291,7 @@ def _shares(n: int, parts: int) -> list[int]:
 
 
 def _specs(contender: str, shape: str, n: int, processes: int = GATEWAYS) -> list[dict[str, Any]]:
-    conc = BATCHED_CONCURRENCY if shape == "batched" else 1
+    conc = IN_FLIGHT["batched"] if shape == "batched" else 1
     if contender == "statecore":
         return [
             {"role": "statecore", "shape": shape, "index": k, "share": share,
@@ -516,8 +518,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", type=int, default=None, help="items per run")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--processes", type=int, default=None, help="gateways / workers each")
+    parser.add_argument("--in-flight", type=int, default=None, help="batched: per process")
     args = parser.parse_args(argv)
     sizes = QUICK_SIZES if args.quick else SIZES
+    if args.in_flight:
+        IN_FLIGHT["batched"] = args.in_flight
     rounds = args.rounds or (1 if args.quick else 3)
     processes = args.processes or (QUICK_PROCESSES if args.quick else GATEWAYS)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
