@@ -7,6 +7,16 @@ its lane (:func:`lane_of`) and acks what it returns.  The rules: a buffered deli
 only after its handler returned normally (and, with a dedupe, after it was remembered); nothing
 may stall the buffer for good, so poison and unhandled original-contract frames are recorded as
 undeliverable and acked.
+
+A buffered delivery whose handling raised is tried again on the same connection, in its lane,
+after each wait of :data:`RETRY_S` (the step that raised: the handler, or only the dedupe's
+``remember`` when the handler had returned) -- the connector replays unacked entries only to a
+*new* connection, so without this a delivery that failed while the gateway's store was briefly
+unreachable stayed unanswered for as long as the connection lived.  The tries stay in the
+lane, so the chat's order holds and a replayed copy queues behind them (and is known by the
+dedupe); a delivery that always raises holds its chat for the sum of the waits (under 8 s),
+never the other chats.  After the last wait it stays unacked until the next connection
+replays it; closing the transport cancels the waits.
 """
 
 from __future__ import annotations
@@ -14,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from relay.wire.codec import encode
 from relay.wire.errors import UndeliverableEvent
@@ -22,8 +32,10 @@ from relay.wire.frames import Inbound, InboundEvent, InterruptInbound, Passthrou
 from relay.wire.logtext import peer_text
 from relay.wire.throttle import LogLimits
 from statecore import tracing
+from statecore.clock import Clock, SystemClock
 
 __all__ = [
+    "RETRY_S",
     "BufferDedupe",
     "Deliveries",
     "Delivery",
@@ -43,6 +55,10 @@ DeliveryHandler = Callable[[Any], Awaitable[None]]
 
 Delivery = Inbound | UndeliverableEvent | InterruptInbound | PassthroughForward
 """What the dispatcher hands to :meth:`Deliveries.handle`, each in its lane."""
+
+RETRY_S: Final = (0.25, 0.5, 1.0, 2.0, 4.0)
+"""The waits (transport clock seconds) before a buffered delivery whose handling raised is
+tried again on the same connection (see the module docs)."""
 
 
 class BufferDedupe(Protocol):
@@ -72,8 +88,18 @@ class Deliveries:
     they may be replaced at any time, and each delivery reads them once, when it starts.
     """
 
-    def __init__(self, label: str, dedupe: BufferDedupe | None, log_limit: LogLimits) -> None:
+    def __init__(
+        self,
+        label: str,
+        dedupe: BufferDedupe | None,
+        log_limit: LogLimits,
+        clock: Clock | None = None,
+    ) -> None:
         self.label = label
+        self.clock: Clock = clock or SystemClock()
+        """The clock of the waits between the tries of a failed buffered delivery."""
+        self.retries = 0
+        """Tries of failed buffered deliveries (for operators and tests)."""
         self.dedupe = dedupe
         self.handler: InboundHandler | None = None
         self.interrupt_handler: DeliveryHandler | None = None
@@ -87,25 +113,44 @@ class Deliveries:
         """Handle one delivery in its lane; return the bufferId to ack, or None.
 
         A buffered delivery is acked only after its handler returned normally (and, with a
-        dedupe, after it was remembered); one whose handler raised stays unacked, so the
-        connector delivers it again.  Nothing may stall the buffer for good: a poison entry, or
-        an original-contract frame nobody handles, is recorded as undeliverable and acked (left
-        unacked only when it cannot be recorded).  Never raises but for cancellation.
+        dedupe, after it was remembered); one whose handling raised is tried again after each
+        wait of :data:`RETRY_S`, then stays unacked, so the connector delivers it again on the
+        next connection.  Nothing may stall the buffer for good: a poison entry, or an
+        original-contract frame nobody handles, is recorded as undeliverable and acked (left
+        unacked only when it cannot be recorded).  Never raises but for cancellation (the
+        connection closed: the waits end with it).
         """
+        handled = [False]  # the handler returned: a later try only remembers and acks
+        waits = RETRY_S if frame.buffer_id is not None else ()
+        for wait in (*waits, None):
+            done, buffer_id = await self._try(frame, handled)
+            if done or wait is None:
+                return buffer_id
+            self.retries += 1
+            await self.clock.sleep(wait)
+        return None  # not reached: the last wait is None
+
+    async def _try(self, frame: Delivery, handled: list[bool]) -> tuple[bool, str | None]:
+        """One try of :meth:`handle`: (False, None) when it raised, else (True, the bufferId
+        to ack or None)."""
         buffer_id = frame.buffer_id
-        # Read per delivery: the handlers and the dedupe may be replaced while one runs.
+        # Read per try: the handlers and the dedupe may be replaced while one runs.
         dedupe = self.dedupe
         try:
+            if handled[0]:
+                if buffer_id is not None and dedupe is not None:
+                    await dedupe.remember(buffer_id)
+                return True, buffer_id
             if buffer_id is not None and dedupe is not None and await dedupe.seen(buffer_id):
-                return buffer_id  # handled before (a restart, a lost ack): ack, don't redo
+                return True, buffer_id  # handled before (a restart, a lost ack): don't redo
             if isinstance(frame, UndeliverableEvent):
                 await self.undeliverable(frame.frame_type, buffer_id, frame.message, frame.raw_line)
-                return buffer_id
+                return True, buffer_id
             if isinstance(frame, Inbound):
                 if self.handler is None:
                     # Nobody handled it: leave a buffered delivery unacked (it is delivered
                     # again once a handler is set) rather than let the connector retire it.
-                    return None
+                    return True, None
                 if tracing.enabled:
                     await self._traced(self.handler, frame)
                 else:
@@ -121,16 +166,18 @@ class Deliveries:
                     await self.undeliverable(
                         frame.TYPE, buffer_id, f"no handler for {frame.TYPE}", raw
                     )
-                    return buffer_id
+                    return True, buffer_id
                 await handler(frame)
+            handled[0] = True
             if buffer_id is not None and dedupe is not None:
                 await dedupe.remember(buffer_id)
-            return buffer_id
+            return True, buffer_id
         except asyncio.CancelledError:
             raise
         except Exception:
-            # The failure is isolated to this delivery; a buffered one stays unacked.  The
-            # traceback is the application's handler's; the bufferId is the connector's text.
+            # The failure is isolated to this delivery; a buffered one stays unacked (and is
+            # tried again).  The traceback is the application's handler's; the bufferId is the
+            # connector's text.
             more = self._log_limit.check(log, logging.ERROR, "failed handlers")
             if more is not None:
                 log.exception(
@@ -139,7 +186,7 @@ class Deliveries:
                     peer_text(buffer_id, limit=80),
                     more,
                 )
-            return None
+            return False, None
 
     async def _traced(self, handler: InboundHandler, frame: Inbound) -> None:
         """Run ``handler`` inside the ``transport inbound`` span, a child of the connector's

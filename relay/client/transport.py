@@ -197,7 +197,7 @@ class WebSocketRelayTransport:
         self._supervisor: asyncio.Task[None] | None = None
         self._torn_down: asyncio.Event | None = None
         self._log_limit = LogLimits(clock=self._clock)  # per kind of line a peer can cause
-        self._deliveries = Deliveries(self.url, dedupe, self._log_limit)
+        self._deliveries = Deliveries(self.url, dedupe, self._log_limit, self._clock)
         self._inbound: InboundDispatcher[Delivery] = InboundDispatcher(
             lane_of=lane_of,
             handle=self._deliveries.handle,
