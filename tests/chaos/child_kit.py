@@ -5,11 +5,12 @@ and the watch that ends a child whose harness went away or whose life ran too lo
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 import time
 
-__all__ = ["OFFSET_ENV", "PG_URL_ENV", "apply_clock_offset", "watch_parent"]
+__all__ = ["OFFSET_ENV", "PG_URL_ENV", "apply_clock_offset", "log_to_stderr", "watch_parent"]
 
 PG_URL_ENV = "STATECORE_CHAOS_PG_URL"
 """The PostgreSQL conninfo the child uses (the harness's proxy in front of the server)."""
@@ -48,3 +49,17 @@ async def watch_parent(max_life_s: float) -> int:
         await asyncio.sleep(0.2)
     print(f"max life reached: pid {os.getpid()} exits", file=sys.stderr, flush=True)
     return 3
+
+
+def log_to_stderr() -> None:
+    """Log INFO and above of the relay, WARNING and above of everything else, to stderr (the
+    slot's log file), each line with the harness-comparable time (this process's clock
+    offset included: the offset is in the READY line)."""
+    logging.basicConfig(
+        level=logging.WARNING,
+        stream=sys.stderr,
+        format="%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    logging.getLogger("relay").setLevel(logging.INFO)
+    logging.getLogger("statecore.gateway").setLevel(logging.INFO)

@@ -24,7 +24,7 @@ import asyncio
 import os
 import sys
 
-from tests.chaos.child_kit import PG_URL_ENV, apply_clock_offset, watch_parent
+from tests.chaos.child_kit import PG_URL_ENV, apply_clock_offset, log_to_stderr, watch_parent
 from tests.chaos.driver import PLATFORM
 
 BOT_ID = "bot"
@@ -119,6 +119,7 @@ async def serve(args: argparse.Namespace, offset: float) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run the gateway; the normal end of this process is SIGKILL."""
     offset = apply_clock_offset()
+    log_to_stderr()
     return asyncio.run(serve(parse_args(sys.argv[1:] if argv is None else argv), offset))
 
 

@@ -20,7 +20,7 @@ import asyncio
 import os
 import sys
 
-from tests.chaos.child_kit import PG_URL_ENV, apply_clock_offset, watch_parent
+from tests.chaos.child_kit import PG_URL_ENV, apply_clock_offset, log_to_stderr, watch_parent
 from tests.chaos.gateway_child import gateway_id, secret_of
 
 TENANTS = ("tenant-a", "tenant-b")
@@ -66,6 +66,7 @@ async def serve(args: argparse.Namespace, offset: float) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run the node; the normal end of this process is SIGKILL."""
     offset = apply_clock_offset()
+    log_to_stderr()
     return asyncio.run(serve(parse_args(sys.argv[1:] if argv is None else argv), offset))
 
 

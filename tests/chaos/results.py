@@ -59,6 +59,8 @@ def _counts_lines(outcome: Outcome) -> list[str]:
     lines += [f"| {name} | {value} |" for name, value in verdict.counts.items()]
     if verdict.problems:
         lines += ["", "Problems:", ""] + [f"* {p}" for p in verdict.problems]
+    if verdict.notes:
+        lines += ["", "Notes:", ""] + [f"* {n}" for n in verdict.notes]
     if outcome.harness_problems:
         lines += ["", "Harness problems:", ""] + [f"* {p}" for p in outcome.harness_problems]
     return lines

@@ -47,6 +47,8 @@ class Verdict:
     """``tests.chaos.checker`` or ``harness fallback``."""
     counts: dict[str, int]
     problems: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+    """What the checker reports that is no violation (owed, abandoned), bounded."""
 
     @property
     def ok(self) -> bool:
@@ -72,7 +74,9 @@ def check(
         transcript=transcript,
     )
     counts = {name: int(getattr(report, name)) for name in COUNTS if hasattr(report, name)}
-    return Verdict("tests.chaos.checker", counts, tuple(getattr(report, "problems", ())))
+    problems = tuple(getattr(report, "problems", ()))
+    notes = tuple(getattr(report, "notes", ()))[:20]
+    return Verdict("tests.chaos.checker", counts, problems, notes)
 
 
 def fallback(*, pg_url: str, ledger_schema: str, transcript: Transcript) -> Verdict:
