@@ -84,16 +84,18 @@ RESULTS: list[tuple[str, float, bool]] = []
 
 
 class Child:
-    """One child process of ``fleet_worker.py`` with its pipes; killed and reaped by
-    :meth:`stop` whatever happened."""
+    """One child process of ``fleet_worker.py``: its stdin and stdout are pipes, its stderr a
+    temporary file (a pipe nobody reads could fill and stop the child); stopped by
+    :meth:`terminate` and :meth:`reap`, whatever happened."""
 
     def __init__(self, url: str, spec: dict[str, Any]) -> None:
         path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
         env = {**os.environ, "STATECORE_BENCH_PG_URL": url, "PYTHONPATH": path}
         self.spec = spec
+        self.errors = tempfile.TemporaryFile("w+")  # noqa: SIM115 -- closed in reap()
         self.proc = subprocess.Popen(
             [sys.executable, str(WORKER), json.dumps(spec)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors,
             env=env, cwd=HERE.parent, text=True,
         )  # fmt: skip
 
@@ -143,15 +145,15 @@ class Child:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=10)
-        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+        for pipe in (self.proc.stdin, self.proc.stdout, self.errors):
             if pipe is not None:
                 with suppress(OSError):
                     pipe.close()
 
     def _stderr(self) -> str:
-        assert self.proc.stderr is not None
         with suppress(OSError, ValueError):
-            return self.proc.stderr.read()[-3000:]
+            self.errors.seek(0)
+            return self.errors.read()[-3000:]
         return ""
 
 
