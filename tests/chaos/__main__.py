@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
         "--seconds",
         type=float,
         default=None,
-        help="the schedule's nominal length (default: 2 s a fault)",
+        help="the schedule's nominal length (default: 1.4 s a fault)",
     )
     parser.add_argument("--rate", type=float, default=10.0, help="user messages per second")
     parser.add_argument("--results", type=Path, default=None, help="write the markdown here")
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.faults < 1:
         parser.error("--faults must be at least 1")
-    seconds = args.seconds if args.seconds is not None else 2.0 * args.faults
+    seconds = args.seconds if args.seconds is not None else 1.4 * args.faults
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     if not kinds or set(kinds) - set(KINDS):
         parser.error(f"--kinds must name some of: {', '.join(KINDS)}")

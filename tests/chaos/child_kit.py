@@ -51,6 +51,21 @@ async def watch_parent(max_life_s: float) -> int:
     return 3
 
 
+POOL_DELAY_ENV = "STATECORE_CHAOS_POOL_DELAY"
+"""An experiment's knob: psycopg_pool's first reconnect delay (s) in this process (its own
+default is 1 s, doubling after each failed attempt)."""
+
+
+def apply_pool_delay() -> None:
+    """Set psycopg_pool's first reconnect delay from ``$STATECORE_CHAOS_POOL_DELAY`` (unset:
+    the library's own)."""
+    raw = os.environ.get(POOL_DELAY_ENV, "").strip()
+    if raw:
+        from psycopg_pool import base  # noqa: PLC0415
+
+        base.AttemptWithBackoff.INITIAL_DELAY = float(raw)
+
+
 def log_to_stderr() -> None:
     """Log INFO and above of the relay, WARNING and above of everything else, to stderr (the
     slot's log file), each line with the harness-comparable time (this process's clock

@@ -58,7 +58,7 @@ KINDS: tuple[str, ...] = (
     "clock-skew",
 )
 _WEIGHTS: dict[str, float] = dict.fromkeys(KINDS, 1.0) | {"pg-restart": 0.6, "pg-kill": 0.6}
-MAX_CONCURRENT = 2
+MAX_CONCURRENT = 3
 BASE_OFFSET_S = 0.5
 SPAWN_TRIES = 6
 """A new life that cannot start (PostgreSQL down at that moment) is tried again this often."""
@@ -148,13 +148,14 @@ class Injector:
         seconds: float,
         *,
         isolate_every: int = 0,
-        settle: Callable[[], Awaitable[None]] | None = None,
+        settle: Callable[[bool], Awaitable[None]] | None = None,
     ) -> None:
         """Make ``count`` faults over about ``seconds`` seconds (waits for the last to end).
 
-        Every ``isolate_every``-th fault is made alone: after the others ended and ``settle``
-        returned (the throughput is back), and nothing else starts until ``settle`` returns
-        again -- those are the faults whose recovery is measured (:attr:`isolated`)."""
+        Every ``isolate_every``-th fault is made alone: after the others ended and
+        ``settle(False)`` returned (the throughput is back), and nothing else starts until
+        ``settle(True)`` returns -- those are the faults whose recovery is measured
+        (:attr:`isolated`)."""
         mean = seconds / max(count, 1)
         for number in range(1, count + 1):
             await asyncio.sleep(self.rng.uniform(0.3, 1.7) * mean)
@@ -163,7 +164,7 @@ class Injector:
             while len(self._tasks) >= limit:
                 await asyncio.wait(list(self._tasks), return_when=asyncio.FIRST_COMPLETED)
             if alone and settle is not None:
-                await settle()
+                await settle(False)
             kind, target = self._draw()
             self._busy.add(_lock_of(target))
             task = asyncio.ensure_future(self._one(number, kind, target))
@@ -173,7 +174,7 @@ class Injector:
                 self.isolated.add(number)
                 await asyncio.wait([task])
                 if settle is not None:
-                    await settle()
+                    await settle(True)
         if self._tasks:
             await asyncio.wait(list(self._tasks))
 

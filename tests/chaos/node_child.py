@@ -20,7 +20,13 @@ import asyncio
 import os
 import sys
 
-from tests.chaos.child_kit import PG_URL_ENV, apply_clock_offset, log_to_stderr, watch_parent
+from tests.chaos.child_kit import (
+    PG_URL_ENV,
+    apply_clock_offset,
+    apply_pool_delay,
+    log_to_stderr,
+    watch_parent,
+)
 from tests.chaos.gateway_child import gateway_id, secret_of
 
 TENANTS = ("tenant-a", "tenant-b")
@@ -67,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the node; the normal end of this process is SIGKILL."""
     offset = apply_clock_offset()
     log_to_stderr()
+    apply_pool_delay()
     return asyncio.run(serve(parse_args(sys.argv[1:] if argv is None else argv), offset))
 
 

@@ -65,7 +65,7 @@ class Config:
     warmup_s: float = 10.0
     """How long the steady rate is measured, once every chat is answered."""
     quiet_s: float = 60.0
-    isolate_every: int = 5
+    isolate_every: int = 10
     kinds: tuple[str, ...] = KINDS
     """The fault kinds drawn from."""
     keep: bool = False
@@ -257,11 +257,13 @@ class _System:
         assert self.platform is not None
         return Series(b.at for b in self.platform.transcript.bots())
 
-    async def settle(self, steady: float) -> None:
+    async def settle(self, steady: float, *, after_fault: bool) -> None:
         """Wait (bounded by the goal window and a little) until the last window performed
-        >= 95 % of ``steady``."""
+        >= 95 % of ``steady``; ``after_fault``: not before one window has passed since now
+        (the window that proves the recovery must end before the next fault begins)."""
         deadline = time.monotonic() + self.config.lease_s + GOAL_EXTRA_S + WINDOW_S + 4.0
-        await asyncio.sleep(WINDOW_S)
+        if after_fault:
+            await asyncio.sleep(WINDOW_S)
         while time.monotonic() < deadline:
             now = time.time()
             if self.bot_times().count(now - WINDOW_S, now) >= GOAL_SHARE * steady * WINDOW_S:
@@ -334,8 +336,8 @@ async def _run(
             harness.append(f"the steady rate {steady:.2f}/s is below 80 % of the write rate")
         injector = system.injector()
 
-        async def settle() -> None:
-            await system.settle(steady)
+        async def settle(after_fault: bool) -> None:
+            await system.settle(steady, after_fault=after_fault)
 
         await injector.schedule(
             config.faults, config.seconds, isolate_every=config.isolate_every, settle=settle
