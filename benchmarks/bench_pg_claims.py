@@ -1,18 +1,28 @@
 """Claims/s of concurrent claimers on one PostgresStore schema, and the lock waits they meet.
 
 Run: ``.venv/bin/python benchmarks/bench_pg_claims.py [--claimers 8] [--rows 4000]
-[--rounds 3] [--settlers 2]``.  The script starts its own throwaway PostgreSQL server
-(``stores.testing.postgres_server``) and stops it at exit.
+[--rounds 3] [--settlers 2] [--pattern listed|limit] [--claim-lock-timeout SECONDS]``.  The
+script starts its own throwaway PostgreSQL server (``stores.testing.postgres_server``, with
+``fsync`` and ``synchronous_commit`` turned back on, ``log_lock_waits`` on and
+``deadlock_timeout`` 2 ms so the server logs every lock wait past 2 ms) and stops it at exit.
 
-Each round files ``--rows`` tickets into a fresh schema, then runs ``--claimers`` threads that
-claim as the ledger's sweeps do -- list the open rows with a plain read (every claimer lists the
-same rows), then per chunk of 25, in one transaction: ``claim_candidates`` of the chunk's ids
-(``FOR UPDATE SKIP LOCKED``) and one guarded ``transition_many`` of what it locked -- while
-``--settlers`` threads move claimed rows on (held -> done, one guarded write each, as a gateway
-settles a delivery).  A sampler polls ``pg_stat_activity`` every 5 ms for the store's sessions
-waiting on a lock and counts them by ``wait_event`` (``transactionid``: a session queued behind
-another transaction's id, i.e. for its row lock).  Printed per round: claims/s, settles/s, the
-wait samples by event, the longest settle, and double claims (must be 0).
+Each round files ``--rows`` tickets into a fresh schema and runs ``--claimers`` threads:
+
+* ``listed`` (the ledger's sweeps): list the open rows with a plain read (every claimer lists
+  the same rows), then per chunk of 25, in one transaction, ``claim_candidates`` of the chunk's
+  ids (``FOR UPDATE SKIP LOCKED``) and one guarded ``transition_many`` of what it locked;
+* ``limit`` (the claims test): in one transaction, ``claim_candidates`` of the next 25 open
+  rows by due time, each moved under its fence -- the pattern in which PostgreSQL makes a
+  SKIP LOCKED claim wait on another transaction's id ("while locking updated version ... of
+  tuple", see ``stores._postgres_claim``);
+
+while ``--settlers`` threads move claimed rows on (held -> done, one guarded write each, as a
+gateway settles a delivery).  A sampler polls ``pg_stat_activity`` every 5 ms for the store's
+sessions waiting on a lock, by ``wait_event`` (``(claim)``: the waiting statement is a claim).
+Printed per round: claims/s, settles, the sampled waits, the longest settle and the longest
+claim statement (wall time: a loaded machine adds its own), double claims (must be 0); then
+the waits the server logged.  ``--claim-lock-timeout`` sets the store's
+``claim_lock_timeout_s`` (a store without that option: leave it out).
 """
 
 from __future__ import annotations
