@@ -5,6 +5,7 @@ results document with ``--results``; exit status 1 on any violation or harness p
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -13,8 +14,16 @@ from tests.chaos.results import render_markdown, render_summary
 from tests.chaos.run import Config, run
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Parse the command line, run, report; returns the exit status."""
+    """Parse the command line, run, report; returns the exit status.  SIGTERM, and SIGINT
+    even where a shell started the run in the background with it ignored, interrupt the run:
+    every child is killed and reaped and the server stopped (:func:`tests.chaos.run.run`)."""
+    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGINT, _interrupted)
     parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
     parser.add_argument("--faults", type=int, default=20, help="faults to make (default 20)")
     parser.add_argument("--seed", type=int, default=28, help="the schedule's seed (default 28)")

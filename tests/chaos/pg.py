@@ -18,6 +18,7 @@ import signal
 import subprocess
 import time
 
+import psutil
 import psycopg
 
 from stores.testing.postgres_server import (
@@ -31,6 +32,7 @@ from stores.testing.postgres_server import (
 __all__ = ["ChaosServer", "ServerUnavailable"]
 
 _READY_S = 30.0
+_START_TRIES = 10
 _STOP_S = 10.0
 
 
@@ -84,20 +86,39 @@ class ChaosServer:
             self.kill()
 
     def kill(self) -> None:
-        """SIGKILL the postmaster and every backend (they share its process group), reaped."""
+        """SIGKILL the postmaster and every backend at once, and wait (bounded) until they are
+        gone.  The backends are the postmaster's children but each calls ``setsid()``: they
+        are found by parentage, not by process group."""
         process = self._server.process
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
+        try:
+            children = psutil.Process(process.pid).children(recursive=True)
+        except psutil.Error:
+            children = []
+        for victim in (process.pid, *(child.pid for child in children)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(victim, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(_STOP_S)
-        # Backends are the postmaster's children: they see its death and exit (bounded wait).
         deadline = time.monotonic() + _STOP_S
-        while time.monotonic() < deadline and _group_alive(process.pid):
-            time.sleep(0.05)
+        while time.monotonic() < deadline and any(_running(child) for child in children):
+            time.sleep(0.02)
 
     def start(self) -> None:
         """Start the postmaster again on the same data directory and port; returns once it
-        accepts connections.  Raises :class:`ServerUnavailable` when it does not in time."""
+        accepts connections.  A start refused because a killed backend still held the shared
+        memory is tried again (bounded).  Raises :class:`ServerUnavailable` when it does not
+        come up in time."""
+        for _ in range(_START_TRIES - 1):
+            try:
+                self._start_once()
+                return
+            except ServerUnavailable as exc:
+                if "shared memory" not in str(exc):
+                    raise
+                time.sleep(0.2)
+        self._start_once()
+
+    def _start_once(self) -> None:
         root = self._server.root
         prefix = _run_as(hasattr(os, "geteuid") and os.geteuid() == 0)
         command = [
@@ -163,9 +184,9 @@ class ChaosServer:
         self._server.stop()
 
 
-def _group_alive(pgid: int) -> bool:
+def _running(process: psutil.Process) -> bool:
+    """True until ``process`` is gone (a zombie is gone: it holds no memory any more)."""
     try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
-    return True
