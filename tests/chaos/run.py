@@ -195,8 +195,10 @@ class _System:
                 self.workdir / f"gw-{i}.log",
             )
         injector = self.injector()
-        # All at once: a gateway redials until a node listens.
-        await asyncio.gather(*(injector.respawn(name) for name in self.children.slots))
+        # The nodes first (as a deployment starts them), then the gateways together.
+        names = list(self.children.slots)
+        await asyncio.gather(*(injector.respawn(n) for n in names if n.startswith("node-")))
+        await asyncio.gather(*(injector.respawn(n) for n in names if n.startswith("gw-")))
         if injector.spawn_failures:
             raise RuntimeError(f"children did not start: {injector.spawn_failures}")
 
