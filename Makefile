@@ -57,14 +57,15 @@ pytest: $(STAMP)
 
 test: lint typecheck pytest
 
-# The deterministic simulation's long campaign: make sim SEEDS=10000 (make test runs 300).
+# The deterministic simulation's long campaign: make sim SEEDS=10000 (make test runs 300), in JOBS
+# worker processes (0: one per core).
 SEEDS ?= 10000
+JOBS ?= 0
 sim: $(STAMP)
-	$(BIN)/python -m relay.sim --seeds $(SEEDS)
+	$(BIN)/python -m relay.sim --seeds $(SEEDS) --jobs $(JOBS)
 
 # The same campaign with the real runtime (Connector, Gateway, websockets) on the deterministic
-# event loop: make sim-real SEEDS=1000 (make test runs 60), in JOBS processes (0: one per core).
-JOBS ?= 0
+# event loop: make sim-real SEEDS=1000 (make test runs 60), in JOBS processes as well.
 sim-real: $(STAMP)
 	$(BIN)/python -m relay.sim --real --seeds $(SEEDS) --jobs $(JOBS)
 
