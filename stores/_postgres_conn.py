@@ -48,8 +48,9 @@ from statecore.errors import (
     StoreUnreachable,
 )
 from stores._postgres_claim import bounded_claim
-from stores._postgres_faults import BEGIN_WITH_XID, classify, commit_outcome, connect
+from stores._postgres_faults import classify, commit_outcome, connect
 from stores._postgres_identity import Identity, record_identity
+from stores._postgres_logged import XACT_ID
 from stores._postgres_options import Options
 from stores._postgres_target import Target
 
@@ -264,21 +265,28 @@ class Connections:
         while True:
             attempt += 1
             with self.guard(what), self._lease() as conn:
+                begun: psycopg.Cursor[Any] | None = None
                 try:
-                    begun = conn.execute(BEGIN_WITH_XID)
-                    begun.nextset()
+                    # BEGIN, the transaction id and the call's first statement go to the server
+                    # in one round trip (pipeline mode; the call's first fetch sends them).
+                    with conn.pipeline():
+                        conn.execute(sql.BEGIN)
+                        begun = conn.execute(XACT_ID)
+                        result = call(conn)
                     xid = str(begun.fetchone()[0])  # type: ignore[index]
-                except psycopg.OperationalError:
-                    if not self._dead(conn, attempt):
-                        raise
-                    continue
-                try:
-                    result = call(conn)
                 except _RETRYABLE:
                     _rollback(conn)
                     if attempt >= RETRIES:
                         raise
                     time.sleep(random.uniform(0.001, 0.005 * 2**attempt))
+                    continue
+                except psycopg.OperationalError:
+                    # Nothing answered on a connection found dead: nothing was kept (no COMMIT
+                    # was sent), so it is replaced and the call runs again.
+                    answered = begun is not None and begun.pgresult is not None
+                    if answered or not self._dead(conn, attempt):
+                        _rollback(conn)
+                        raise
                     continue
                 except BaseException:
                     _rollback(conn)

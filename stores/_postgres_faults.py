@@ -31,11 +31,7 @@ if TYPE_CHECKING:
     from stores._postgres_options import Options
     from stores._postgres_target import Target
 
-__all__ = ["BEGIN_WITH_XID", "classify", "commit_outcome", "connect", "lost"]
-
-BEGIN_WITH_XID = "BEGIN; SELECT pg_current_xact_id()::text"
-"""Begins a write's own transaction and gives its transaction id, in one round trip (the
-write takes an id anyway): what :func:`commit_outcome` asks about when the commit is lost."""
+__all__ = ["classify", "commit_outcome", "connect", "lost"]
 
 _UNREACHABLE_STATES = frozenset({"57P01", "57P02", "57P03", "08000", "08001", "08003", "08006"})
 """Server states a later try may cure: admin/crash shutdown, cannot connect now (starting up,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Any
 
+import stores._postgres_logged as logged
 import stores._postgres_sql as sql
 from statecore.batch import Creation
 from statecore.catalog import declaration_json
@@ -31,6 +32,7 @@ __all__ = [
     "distinct_chunks",
     "due_bound",
     "kind_records",
+    "shape",
 ]
 
 INSERT_PIECE = 64
@@ -45,6 +47,16 @@ def audit_row(
 ) -> tuple[Any, ...]:
     """The parameters of one AUDIT_INSERT (``source`` None for a creation)."""
     return (kind.name, entity_id, event, source, target, a.at, a.owner, a.attempts, a.reason)
+
+
+def shape(plan: TransitionPlan[Any]) -> tuple[Any, ...]:
+    """What one compiled guarded UPDATE text serves: event, fenced or not, changed columns and
+    the form of each expected comparison."""
+    expect = tuple(
+        (col, cmp.op, cmp.value is None, len(cmp.value) if cmp.op == "in" else 1)
+        for col, cmp in plan.expect
+    )
+    return (plan.event, plan.fence is not None, tuple(plan.changes), expect)
 
 
 class Kind:
@@ -67,17 +79,32 @@ class Kind:
             text = self.texts[count] = sql.insert_rows_sql(self.kind, count)
         return text
 
-    def update_sql(self, plan: TransitionPlan[Any]) -> str:
-        """The guarded UPDATE of ``plan``, compiled once per shape (event, fence, changed and
-        expected columns)."""
-        shape = tuple(
-            (col, cmp.op, cmp.value is None, len(cmp.value) if cmp.op == "in" else 1)
-            for col, cmp in plan.expect
-        )
-        key = ("update", plan.event, plan.fence is not None, tuple(plan.changes), shape)
+    def update_sql(self, plan: TransitionPlan[Any], *, run: bool = False) -> str:
+        """The guarded UPDATE of ``plan`` with its audit entry in the same statement
+        (``stores._postgres_logged``), or (``run``) of a run of moves of its shape, compiled
+        once per shape (event, fence, changed and expected columns)."""
+        key = ("run" if run else "update", *shape(plan))
         text = self.texts.get(key)
         if text is None:
-            text = self.texts[key] = sql.update_sql(plan)
+            if run:
+                write = sql.update_run_sql(plan)
+                text = logged.logged_rows_sql(self.kind, write, source='m."prev_state"')
+            else:
+                text = logged.logged_update_sql(plan)
+            self.texts[key] = text
+        return text
+
+    def logged_insert_sql(self, count: int) -> str:
+        """:meth:`insert_sql` with each created row's audit entry in the same statement, the
+        entries from bound arrays (``stores._postgres_logged``); one row: scalars."""
+        key = ("logged insert", count)
+        text = self.texts.get(key)
+        if text is None:
+            text = self.texts[key] = (
+                logged.logged_insert_sql(self.kind)
+                if count == 1
+                else logged.logged_rows_sql(self.kind, self.insert_sql(count), source="NULL")
+            )
         return text
 
     def row(self, raw: Sequence[Any], where: Target) -> Row[Any]:

@@ -58,6 +58,7 @@ __all__ = [
     "timer_index_sql",
     "update_many_sql",
     "update_params",
+    "update_run_sql",
     "update_sql",
     "version_schema_sql",
     "where_params",
@@ -465,7 +466,34 @@ def listen_sql(channel: str) -> str:
 # -- pieces -----------------------------------------------------------------------------------
 
 
-def _guarded_update(plan: TransitionPlan[Any], find: str, *, increments: Iterable[str] = ()) -> str:
+def update_run_sql(plan: TransitionPlan[Any]) -> str:
+    """The guarded UPDATE of a run of moves of ``plan``'s shape and changed and compared values
+    (``transition_each``), each row found by its id, its own audit time and (when fenced) its
+    own fence taken from bound arrays.  Bound: changed values, then the arrays of ids, audit
+    times and (when fenced) fences, then compared values; returns as :func:`update_sql`."""
+    run = "statecore_run"
+    fenced = plan.fence is not None
+    arrays = "%s::text[], %s::float8[]" + (", %s::bigint[]" if fenced else "")
+    # Column names no declared field takes (a field named like them would be ambiguous).
+    names = "statecore_run_id, statecore_run_at" + (", statecore_run_fence" if fenced else "")
+    return _guarded_update(
+        plan,
+        f"{quote(plan.kind.id_field)} = {run}.statecore_run_id",
+        entered=f"{run}.statecore_run_at",
+        fence=f"{run}.statecore_run_fence",
+        source=f" FROM unnest({arrays}) AS {run}({names})",
+    )
+
+
+def _guarded_update(
+    plan: TransitionPlan[Any],
+    find: str,
+    *,
+    increments: Iterable[str] = (),
+    entered: str = "%s",
+    fence: str = "%s",
+    source: str = "",
+) -> str:
     kind = plan.kind
     # Every SET expression reads the old row, so prev_state receives the state being left: the
     # audit entry learns its source without a second read.
@@ -473,16 +501,17 @@ def _guarded_update(plan: TransitionPlan[Any], find: str, *, increments: Iterabl
         _set_state(plan.targets),
         '"fence" = "fence" + 1',
         '"prev_state" = "state"',
-        '"entered_at" = %s',
+        f'"entered_at" = {entered}',
     ]
     sets += [f"{quote(name)} = %s" for name in plan.changes]
     sets += [f"{quote(name)} = {quote(name)} + %s" for name in increments]
     conditions = [find, f'"state" IN ({_literals(plan.targets)})']
     if plan.fence is not None:
-        conditions.append('"fence" = %s')
+        conditions.append(f'"fence" = {fence}')
     conditions.extend(_cmp_sql(column, cmp) for column, cmp in plan.expect)
     return (
-        f"UPDATE {quote(kind.table)} SET {', '.join(sets)} WHERE {' AND '.join(conditions)} "
+        f"UPDATE {quote(kind.table)} SET {', '.join(sets)}{source} "
+        f"WHERE {' AND '.join(conditions)} "
         f'RETURNING {select_cols(kind)}, "prev_state"'
     )
 

@@ -4,13 +4,14 @@
   :meth:`PostgresStore.atomic` block runs in a short transaction of its own, a block holds one
   connection for its thread, nested blocks are savepoints (``stores._postgres_conn``).
 * A guarded transition is one ``UPDATE ... WHERE id AND state IN (...) AND fence ...
-  RETURNING`` plus its audit ``INSERT`` in the same transaction, compiled from the same plan the
-  in-memory store evaluates; every statement's text comes from one seam,
+  RETURNING`` with its audit ``INSERT`` in the same statement (a CTE), compiled from the
+  same plan the in-memory store evaluates; every statement's text comes from one seam,
   ``stores._postgres_sql``.  Under READ COMMITTED a concurrent writer of the same row waits for
   the first to commit and then re-checks the guard: exactly one compare-and-set wins.
 * Batches: ``insert_each`` as multi-row ``INSERT ... ON CONFLICT DO NOTHING RETURNING``,
   ``transition_many`` as one ``UPDATE ... WHERE id = ANY(...) RETURNING`` per call,
-  ``transition_each`` one guarded UPDATE per move, all in one transaction.
+  ``transition_each`` one ``UPDATE ... FROM unnest(...)`` per run of like moves, each with its
+  audit entries in the same statement, all in one transaction.
 * Schema: the tables live in the connection's schema, or in ``schema=`` (created if absent).
   The layout is versioned (table ``statecore_schema``) and tables are migrated in place (columns
   a kind declares but its table lacks are added with their defaults), every creation and
@@ -77,16 +78,17 @@ from statecore.store import (
     valid_states,
 )
 from stores._closing import ClosesOnExit
+from stores._postgres_batch import create_all, move_all
 from stores._postgres_conn import Connections, Target, Txn, open_schema
 from stores._postgres_identity import Identity
 from stores._postgres_listen import Listener
+from stores._postgres_logged import scalar_audit
 from stores._postgres_options import Options
 from stores._postgres_rows import (
     MANAGED,
     Kind,
     audit_row,
     catalog_row,
-    distinct_chunks,
     due_bound,
     kind_records,
 )
@@ -372,14 +374,15 @@ class PostgresStore(ClosesOnExit):
         c = self._compiled(kind)
         state, checked = plan_creation(kind, entity_id, event, values)
         params = [entity_id, state.value, 0, *(checked[n] for n in c.columns), audit.at]
+        params += scalar_audit(kind, event, audit)
 
         def write(conn: Conn) -> tuple[Row[S], bool]:
-            raw = conn.execute(c.insert_sql(1), params).fetchone()
-            if raw is None:  # the id exists: untouched
+            # The creation and its audit entry: one statement (stores._postgres_logged).
+            raw = conn.execute(c.logged_insert_sql(1), params).fetchone()
+            if raw is None:  # the id exists: untouched, nothing logged
                 existing = self._current(conn, c, entity_id)
                 assert existing is not None  # the conflict was on this id
                 return existing, False
-            conn.execute(sql.AUDIT_INSERT, audit_row(kind, entity_id, event, None, raw[1], a=audit))
             return c.row(raw, self._target), True
 
         return self._db.write("insert", write)
@@ -406,14 +409,12 @@ class PostgresStore(ClosesOnExit):
     def _one(
         self, conn: Conn, c: Kind, plan: TransitionPlan[Any], audit: Audit
     ) -> Row[Any] | Exception:
-        """The plan's guarded UPDATE and audit entry: the row written, or the refusal."""
-        raw = conn.execute(c.update_sql(plan), sql.update_params(plan, audit.at)).fetchone()
+        """The plan's guarded UPDATE and audit entry, one statement: the row written, or the
+        refusal (nothing written; a read of the row decides which error)."""
+        params = sql.update_params(plan, audit.at) + scalar_audit(c.kind, plan.event, audit)
+        raw = conn.execute(c.update_sql(plan), params).fetchone()
         if raw is None:
             return plan.miss(self._current(conn, c, plan.entity_id))
-        conn.execute(
-            sql.AUDIT_INSERT,
-            audit_row(c.kind, plan.entity_id, plan.event, raw[-1], raw[1], a=audit),
-        )
         return c.row(raw, self._target)
 
     def transition_many(
@@ -560,7 +561,8 @@ class PostgresStore(ClosesOnExit):
         self, kind: EntityKind[S], creations: Sequence[Creation]
     ) -> list[tuple[Row[S], bool] | Exception]:
         """Every creation as :meth:`insert` would, in one transaction, with one multi-row
-        ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` per run of distinct ids (BatchStore).
+        ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` and its audit entries per run of
+        distinct ids (``stores._postgres_batch``; BatchStore).
 
         In a subclass that overrides :meth:`insert` (and not this method) every creation is
         made by that override instead, in one transaction, so the subclass sees each write.
@@ -585,37 +587,17 @@ class PostgresStore(ClosesOnExit):
             ready.append((i, creation, state, params))
 
         def write(conn: Conn) -> list[Any]:
-            done = list(outcomes)
-            for chunk in distinct_chunks(ready):
-                text = c.insert_sql(len(chunk))
-                raws = conn.execute(text, [p for item in chunk for p in item[3]]).fetchall()
-                created = {raw[0]: raw for raw in raws}
-                audits = []
-                for i, creation, initial, _ in chunk:
-                    raw = created.get(creation.entity_id)
-                    if raw is None:  # it existed: returned untouched, as insert() does
-                        done[i] = (self._current(conn, c, creation.entity_id), False)
-                        continue
-                    done[i] = (c.row(raw, self._target), True)
-                    audits.append(
-                        audit_row(
-                            kind, creation.entity_id, creation.event, None, initial.value,
-                            a=creation.audit,
-                        )
-                    )  # fmt: skip
-                if audits:
-                    with conn.cursor() as cur:
-                        cur.executemany(sql.AUDIT_INSERT, audits)
-            return done
+            return create_all(conn, c, self._target, ready, outcomes, current=self._current)
 
         return self._db.write("insert_each", write)
 
     def transition_each(
         self, kind: EntityKind[S], moves: Sequence[Move]
     ) -> list[Row[S] | Exception]:
-        """Every move as :meth:`transition` would, one guarded UPDATE each, in order, in one
-        transaction (see BatchStore).  In a subclass that overrides :meth:`transition` (and
-        not this method) every move is made by that override instead."""
+        """Every move as :meth:`transition` would, in order, in one transaction: one guarded
+        UPDATE per run of like moves (``stores._postgres_batch``; see BatchStore).  In a
+        subclass that overrides :meth:`transition` (and not this method) every move is made
+        by that override instead."""
         if routes_through_overrides(self, "transition_each", "transition"):
             return transition_each_sequentially(self, kind, moves)
         c = self._compiled(kind)
@@ -632,9 +614,8 @@ class PostgresStore(ClosesOnExit):
                 planned.append(exc)
 
         def write(conn: Conn) -> list[Any]:
-            return [
-                p if isinstance(p, Exception) else self._one(conn, c, p, m.audit)
-                for p, m in zip(planned, moves, strict=True)
-            ]
+            return move_all(
+                conn, c, self._target, planned, moves, current=self._current, one=self._one
+            )
 
         return self._db.write("transition_each", write)
