@@ -8,15 +8,18 @@ only after its handler returned normally (and, with a dedupe, after it was remem
 may stall the buffer for good, so poison and unhandled original-contract frames are recorded as
 undeliverable and acked.
 
-A buffered delivery whose handling raised is tried again on the same connection, in its lane,
-after each wait of :data:`RETRY_S` (the step that raised: the handler, or only the dedupe's
-``remember`` when the handler had returned) -- the connector replays unacked entries only to a
-*new* connection, so without this a delivery that failed while the gateway's store was briefly
-unreachable stayed unanswered for as long as the connection lived.  The tries stay in the
+A buffered delivery whose handling raised a store error (``StoreError``, the exception or one it
+was raised from: the gateway's store briefly unreachable) is tried again on the same connection,
+in its lane, after each wait of :data:`RETRY_S` (the step that raised: the handler, or only the
+dedupe's ``remember`` when the handler had returned) -- the connector replays unacked entries
+only to a *new* connection, so without this a delivery that failed while the gateway's store was
+briefly unreachable stayed unanswered for as long as the connection lived. The tries stay in the
 lane, so the chat's order holds and a replayed copy queues behind them (and is known by the
 dedupe); a delivery that always raises holds its chat for the sum of the waits (under 8 s),
-never the other chats.  After the last wait it stays unacked until the next connection
-replays it; closing the transport cancels the waits.
+never the other chats. After the last wait it stays unacked until the next connection replays
+it; closing the transport cancels the waits. Any other exception (the application's own bug) is
+not tried again: the delivery stays unacked at once and the chat goes on, as a handler's side
+effects may not bear repeating.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from relay.wire.logtext import peer_text
 from relay.wire.throttle import LogLimits
 from statecore import tracing
 from statecore.clock import Clock, SystemClock
+from statecore.errors import StoreError
 
 __all__ = [
     "RETRY_S",
@@ -174,10 +178,10 @@ class Deliveries:
             return True, buffer_id
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as exc:
             # The failure is isolated to this delivery; a buffered one stays unacked (and is
-            # tried again).  The traceback is the application's handler's; the bufferId is the
-            # connector's text.
+            # tried again when the store failed, see the module docs).  The traceback is the
+            # application's handler's; the bufferId is the connector's text.
             more = self._log_limit.check(log, logging.ERROR, "failed handlers")
             if more is not None:
                 log.exception(
@@ -186,7 +190,7 @@ class Deliveries:
                     peer_text(buffer_id, limit=80),
                     more,
                 )
-            return False, None
+            return (False, None) if _from_store(exc) else (True, None)
 
     async def _traced(self, handler: InboundHandler, frame: Inbound) -> None:
         """Run ``handler`` inside the ``transport inbound`` span, a child of the connector's
@@ -274,3 +278,19 @@ def lane_of(frame: Delivery) -> Hashable:
     if isinstance(frame, InterruptInbound):
         return ("interrupt", frame.session_key)
     return ("other",)
+
+
+def _from_store(exc: BaseException) -> bool:
+    """Whether ``exc`` is a ``StoreError`` or was raised from one (its cause or context chain,
+    or a member of an exception group, to a bounded depth): a failure worth another try."""
+    seen: list[BaseException] = [exc]
+    for _ in range(32):
+        if not seen:
+            return False
+        current = seen.pop()
+        if isinstance(current, StoreError):
+            return True
+        if isinstance(current, BaseExceptionGroup):
+            seen.extend(current.exceptions)
+        seen.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    return False

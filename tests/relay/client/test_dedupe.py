@@ -18,7 +18,7 @@ from relay.connector.platform import LoopbackPlatform
 from relay.connector.server import Connector
 from relay.wire.frames import EventSource, InboundEvent
 from statecore.clock import FakeClock
-from statecore.errors import InvalidTransition
+from statecore.errors import InvalidTransition, StoreUnreachable
 from statecore.store import Store
 from stores.memory import InMemoryStore
 from stores.sqlite import SQLiteStore
@@ -217,10 +217,41 @@ async def test_transport_acks_a_remembered_replay_without_handling_it(setup: Set
 
 
 @pytest.mark.asyncio
-async def test_failed_handling_is_not_remembered_and_is_tried_again(setup: Setup) -> None:
-    """An event whose handler raised is neither remembered nor acked then; it is tried again
-    on the same connection (the connector would replay it only to a new one), in its lane
-    before the next event, and remembered and acked once its handler returned
+async def test_failed_handling_is_not_remembered_and_is_replayed(setup: Setup) -> None:
+    """An event whose handler raised is neither remembered nor acked, so the next connection
+    gets it again and handles it then."""
+    ids = setup.buffer(2)
+    handled: list[str] = []
+    fail = {"e0"}
+
+    async def handler(event: InboundEvent) -> None:
+        if event.text in fail:
+            fail.discard(event.text)
+            raise RuntimeError("handler bug")
+        handled.append(event.text)
+
+    first = setup.transport(handler)
+    await first.connect()
+    await first.handshake(BOUND)
+    await eventually(lambda: handled == ["e1"], "second event handled")
+    await eventually(lambda: setup.connector.buffered("gw-a") == 1, "only e1 acked")
+    assert not await setup.dedupe.seen(ids[0])
+    assert await setup.dedupe.seen(ids[1])
+    await first.disconnect(budget_s=2)
+    second = setup.transport(handler)
+    await second.connect()
+    await second.handshake(BOUND)
+    await eventually(lambda: setup.connector.buffered("gw-a") == 0, "replay acked")
+    assert handled == ["e1", "e0"]
+
+
+@pytest.mark.asyncio
+async def test_a_store_failure_is_not_remembered_and_is_tried_again(
+    setup: Setup,
+) -> None:
+    """An event whose handler raised a store error is neither remembered nor acked then; it is
+    tried again on the same connection (the connector would replay it only to a new one), in its
+    lane before the next event, and remembered and acked once its handler returned
     (tests/relay/client/test_delivery_retry.py: what happens when every try fails)."""
     ids = setup.buffer(2)
     handled: list[str] = []
@@ -231,7 +262,7 @@ async def test_failed_handling_is_not_remembered_and_is_tried_again(setup: Setup
         if event.text in fail:
             fail.discard(event.text)
             failed_unremembered.append(not await setup.dedupe.seen(ids[0]))
-            raise RuntimeError("handler bug")
+            raise StoreUnreachable("the store is away")
         handled.append(event.text)
 
     first = setup.transport(handler)

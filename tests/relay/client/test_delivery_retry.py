@@ -129,3 +129,41 @@ async def test_a_live_delivery_is_not_tried_again() -> None:
     assert await _run(deliveries, clock, _frame(None)) is None
     assert calls == ["hi"]
     assert deliveries.retries == 0
+
+
+@pytest.mark.asyncio
+async def test_an_application_error_is_not_tried_again_and_the_chat_goes_on() -> None:
+    """The handler's own bug (not a store error): one try, unacked at once, no wait."""
+    clock = FakeClock()
+    deliveries = _deliveries(clock, _Dedupe())
+    calls: list[str] = []
+
+    async def handler(event: InboundEvent) -> None:
+        calls.append(event.text)
+        raise RuntimeError("the bot's logic failed")
+
+    deliveries.handler = handler
+    assert await deliveries.handle(_frame("b-4")) is None
+    assert calls == ["hi"]
+    assert deliveries.retries == 0
+
+
+@pytest.mark.asyncio
+async def test_an_error_raised_from_a_store_error_is_tried_again() -> None:
+    """The gateway wrapped the store's error in its own: still a store failure, tried again."""
+    clock = FakeClock()
+    deliveries = _deliveries(clock, _Dedupe())
+    calls: list[str] = []
+
+    async def handler(event: InboundEvent) -> None:
+        calls.append(event.text)
+        if len(calls) == 1:
+            try:
+                raise StoreUnreachable("the store is away")
+            except StoreUnreachable as exc:
+                raise RuntimeError("recording the reply failed") from exc
+
+    deliveries.handler = handler
+    assert await _run(deliveries, clock, _frame("b-5")) == "b-5"
+    assert calls == ["hi", "hi"]
+    assert deliveries.retries == 1
