@@ -266,38 +266,38 @@ class Connections:
             attempt += 1
             with self.guard(what), self._lease() as conn:
                 begun: psycopg.Cursor[Any] | None = None
+                xid: str | None = None  # known before the COMMIT is sent
                 try:
-                    # BEGIN, the transaction id and the call's first statement go to the server
-                    # in one round trip (pipeline mode; the call's first fetch sends them).
+                    # Pipeline mode: BEGIN, the transaction id and the call's first statement
+                    # go in one round trip (the call's first fetch sends them); the COMMIT and
+                    # the pipeline's Sync in one more.
                     with conn.pipeline():
                         conn.execute(sql.BEGIN)
                         begun = conn.execute(XACT_ID)
                         result = call(conn)
-                    xid = str(begun.fetchone()[0])  # type: ignore[index]
+                        xid = str(begun.fetchone()[0])  # type: ignore[index]
+                        conn.execute(sql.COMMIT)
+                    return result
                 except _RETRYABLE:
                     _rollback(conn)
-                    if attempt >= RETRIES:
-                        raise
+                    if xid is not None or attempt >= RETRIES:
+                        raise  # a COMMIT refused (not lost) is not retried blindly
                     time.sleep(random.uniform(0.001, 0.005 * 2**attempt))
                     continue
-                except psycopg.OperationalError:
-                    # Nothing answered on a connection found dead: nothing was kept (no COMMIT
-                    # was sent), so it is replaced and the call runs again.
-                    answered = begun is not None and begun.pgresult is not None
-                    if answered or not self._dead(conn, attempt):
-                        _rollback(conn)
-                        raise
-                    continue
+                except psycopg.OperationalError as exc:
+                    if xid is not None and conn.broken:
+                        lost_commit = exc  # the COMMIT was in flight: resolved below
+                    else:
+                        # Nothing answered on a connection found dead: nothing was kept (no
+                        # COMMIT was sent), so it is replaced and the call runs again.
+                        answered = begun is not None and begun.pgresult is not None
+                        if answered or not self._dead(conn, attempt):
+                            _rollback(conn)
+                            raise
+                        continue
                 except BaseException:
                     _rollback(conn)
                     raise
-                try:
-                    conn.execute(sql.COMMIT)
-                    return result
-                except psycopg.OperationalError as exc:
-                    if not conn.broken:
-                        raise
-                    lost_commit = exc
             # The connection broke while the COMMIT was in flight: ask what became of it.
             outcome = commit_outcome(
                 self.target, self.kwargs, self.options, xid, self.identity.check
