@@ -52,8 +52,11 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict -p statecore -p stores -p relay
 	$(BIN)/mypy --strict examples
 
+# The suite in TEST_JOBS worker processes (pytest-xdist), a test module per worker at a time: most
+# tests wait on sockets, subprocesses and servers, so two workers keep both cores busy.
+TEST_JOBS ?= 2
 pytest: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_JOBS) --dist loadfile
 
 test: lint typecheck pytest
 
