@@ -7,6 +7,8 @@ statement (one round trip instead of two).  A write that matches nothing (a guar
 that exists) returns no row and logs nothing: both halves see the same ``moved`` rows.
 
 * :func:`logged_update_sql` -- one guarded single-row UPDATE (``transition``) and its entry.
+* :func:`logged_many_sql` -- the guarded UPDATE of many ids (``transition_many``), one entry
+  per row written.
 * :func:`logged_insert_sql` -- one creation (``insert``) and its entry.
 * :func:`logged_rows_sql` -- a multi-row creation (``insert_each``) or the guarded UPDATE of a
   run of moves (``transition_each``), each row's entry taken from bound arrays, joined on id.
@@ -16,7 +18,7 @@ Pure functions of a plan or kind, as ``stores._postgres_sql`` is: texts and boun
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from statecore.entity import EntityKind
@@ -25,6 +27,7 @@ from stores._postgres_sql import (
     AUDIT_TABLE,
     insert_rows_sql,
     quote,
+    update_many_sql,
     update_sql,
     where_params,
 )
@@ -33,6 +36,7 @@ __all__ = [
     "XACT_ID",
     "audit_arrays",
     "logged_insert_sql",
+    "logged_many_sql",
     "logged_rows_sql",
     "logged_update_sql",
     "run_params",
@@ -71,6 +75,13 @@ def logged_update_sql(plan: TransitionPlan[Any]) -> str:
     ``prev_state``).  Bound: :func:`~stores._postgres_sql.update_params`, then
     :func:`scalar_audit`.  Returns the row written plus ``prev_state``, or nothing."""
     return _logged(plan.kind, update_sql(plan), '"prev_state"')
+
+
+def logged_many_sql(plan: TransitionPlan[Any], increments: Iterable[str]) -> str:
+    """``stores._postgres_sql.update_many_sql`` (``transition_many``) plus one audit entry per
+    row written, all with the same event and Audit.  Bound: the bare statement's values, then
+    :func:`scalar_audit`."""
+    return _logged(plan.kind, update_many_sql(plan, increments), '"prev_state"')
 
 
 def logged_insert_sql(kind: EntityKind[Any]) -> str:

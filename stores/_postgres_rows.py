@@ -1,8 +1,9 @@
 """How the PostgreSQL store encodes and decodes one kind's rows: each registered kind's cached
-statement texts and row decoder (:class:`Kind`), the parameters of an audit entry
-(:func:`audit_row`), the pieces a batch of creations is inserted in (:func:`distinct_chunks`),
-the checks of a due-timer query (:func:`due_bound`) and the rows of the kind catalog
-(:func:`catalog_row`, :func:`kind_records`).
+statement texts and row decoder (:class:`Kind`, its writes logged in the same statement by
+``stores._postgres_logged``), the pieces a batch of creations is inserted in
+(:func:`distinct_chunks`), the compiled shape of a plan (:func:`shape`), the checks of a
+due-timer query (:func:`due_bound`) and the rows of the kind catalog (:func:`catalog_row`,
+:func:`kind_records`).
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ from statecore.batch import Creation
 from statecore.catalog import declaration_json
 from statecore.entity import EntityKind
 from statecore.errors import StaleVersion, StoreError
-from statecore.store import Audit, Due, KindRecord, Row, TransitionPlan, check_due_query
+from statecore.store import Due, KindRecord, Row, TransitionPlan, check_due_query
 from stores._postgres_conn import Target
 
 __all__ = [
     "INSERT_PIECE",
     "MANAGED",
     "Kind",
-    "audit_row",
     "catalog_row",
     "distinct_chunks",
     "due_bound",
@@ -40,13 +40,6 @@ INSERT_PIECE = 64
 
 MANAGED = ("fence", "prev_state", "entered_at")
 """The columns the store keeps on every kind's table besides id and state."""
-
-
-def audit_row(
-    kind: EntityKind[Any], entity_id: str, event: str, source: str | None, target: str, *, a: Audit
-) -> tuple[Any, ...]:
-    """The parameters of one AUDIT_INSERT (``source`` None for a creation)."""
-    return (kind.name, entity_id, event, source, target, a.at, a.owner, a.attempts, a.reason)
 
 
 def shape(plan: TransitionPlan[Any]) -> tuple[Any, ...]:

@@ -22,7 +22,6 @@ from statecore.store import Cmp, TransitionPlan, Where
 
 __all__ = [
     "AUDIT_DELETE",
-    "AUDIT_INSERT",
     "AUDIT_TABLE",
     "BEGIN",
     "COMMIT",
@@ -373,13 +372,6 @@ HISTORY = (
 
 
 # -- writes -----------------------------------------------------------------------------------
-
-AUDIT_INSERT = (
-    f"INSERT INTO {AUDIT_TABLE} (kind, entity_id, event, from_state, to_state, at, owner, "
-    "attempts, reason) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
-)
-"""One audit entry (bound: kind name, entity id, event, source state or NULL for a creation,
-target state, then the Audit's at, owner, attempts and reason)."""
 
 AUDIT_DELETE = f"DELETE FROM {AUDIT_TABLE} WHERE kind = %s AND entity_id = ANY(%s::text[])"
 """Pruned entities' audit history (bound: kind name, the list of entity ids)."""

@@ -8,10 +8,11 @@
   same plan the in-memory store evaluates; every statement's text comes from one seam,
   ``stores._postgres_sql``.  Under READ COMMITTED a concurrent writer of the same row waits for
   the first to commit and then re-checks the guard: exactly one compare-and-set wins.
-* Batches: ``insert_each`` as multi-row ``INSERT ... ON CONFLICT DO NOTHING RETURNING``,
-  ``transition_many`` as one ``UPDATE ... WHERE id = ANY(...) RETURNING`` per call,
-  ``transition_each`` one ``UPDATE ... FROM unnest(...)`` per run of like moves, each with its
-  audit entries in the same statement, all in one transaction.
+* Batches (every one with its audit entries in the same statement): ``insert_each`` as
+  multi-row ``INSERT ... ON CONFLICT DO NOTHING RETURNING``, ``transition_many`` as one
+  ``UPDATE ... WHERE id = ANY(...) RETURNING`` per call,
+  ``transition_each`` one ``UPDATE ... FROM unnest(...)`` per run of like moves, all in one
+  transaction.
 * Schema: the tables live in the connection's schema, or in ``schema=`` (created if absent).
   The layout is versioned (table ``statecore_schema``) and tables are migrated in place (columns
   a kind declares but its table lacks are added with their defaults), every creation and
@@ -82,12 +83,11 @@ from stores._postgres_batch import create_all, move_all
 from stores._postgres_conn import Connections, Target, Txn, open_schema
 from stores._postgres_identity import Identity
 from stores._postgres_listen import Listener
-from stores._postgres_logged import scalar_audit
+from stores._postgres_logged import logged_many_sql, scalar_audit
 from stores._postgres_options import Options
 from stores._postgres_rows import (
     MANAGED,
     Kind,
-    audit_row,
     catalog_row,
     due_bound,
     kind_records,
@@ -453,24 +453,20 @@ class PostgresStore(ClosesOnExit):
             check_id(entity_id)
         plan = plan_transition(kind, "-", event, expect=expect, changes=changes)
         added = check_increments(kind, increments, changes)
-        text = sql.update_many_sql(plan, added)
+        text = logged_many_sql(plan, added)  # with the audit entries: one statement
         params = [
             audit.at,
             *plan.changes.values(),
             *added.values(),
             ids,
             *sql.where_params(plan.expect),
+            *scalar_audit(kind, event, audit),
         ]
 
         def write(conn: Conn) -> dict[str, Row[S]]:
             if not ids:
                 return {}
             raws = conn.execute(text, params).fetchall()
-            with conn.cursor() as cur:
-                cur.executemany(
-                    sql.AUDIT_INSERT,
-                    [audit_row(kind, raw[0], event, raw[-1], raw[1], a=audit) for raw in raws],
-                )
             return {raw[0]: c.row(raw, self._target) for raw in raws}
 
         rows = self._db.write("transition_many", write)

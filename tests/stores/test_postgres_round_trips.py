@@ -6,8 +6,8 @@ today -- a regression (a statement split again, a BEGIN on its own) changes them
 * A ledger step (record, mark_attempting, mark_delivered): BEGIN, the transaction id and the
   guarded write with its audit entry in one turn, then COMMIT: 2 turns, 6 an obligation.
 * A refusal: one more turn (the read of the row that decides which error), nothing written.
-* ``transition_each`` / ``insert_each`` of like moves or creations: one statement however many
-  there are, so 2 turns.
+* ``transition_each`` / ``insert_each`` of like moves or creations, ``transition_many``: one
+  statement however many there are, so 2 turns.
 """
 
 from __future__ import annotations
@@ -196,3 +196,17 @@ def test_like_batches_are_one_statement_however_long(
             ("file", 1.0, None),
             ("hold", 2.0 + size - 1, size - 1),
         ]
+
+
+def test_transition_many_is_one_statement(store: PostgresStore, counter: TurnCounter) -> None:
+    ids = [f"m{i}" for i in range(12)]
+    store.insert_each(TICKET_KIND, [Creation(i, {"title": i}, "file", Audit(1.0)) for i in ids])
+    before = counter.count()
+    moved = store.transition_many(TICKET_KIND, ids, "hold", audit=Audit(2.0, reason="r"))
+    assert counter.count() - before == 2
+    assert [r.state for r in moved] == [TS.HELD] * len(ids)
+    history = store.history(TICKET_KIND, "m7")
+    assert [(h.event, h.from_state, h.reason) for h in history] == [
+        ("file", None, None),
+        ("hold", TS.OPEN, "r"),
+    ]
