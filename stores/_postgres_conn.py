@@ -8,7 +8,9 @@
   identifier recorded or checked (``stores._postgres_identity``).
 * :class:`Connections` -- a ``psycopg_pool.ConnectionPool`` of autocommit connections, each new
   one checked to be on the recorded cluster.  A call outside an :meth:`Connections.atomic`
-  block checks a connection out for its own short transaction; a block checks one out for the
+  block checks a connection out for its own short transaction (BEGIN, its transaction id and
+  its first statement in one round trip, pipeline mode; COMMIT in one more); a block checks one
+  out for the
   calling thread until the outermost block ends, and every call on that thread inside it uses
   that connection.  Nested blocks are savepoints.
 * Serialization failures and deadlocks of a call's own transaction are retried, a bounded number
@@ -270,8 +272,8 @@ class Connections:
                 try:
                     # Pipeline mode: BEGIN, the transaction id and the call's first statement
                     # go in one round trip (the call's first fetch sends them); the COMMIT and
-                    # the pipeline's Sync in one more.
-                    with conn.pipeline():
+                    # the pipeline's Sync in one more.  The id is known before COMMIT is sent.
+                    with _pipeline(conn):
                         conn.execute(sql.BEGIN)
                         begun = conn.execute(XACT_ID)
                         result = call(conn)
@@ -321,6 +323,15 @@ class Connections:
         self.closed = True
         with contextlib.suppress(Exception):  # closing is best effort
             self.pool.close(timeout=5.0)
+
+
+_PIPELINES = psycopg.Pipeline.is_supported()
+"""Whether the driver's libpq has pipeline mode (14 and later); without it every statement of a
+write is a round trip of its own, with the same semantics."""
+
+
+def _pipeline(conn: psycopg.Connection[Any]) -> AbstractContextManager[Any]:
+    return conn.pipeline() if _PIPELINES else contextlib.nullcontext()
 
 
 def _rollback(conn: psycopg.Connection[Any]) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 
+import stores._postgres_conn as conn_module
 from statecore import Ledger
 from statecore.batch import Creation, Move
 from statecore.errors import InvalidTransition
@@ -156,11 +157,9 @@ def test_a_refusal_reads_the_row_once_more_and_writes_nothing(
     store: PostgresStore, counter: TurnCounter
 ) -> None:
     file_ticket(store, "t1")
-    assert _turns(counter, lambda: store.transition(TICKET_KIND, "t1", "hold", audit=Audit(1.0)))
-    assert (
-        _turns(counter, lambda: store.transition(TICKET_KIND, "t1", "resume", audit=Audit(2.0)))
-        == 2
-    )
+    hold, resume = Audit(1.0), Audit(2.0)
+    assert _turns(counter, lambda: store.transition(TICKET_KIND, "t1", "hold", audit=hold)) == 2
+    assert _turns(counter, lambda: store.transition(TICKET_KIND, "t1", "resume", audit=resume)) == 2
     before = counter.count()
     with pytest.raises(InvalidTransition):
         store.transition(TICKET_KIND, "t1", "resume", audit=Audit(3.0))
@@ -210,3 +209,19 @@ def test_transition_many_is_one_statement(store: PostgresStore, counter: TurnCou
         ("file", None, None),
         ("hold", TS.OPEN, "r"),
     ]
+
+
+def test_without_pipeline_mode_a_step_is_four_round_trips_with_the_same_outcome(
+    store: PostgresStore, counter: TurnCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A libpq without pipeline mode (before 14): each statement a round trip of its own."""
+    monkeypatch.setattr(conn_module, "_PIPELINES", False)
+    file_ticket(store, "t1")
+    assert _turns(counter, lambda: file_ticket(store, "t2")) == 4
+    hold, resume = Audit(1.0), Audit(2.0)
+    assert _turns(counter, lambda: store.transition(TICKET_KIND, "t2", "hold", audit=hold)) == 4
+    assert _turns(counter, lambda: store.transition(TICKET_KIND, "t2", "resume", audit=resume)) == 4
+    # (Not counted: a statement run a fifth time is prepared, outside a pipeline a turn more.)
+    with pytest.raises(InvalidTransition):
+        store.transition(TICKET_KIND, "t2", "resume", audit=Audit(3.0))
+    assert [h.event for h in store.history(TICKET_KIND, "t2")] == ["file", "hold", "resume"]
