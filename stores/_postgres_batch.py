@@ -3,9 +3,9 @@
 * :func:`create_all` (``insert_each``): one multi-row ``INSERT ... ON CONFLICT DO NOTHING
   RETURNING`` per run of distinct ids, the created rows' audit entries in the same statement
   (``stores._postgres_logged``); an id that existed is read back and returned untouched.
-* :func:`move_all` (``transition_each``): consecutive moves of one shape with the same changed
-  and compared values and distinct ids form a run, moved by ONE guarded ``UPDATE ... FROM
-  unnest(ids, audit times, fences)`` whose audit entries are written in the same statement; a
+* :func:`move_all` (``transition_each``): consecutive moves of one shape with the same compared
+  values and distinct ids form a run, moved by ONE guarded ``UPDATE ... FROM unnest(ids,
+  audit times, fences, changed values)`` whose audit entries are written in the same statement; a
   move the run's statement did not write takes the single move's refusal path (a read of the
   row decides the typed error), so every move's outcome is what :meth:`PostgresStore.transition`
   would give in that order.  A run of one is the single move's statement.
@@ -105,7 +105,7 @@ def move_all(
 
 def _runs(planned: Sequence[TransitionPlan[Any] | Exception]) -> list[list[int]]:
     """The indexes of the planned moves, in order, cut into runs one statement can move:
-    one shape, the same changed and compared values, distinct ids (refusals made before any
+    one shape, the same compared values, distinct ids (refusals made before any
     query are in no run)."""
     runs: list[list[int]] = []
     key: object = None
@@ -113,7 +113,8 @@ def _runs(planned: Sequence[TransitionPlan[Any] | Exception]) -> list[list[int]]
     for i, plan in enumerate(planned):
         if isinstance(plan, Exception):
             continue
-        values = (*plan.changes.values(), *sql.where_params(plan.expect))
+        # The changed values are bound per row; compared values are the statement's own.
+        values = sql.where_params(plan.expect)
         this = (shape(plan), repr(values))  # repr: 1, 1.0 and True are different values
         if runs and this == key and plan.entity_id not in ids:
             runs[-1].append(i)

@@ -122,11 +122,11 @@ def audit_arrays(kind: EntityKind[Any], entries: Sequence[tuple[str, str, Audit]
 
 def run_params(plans: Sequence[TransitionPlan[Any]], ats: Sequence[float]) -> list[Any]:
     """The bound values of ``stores._postgres_sql.update_run_sql`` for ``plans`` of one shape
-    and one set of changed and compared values (the first's), distinct ids, audit times
-    ``ats``."""
+    and one set of compared values (the first's), distinct ids, audit times ``ats``."""
     first = plans[0]
-    params: list[Any] = [*first.changes.values(), [p.entity_id for p in plans], list(ats)]
+    params: list[Any] = [[p.entity_id for p in plans], list(ats)]
     if first.fence is not None:
         params.append([p.fence for p in plans])
+    params.extend([p.changes[name] for p in plans] for name in first.changes)
     params.extend(where_params(first.expect))
     return params

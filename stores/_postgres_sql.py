@@ -459,22 +459,33 @@ def listen_sql(channel: str) -> str:
 
 
 def update_run_sql(plan: TransitionPlan[Any]) -> str:
-    """The guarded UPDATE of a run of moves of ``plan``'s shape and changed and compared values
-    (``transition_each``), each row found by its id, its own audit time and (when fenced) its
-    own fence taken from bound arrays.  Bound: changed values, then the arrays of ids, audit
-    times and (when fenced) fences, then compared values; returns as :func:`update_sql`."""
+    """The guarded UPDATE of a run of moves of ``plan``'s shape and compared values
+    (``transition_each``), each row found by its id, with its own audit time, (when fenced) its
+    own fence and its own changed values, all from bound arrays.  Bound: the arrays of ids,
+    audit times, fences (when fenced) and of each changed column's values, then compared
+    values; returns as :func:`update_sql`."""
     run = "statecore_run"
+    types = {f.name: f.type for f in plan.kind.fields}
     fenced = plan.fence is not None
-    arrays = "%s::text[], %s::float8[]" + (", %s::bigint[]" if fenced else "")
     # Column names no declared field takes (a field named like them would be ambiguous).
-    names = "statecore_run_id, statecore_run_at" + (", statecore_run_fence" if fenced else "")
+    names = ["statecore_run_id", "statecore_run_at"] + (["statecore_run_fence"] if fenced else [])
+    arrays = ["%s::text[]", "%s::float8[]"] + (["%s::bigint[]"] if fenced else [])
+    values = []
+    for n, name in enumerate(plan.changes):
+        names.append(f"statecore_run_v{n}")
+        arrays.append(f"%s::{_ARRAY_TYPES[types[name]]}[]")
+        values.append(f"{run}.statecore_run_v{n}")
     return _guarded_update(
         plan,
         f"{quote(plan.kind.id_field)} = {run}.statecore_run_id",
         entered=f"{run}.statecore_run_at",
         fence=f"{run}.statecore_run_fence",
-        source=f" FROM unnest({arrays}) AS {run}({names})",
+        source=f" FROM unnest({', '.join(arrays)}) AS {run}({', '.join(names)})",
+        values=values,
     )
+
+
+_ARRAY_TYPES = {str: "text", int: "bigint", float: "float8", bool: "boolean"}
 
 
 def _guarded_update(
@@ -485,6 +496,7 @@ def _guarded_update(
     entered: str = "%s",
     fence: str = "%s",
     source: str = "",
+    values: list[str] | None = None,
 ) -> str:
     kind = plan.kind
     # Every SET expression reads the old row, so prev_state receives the state being left: the
@@ -495,7 +507,8 @@ def _guarded_update(
         '"prev_state" = "state"',
         f'"entered_at" = {entered}',
     ]
-    sets += [f"{quote(name)} = %s" for name in plan.changes]
+    bound = values if values is not None else ["%s"] * len(plan.changes)
+    sets += [f"{quote(name)} = {value}" for name, value in zip(plan.changes, bound, strict=True)]
     sets += [f"{quote(name)} = {quote(name)} + %s" for name in increments]
     conditions = [find, f'"state" IN ({_literals(plan.targets)})']
     if plan.fence is not None:

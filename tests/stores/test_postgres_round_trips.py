@@ -23,7 +23,7 @@ import pytest
 import stores._postgres_conn as conn_module
 from statecore import Ledger
 from statecore.batch import Creation, Move
-from statecore.errors import InvalidTransition
+from statecore.errors import InvalidTransition, StaleState
 from statecore.obligation import OBLIGATION_KIND
 from statecore.store import Audit
 from stores.postgres import PostgresStore
@@ -225,3 +225,25 @@ def test_without_pipeline_mode_a_step_is_four_round_trips_with_the_same_outcome(
     with pytest.raises(InvalidTransition):
         store.transition(TICKET_KIND, "t2", "resume", audit=Audit(3.0))
     assert [h.event for h in store.history(TICKET_KIND, "t2")] == ["file", "hold", "resume"]
+
+
+def test_moves_changing_different_values_are_still_one_statement(
+    store: PostgresStore, counter: TurnCounter
+) -> None:
+    """As the ledger's marks are: every move sets its own time (here: its own assignee)."""
+    ids = [f"v{i}" for i in range(8)]
+    store.insert_each(TICKET_KIND, [Creation(i, {"title": i}, "file", Audit(1.0)) for i in ids])
+    moves = [
+        Move(i, "hold", audit=Audit(2.0), fence=0, changes={"assignee": f"a{n}", "score": n / 2})
+        for n, i in enumerate(ids)
+    ]
+    moves.append(Move("v3", "resume", audit=Audit(3.0), fence=0))  # stale: refused, typed
+    before = counter.count()
+    moved = store.transition_each(TICKET_KIND, moves)
+    assert counter.count() - before == 4  # the run, the resume, its refusal's read, COMMIT
+    assert isinstance(moved[-1], StaleState)
+    rows = [m for m in moved[:-1] if not isinstance(m, Exception)]
+    assert [(r.values["assignee"], r.values["score"]) for r in rows] == [
+        (f"a{n}", n / 2) for n in range(len(ids))
+    ]
+    assert [h.event for h in store.history(TICKET_KIND, "v3")] == ["file", "hold"]
