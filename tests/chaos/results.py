@@ -12,6 +12,9 @@ from tests.chaos.run import GATEWAYS, NODES, Outcome
 
 __all__ = ["render_markdown", "render_summary"]
 
+_SHOWN = 10
+"""Problems listed by name (the counts are exact)."""
+
 
 def _pct(value: float) -> str:
     return "-" if math.isnan(value) else f"{100 * value:.0f} %"
@@ -58,7 +61,9 @@ def _counts_lines(outcome: Outcome) -> list[str]:
     lines += ["| count | value |", "|---|---:|"]
     lines += [f"| {name} | {value} |" for name, value in verdict.counts.items()]
     if verdict.problems:
-        lines += ["", "Problems:", ""] + [f"* {p}" for p in verdict.problems]
+        shown = [f"* {p}" for p in verdict.problems[:_SHOWN]]
+        more = len(verdict.problems) - _SHOWN
+        lines += ["", "Problems:", "", *shown] + ([f"* ... {more} more"] if more > 0 else [])
     if verdict.notes:
         lines += ["", "Notes:", ""] + [f"* {n}" for n in verdict.notes]
     if outcome.harness_problems:
