@@ -2,14 +2,22 @@
 tenant guard (or provenance), performed by the platform's driver at most once per idempotency
 key, and answered with their outcome.
 
-A request with an idempotency key is performed at most once per process (its outcome is
-remembered); when the platform's driver is an :class:`~relay.connector.intake.IdempotentDriver`
-it is also handed the key (:func:`platform_key`: a scope and the request's key), so that the
-platform itself deduplicates a resend, across the connector's restarts too.  The scope is the
-bot a gateway that announced our features said hello as (its keys are obligation ids, derived
-from the reply itself, or random: every gateway of a fleet resending a reply resends it under
-the same key), and the gateway id of an original gateway (whose keys may be counters of its
-own, which another gateway's must never meet).
+A request with an idempotency key is performed at most once per process and scope (its outcome
+is remembered under :func:`platform_key`, the scope below and the request's key); when the
+platform's driver is an :class:`~relay.connector.intake.IdempotentDriver` it is also handed the
+key (:func:`platform_key`: a scope and the request's key), so that the platform itself
+deduplicates a resend, across the connector's restarts too. The scope is the bot a gateway that
+announced our features said hello as (its keys are obligation ids, derived from the reply
+itself, or random: every gateway of a fleet resending a reply resends it under the same key),
+and the gateway id of an original gateway (whose keys may be counters of its own, which another
+gateway's must never meet).
+
+Remembering by scope, not by gateway, is what keeps a fleet's zombie from a visible duplicate: a
+gateway paused past its lease (or cut from its store) may wake with a reply's send already under
+way, after a peer claimed the reply and redelivered it, labelled, under the same key (the
+obligation id).  Through the same node, that late send is answered with the redelivery's outcome
+instead of being performed again.  (A node does not know what another node performed: across
+nodes only an idempotent platform deduplicates.)
 """
 
 from __future__ import annotations
@@ -73,9 +81,9 @@ class Egress:
     def __init__(self, connector: EgressSettings, *, chat_tenants: ChatTenants) -> None:
         self._connector = connector
         self._chat_tenants = chat_tenants
-        # (gateway id, idempotency key) -> the outcome of the request executed under it.
-        self._outcomes: dict[tuple[str, str], asyncio.Future[OutboundOutcome]] = {}
-        self._outcome_order: collections.deque[tuple[str, str]] = collections.deque()
+        # platform_key(scope, idempotency key) -> the outcome of the request executed under it.
+        self._outcomes: dict[str, asyncio.Future[OutboundOutcome]] = {}
+        self._outcome_order: collections.deque[str] = collections.deque()
         self.recheck: Callable[[str, str, str], Awaitable[bool]] | None = None
         """A cluster node's read of the shared provenance for a target this node's memory does
         not hold (None: a lone connector, whose memory is the whole truth)."""
@@ -109,17 +117,15 @@ class Egress:
             return OutboundOutcome(False, None, EGRESS_DECLINED_MESSAGE, EGRESS_DECLINED)
         if frame.idempotency_key is None:
             return await self._drive(instance, platform, frame.action, None)
-        key = (instance.gateway_id, frame.idempotency_key)
+        key = platform_key(dedupe_scope(instance, platform, frame.bot_id), frame.idempotency_key)
         earlier = self._outcomes.get(key)
         if earlier is not None:
-            # A retry of a request we executed (or are executing): never perform it twice.
+            # A retry of a request this scope executed (or is executing), from this gateway or
+            # another of its bot's fleet: never perform it twice.
             return await asyncio.shield(earlier)
         future: asyncio.Future[OutboundOutcome] = asyncio.get_running_loop().create_future()
         self._remember_outcome(key, future)
-        scope = dedupe_scope(instance, platform, frame.bot_id)
-        outcome = await self._drive(
-            instance, platform, frame.action, platform_key(scope, frame.idempotency_key)
-        )
+        outcome = await self._drive(instance, platform, frame.action, key)
         future.set_result(outcome)
         if not outcome.success:
             self._outcomes.pop(key, None)  # a definite failure may be retried for real
@@ -149,9 +155,7 @@ class Egress:
                 )
             return OutboundOutcome(False, None, f"driver error: {exc}", "driver_error")
 
-    def _remember_outcome(
-        self, key: tuple[str, str], future: asyncio.Future[OutboundOutcome]
-    ) -> None:
+    def _remember_outcome(self, key: str, future: asyncio.Future[OutboundOutcome]) -> None:
         self._outcomes[key] = future
         self._outcome_order.append(key)
         while len(self._outcome_order) > _IDEMPOTENCY_CACHE:

@@ -106,8 +106,9 @@ async def test_a_fleet_of_one_bot_resends_under_one_key_and_original_gateways_ne
     h: Harness,
 ) -> None:
     """Two gateway ids saying hello as one bot (a fleet, one member resending what another
-    attempted) give the platform one key: it shows the reply once.  Two original gateways with
-    the same request key (their own counters, say) are two keys: both messages are shown."""
+    attempted) are one key: the second is answered from the connector's memory and the reply is
+    shown once.  Two original gateways with the same request key (their own counters, say) are
+    two keys: both messages are shown."""
     platform = DedupingPlatform()
     connector = await h.start(drivers={"loopback": platform})
     for gateway_id in ("gw-a", "gw-b"):
@@ -124,8 +125,8 @@ async def test_a_fleet_of_one_bot_resends_under_one_key_and_original_gateways_ne
         await ws.close()
 
     keys = [key for _, key in platform.once]
-    assert keys[:2] == [platform_key("bot/bot", "obl")] * 2
-    assert keys[2:] == [platform_key("gateway/gw-a", "1"), platform_key("gateway/gw-b", "1")]
+    assert keys[:1] == [platform_key("bot/bot", "obl")]
+    assert keys[1:] == [platform_key("gateway/gw-a", "1"), platform_key("gateway/gw-b", "1")]
     assert platform.texts("c1") == ["fleet"]
     assert platform.texts("c2") == ["own", "own"]
 
@@ -195,3 +196,26 @@ async def test_the_drivers_announcement_reaches_the_gateway(h: Harness) -> None:
     assert gateway.descriptor is not None
     assert gateway.descriptor.announces(IDEMPOTENT_SENDS)
     assert gateway.descriptor.idempotency_window_s == DAY_S
+
+
+@pytest.mark.asyncio
+async def test_a_zombies_late_send_is_answered_with_its_peers_redelivery(h: Harness) -> None:
+    """A plain platform: a peer of the fleet redelivered a reply (labelled) under its key, then
+    the paused owner wakes with its own send of it under way: answered with the peer's outcome,
+    not performed again, so the chat shows the reply once."""
+    connector = await h.start()
+    peer = await h.raw(connector, "gw-b")
+    await raw_hello(peer)
+    labelled = await raw_request(
+        peer, "r1", send_action("c1", "[redelivered] hi"), idempotencyKey="obl-9"
+    )
+    zombie = await h.raw(connector, "gw-a")
+    await raw_hello(zombie)
+    late = await raw_request(zombie, "r1", send_action("c1", "hi"), idempotencyKey="obl-9")
+
+    assert labelled["success"] is True
+    assert late["success"] is True
+    assert late["message_id"] == labelled["message_id"]
+    assert h.platform.texts("c1") == ["[redelivered] hi"]
+    await peer.close()
+    await zombie.close()
