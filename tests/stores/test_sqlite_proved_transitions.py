@@ -251,7 +251,10 @@ def test_racing_writers_each_get_the_row_they_wrote(tmp_path: Path) -> None:
                 oid = ids[n % len(ids)]
                 at = start + n
                 event = "claim" if n % 3 else "fail"
-                with contextlib.suppress(InvalidTransition):
+                # A move may be refused (InvalidTransition) or lose the race to another
+                # writer between its read and its guarded write (StaleState): either way
+                # nothing was written; what is proved is that every success is what it wrote.
+                with contextlib.suppress(InvalidTransition, StaleState):
                     row = store.transition(
                         K,
                         oid,
