@@ -50,7 +50,7 @@ from statecore.errors import (
     StoreUnreachable,
 )
 from stores._postgres_claim import bounded_claim
-from stores._postgres_faults import classify, commit_outcome, connect
+from stores._postgres_faults import classify, commit_outcome, connect, retrying_connections
 from stores._postgres_identity import Identity, record_identity
 from stores._postgres_logged import XACT_ID
 from stores._postgres_options import Options
@@ -137,6 +137,9 @@ class Connections:
             name="statecore",
             configure=identity.check,  # a connection to another cluster is never handed out
             reconnect_timeout=self.timeout_s,  # then the next call tries again at once
+            # Each pooled connection attempt makes the bounded tries itself (short waits), ahead
+            # of the pool's own one-second-doubling backoff: back soon after a server restart.
+            connection_class=retrying_connections(options.delays()),
         )
 
     # -- errors -----------------------------------------------------------------------------

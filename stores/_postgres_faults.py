@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from stores._postgres_options import Options
     from stores._postgres_target import Target
 
-__all__ = ["classify", "commit_outcome", "connect", "lost"]
+__all__ = ["classify", "commit_outcome", "connect", "lost", "retrying_connections"]
 
 _UNREACHABLE_STATES = frozenset({"57P01", "57P02", "57P03", "08000", "08001", "08003", "08006"})
 """Server states a later try may cure: admin/crash shutdown, cannot connect now (starting up,
@@ -133,3 +133,31 @@ def commit_outcome(
     finally:
         with contextlib.suppress(psycopg.Error):
             conn.close()
+
+
+def retrying_connections(
+    delays: list[float], *, sleep: Callable[[float], None] = time.sleep
+) -> type[psycopg.Connection[Any]]:
+    """A connection class for the pool whose ``connect`` makes the bounded tries itself: a
+    failure that says the server could not be reached (:func:`lost`) is tried again after each
+    of ``delays``; a refusal (a wrong password, say) is raised at once.
+
+    Why: the pool waits a second before its own next attempt and doubles the wait after each
+    failure, so a server restarted in under a second left every process without connections
+    for several seconds more.  With the tries inside one attempt, a pooled connection comes back
+    within ``delays`` of the server (the pool's slower backoff only follows when all fail)."""
+    waits = tuple(delays)
+
+    class RetryingConnection(psycopg.Connection[Any]):
+        @classmethod
+        def connect(cls, *args: Any, **kwargs: Any) -> RetryingConnection:
+            for wait in (*waits, None):
+                try:
+                    return super().connect(*args, **kwargs)
+                except psycopg.Error as exc:
+                    if wait is None or not lost(exc):
+                        raise
+                sleep(wait)
+            raise AssertionError("unreachable")  # pragma: no cover
+
+    return RetryingConnection
