@@ -33,25 +33,19 @@ from tests.chaos.child_kit import (
 )
 from tests.chaos.driver import PLATFORM
 
+# The fleet test's identities and chat split (chat k: gateway k % N), shared.
+from tests.statecore.gateway.fleet_child import gateway_id, serves
+
+__all__ = ["BOT_ID", "REPLY_PREFIX", "gateway_id", "secret_of", "serves"]
+
 BOT_ID = "bot"
 REPLY_PREFIX = "echo: "
 """A reply is this prefix and the text it answers."""
 
 
-def gateway_id(index: int) -> str:
-    """The identity of gateway ``index`` at the connector."""
-    return f"gw-{index}"
-
-
 def secret_of(index: int) -> str:
     """Gateway ``index``'s shared secret."""
     return f"chaos-secret-{index}"
-
-
-def serves(index: int, gateways: int, chat: str) -> bool:
-    """True when gateway ``index`` of ``gateways`` answers ``chat`` (chat k: gateway k % N)."""
-    prefix, _, number = chat.partition("-")
-    return prefix == "chat" and number.isdigit() and int(number) % gateways == index
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
