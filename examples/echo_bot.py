@@ -16,6 +16,7 @@ Run it: ``python examples/echo_bot.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 import time
 from collections.abc import Callable
@@ -84,6 +85,11 @@ async def main(workdir: Path) -> int:
         for text in ("hello", "how are you?", "bye"):
             await write_and_wait(platform, text)
 
+        # A reply shows in the chat as the platform performs it; the gateway counts it
+        # delivered once the platform's answer is back and its ledger row settled, a moment
+        # later.  (Not there in time: the check below says so.)
+        with contextlib.suppress(TimeoutError):
+            await wait_until(lambda: gateway.delivered == 3, "the last reply settled")
         print("\nthe chat, as alice sees it:")
         for message in platform.transcript[CHAT]:
             print(f"  [{message.sender}] {message.text}")
