@@ -160,6 +160,10 @@ def outcomes(
                     code = worker.process.exitcode
                     done[seed] = failed(seed, f"its worker process died (exit code {code})")
                     worker.end()
+                    # The dead worker is marked idle before it is replaced: its pipe and its
+                    # sentinel may both be in this ``ready`` list, and the second must be
+                    # skipped, not read from a closed pipe.
+                    worker.seed = None
                     workers[workers.index(worker)] = worker = _Worker(context, real, runner)
                 worker.seed = None
                 upcoming = next(todo, None)
