@@ -34,8 +34,8 @@ _REPLAY_FIRST_CHUNK = 1000
 _REPLAY_CHUNK = 5000
 _SEND_LINES = 64
 _SEND_BYTES = 32_768
-"""A replay puts at most this many lines, of at most about this many characters together, in
-one WebSocket message."""
+"""A replay (and the live pump) puts at most this many lines, of at most about this many
+characters together, in one WebSocket message."""
 _SENT_GRACE_S = 1.0
 """A replayed entry still unacked this long after it was sent is recorded as ``sent``."""
 
@@ -102,8 +102,15 @@ class Delivery:
 
     async def _pump(self, instance: Instance) -> None:
         """Send the instance's live lines in order; a send that blocks (the gateway stopped
-        reading) blocks only this instance."""
+        reading) blocks only this instance.
+
+        The lines queued when the pump runs go out together, several to a message (as a
+        replay sends them: the framing lets a sender batch lines, and every receiver must
+        accept it), never more unacked than the window.
+        """
         outbox, send, unrecorded = instance.outbox, instance.ws.send, instance.unrecorded
+        unacked, foreign = instance.unacked, instance.foreign_queued
+        clock = self._connector.clock
         while not instance.is_closed():
             if not outbox or not instance.live:
                 if instance.catch_up_due and instance.live:
@@ -111,22 +118,36 @@ class Delivery:
                 instance.wake.clear()
                 await instance.wake.wait()
                 continue
-            if len(instance.unacked) >= instance.window:
+            if len(unacked) >= instance.window:
                 await self._window(instance)  # the gateway holds a full window: wait for acks
                 continue
-            buffer_id, seq, line = outbox.popleft()
-            if buffer_id in instance.foreign_queued:
-                # Another node's entry (a cluster): its seq says nothing about this node's order.
-                instance.foreign_queued.discard(buffer_id)
-            else:
-                # Claimed before the send: a replay starting meanwhile reads after it.
-                instance.last_sent_seq = seq
-            if buffer_id in instance.unacked:
-                continue  # already sent on this connection (a replay, or queued twice)
-            instance.unacked.add(buffer_id)
-            unrecorded[buffer_id] = self._connector.clock.monotonic()
+            batch: list[str] = []
+            size = 0
+            now = clock.monotonic()
+            while (
+                outbox
+                and len(unacked) < instance.window
+                and len(batch) < _SEND_LINES
+                and size < _SEND_BYTES
+            ):
+                buffer_id, seq, line = outbox.popleft()
+                if buffer_id in foreign:
+                    # Another node's entry (a cluster): its seq says nothing of this node's order.
+                    foreign.discard(buffer_id)
+                else:
+                    # Claimed before the send: a replay starting meanwhile reads after it.
+                    instance.last_sent_seq = seq
+                if buffer_id in unacked:
+                    continue  # already sent on this connection (a replay, or queued twice)
+                # Registered before the send, so that its ack always finds it.
+                unacked.add(buffer_id)
+                unrecorded[buffer_id] = now
+                batch.append(line)
+                size += len(line)
+            if not batch:
+                continue
             try:
-                await send(line)
+                await send(batch[0] if len(batch) == 1 else "".join(batch))
             except ConnectionClosed:
                 return  # unacked: replayed on the next connection
             self._record_sent_later(instance)
