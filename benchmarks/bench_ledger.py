@@ -136,9 +136,14 @@ def bench_sequential(tmp: Path, n: int, rounds: int) -> None:
 # -- group commit -------------------------------------------------------------------------------
 
 
-async def _async_senders(ledger: AsyncLedger, senders: int, per_sender: int) -> None:
+async def _async_senders(
+    ledger: AsyncLedger, senders: int, per_sender: int, first: int = 0
+) -> None:
+    """Every sender runs ``per_sender`` lifecycles at once (a chat and session per sender), its
+    obligation ids numbered from ``first`` on."""
+
     async def sender(s: int) -> None:
-        for i in range(per_sender):
+        for i in range(first, first + per_sender):
             ob = await ledger.record(
                 session_key=f"agent:main:slack:channel:C{s}",
                 platform="slack",

@@ -58,7 +58,7 @@ import litequeue  # type: ignore[import-untyped]
 import persistqueue
 import statemachine
 import transitions
-from bench_ledger import _fresh_db, _paired
+from bench_ledger import _async_senders, _fresh_db, _paired
 from ledger_sql import PAYLOAD
 
 from statecore import AsyncLedger, Ledger, Lifecycle, Transition
@@ -582,23 +582,9 @@ ASYNC_TURN = 3
 
 
 async def _async_turn(ledger: AsyncLedger, senders: int, per_sender: int, first: int) -> None:
-    """Every sender runs ``per_sender`` lifecycles at once (the workload of
-    ``bench_ledger._async_senders``: a chat and session per sender, no thread), ids from
-    ``first`` on."""
-
-    async def sender(s: int) -> None:
-        for i in range(first, first + per_sender):
-            ob = await ledger.record(
-                session_key=f"agent:main:slack:channel:C{s}",
-                platform="slack",
-                chat_id=f"C{s}",
-                content="x" * 100,
-                obligation_id=f"ob-{s}-{i}",
-            )
-            await ledger.mark_attempting(ob.obligation_id)
-            await ledger.mark_delivered(ob.obligation_id)
-
-    await asyncio.gather(*(sender(s) for s in range(senders)))
+    """Every sender runs ``per_sender`` lifecycles at once (``bench_ledger._async_senders``'s
+    workload: a chat and session per sender, no thread), ids from ``first`` on."""
+    await _async_senders(ledger, senders, per_sender, first)
 
 
 class _AsyncSide:
