@@ -147,7 +147,7 @@ class Delivery:
             if not batch:
                 continue
             try:
-                await send(batch[0] if len(batch) == 1 else "".join(batch))
+                await send("".join(batch))
             except ConnectionClosed:
                 return  # unacked: replayed on the next connection
             self._record_sent_later(instance)

@@ -6,9 +6,11 @@ served from the buffer, in order.  Real sockets on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
+from websockets.asyncio.server import ServerConnection
 
 from relay.client.adapter import RelayAdapter
 from relay.connector import _delivery as delivery_module
@@ -171,3 +173,37 @@ async def test_handlers_that_reply_never_deadlock_past_the_window(mh: Harness) -
     await eventually(lambda: len(answered) == 100, "every message answered", timeout=BOUND * 2)
     assert answered == [f"m{n}" for n in range(100)]
     await eventually(lambda: connector.buffered("gw-a") == 0, "all retired")
+
+
+@pytest.mark.asyncio
+async def test_live_lines_queued_together_go_out_in_one_message_within_the_window(
+    mh: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Live events queued while the gateway's window is full go out several lines to a
+    WebSocket message once acks return (as a replay sends them), never more lines in flight
+    than the window, each event once and in order."""
+    messages: list[list[str]] = []
+    original_send = ServerConnection.send
+
+    async def recording_send(self: ServerConnection, message: Any, *args: Any) -> None:
+        if isinstance(message, str) and '"type":"inbound"' in message:
+            messages.append(message.splitlines())
+        await original_send(self, message, *args)
+
+    monkeypatch.setattr(ServerConnection, "send", recording_send)
+    connector = await mh.start()
+    gate = Gate()
+    await mh.gateway(connector, "gw-a", gate, max_in_flight=4)
+    instance = connector._instances["gw-a"]
+    for n in range(20):
+        await mh.platform.inject("c1", f"m{n}")
+    await eventually(lambda: len(instance.unacked) == 4, "a full window")
+    await eventually(lambda: len(instance.outbox) == 16, "the rest queued behind it")
+    gate.open.set()
+    await eventually(lambda: gate.done == [f"m{n}" for n in range(20)], "all, in order")
+    await eventually(lambda: connector.buffered("gw-a") == 0, "all retired")
+    lines = [json.loads(line) for message in messages for line in message]
+    assert [frame["event"]["text"] for frame in lines] == [f"m{n}" for n in range(20)]
+    assert max(len(message) for message in messages) <= 4
+    assert max(len(message) for message in messages) > 1
+    assert len(messages) < 20
